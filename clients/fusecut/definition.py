@@ -1,0 +1,117 @@
+"""``fusecut.FusionDefinition``: nvFuser's frontend API, backed by fusecut.
+
+An existing ``def nvfuser_fusion_idN(fd: FusionDefinition)`` runs unchanged with
+``from fusecut import FusionDefinition, DataType``; ``fd.execute(inputs)`` runs the fusion.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optimizer.ir.builder import FusionBuilder, ScalarHandle, TensorHandle, VectorHandle
+from optimizer.ir.dtypes import NVFUSER_DTYPES
+from optimizer.ir.fusion import Fusion
+from optimizer.ir.opspec import all_specs
+from optimizer.ir.printer import print_fusion
+
+
+class _DataTypeMeta(type):
+    def __getattr__(cls, name: str):
+        raise AttributeError(f"DataType has no member {name!r}")
+
+
+class DataType(metaclass=_DataTypeMeta):
+    """nvFuser's DataType names, mapped to fusecut's dtypes (``Null`` is None)."""
+
+    Bool = NVFUSER_DTYPES["Bool"]
+    Int32 = NVFUSER_DTYPES["Int32"]
+    Int = NVFUSER_DTYPES["Int"]
+    Index = NVFUSER_DTYPES["Index"]
+    Half = NVFUSER_DTYPES["Half"]
+    BFloat16 = NVFUSER_DTYPES["BFloat16"]
+    Float = NVFUSER_DTYPES["Float"]
+    Double = NVFUSER_DTYPES["Double"]
+    Null = None
+
+
+class ParallelType:
+    stream = "stream"
+
+
+class _Ops:
+    def __init__(self, fd: FusionDefinition):
+        self._fd = fd
+
+    def __getattr__(self, name: str):
+        specs = all_specs()
+        if name not in specs:
+            raise AttributeError(f"fusecut has no op {name!r}")
+
+        def call(*args: Any, **kwargs: Any):
+            outs = self._fd._live().op(name, list(args), kwargs)
+            return outs[0] if len(outs) == 1 else tuple(outs)
+
+        call.__name__ = name
+        return call
+
+
+class _Sched:
+    def __init__(self, fd: FusionDefinition):
+        self._fd = fd
+
+    def parallelize(self, tensor: TensorHandle, axis: int, parallel_type: str) -> None:
+        self._fd._live().parallelize(tensor, axis, parallel_type)
+
+
+class FusionDefinition:
+    """Build a fusion with nvFuser's API inside ``with FusionDefinition() as fd:``."""
+
+    def __init__(self, id: int | None = None, max_length: int = 100_000):
+        self._builder = FusionBuilder(max_length)
+        self._finished = False
+        self.ops = _Ops(self)
+        self.sched = _Sched(self)
+        self._plans: dict[Any, Any] = {}
+
+    # ---- definition -------------------------------------------------------------------------
+
+    def __enter__(self) -> FusionDefinition:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._finished = True
+
+    def _live(self) -> FusionBuilder:
+        if self._finished:
+            raise RuntimeError("this FusionDefinition is complete; define ops inside its "
+                               "with block")
+        return self._builder
+
+    def define_tensor(self, *args: Any, **kwargs: Any) -> TensorHandle:
+        return self._live().define_tensor(*args, **kwargs)
+
+    def define_scalar(self, *args: Any, **kwargs: Any) -> ScalarHandle:
+        return self._live().define_scalar(*args, **kwargs)
+
+    define_constant = define_scalar
+
+    def define_vector(self, *args: Any, **kwargs: Any) -> VectorHandle:
+        return self._live().define_vector(*args, **kwargs)
+
+    def add_output(self, tensor: TensorHandle, alias_input: TensorHandle | None = None) -> None:
+        self._live().add_output(tensor, alias_input)
+
+    @property
+    def fusion(self) -> Fusion:
+        return self._builder.fusion
+
+    def __repr__(self) -> str:
+        return print_fusion(self.fusion)
+
+    # ---- running ----------------------------------------------------------------------------
+
+    def execute(self, inputs: list[Any], **options: Any) -> list[Any]:
+        """Run the fusion on ``inputs`` (tensors and numbers) and return its outputs."""
+        from fusecut.local import execute
+
+        return execute(self.fusion, inputs, cache=self._plans, **options)

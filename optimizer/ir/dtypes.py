@@ -1,0 +1,153 @@
+"""Data types of the fusion IR and nvFuser's names for them.
+
+fusecut speaks canonical names (``float32``, ``bfloat16`` ...) on the wire; the nvFuser Python
+frontend spells them ``DataType.Float``, ``DataType.BFloat16`` and so on. Type promotion follows
+nvFuser (which follows PyTorch): tensors dominate scalars of the same category, a scalar of a
+higher category lifts the result to the default type of that category.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class DType(str, Enum):
+    bool = "bool"
+    int32 = "int32"
+    int64 = "int64"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+    float32 = "float32"
+    float64 = "float64"
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self]
+
+    @property
+    def is_float(self) -> bool:
+        return self in (DType.float16, DType.bfloat16, DType.float32, DType.float64)
+
+    @property
+    def is_int(self) -> bool:
+        return self in (DType.int32, DType.int64)
+
+    @property
+    def is_bool(self) -> bool:
+        return self is DType.bool
+
+    @property
+    def is_half(self) -> bool:
+        """16-bit floats: stored natively, computed in float32 (as nvFuser does)."""
+        return self in (DType.float16, DType.bfloat16)
+
+    @property
+    def category(self) -> int:
+        return 0 if self.is_bool else 1 if self.is_int else 2
+
+    @property
+    def compute(self) -> DType:
+        """The type arithmetic on this type is carried out in."""
+        return DType.float32 if self.is_half else self
+
+
+_ITEMSIZE = {
+    DType.bool: 1,
+    DType.int32: 4,
+    DType.int64: 8,
+    DType.float16: 2,
+    DType.bfloat16: 2,
+    DType.float32: 4,
+    DType.float64: 8,
+}
+
+# nvFuser's DataType member names -> canonical dtype. ``Null`` means "not given".
+NVFUSER_DTYPES: dict[str, DType | None] = {
+    "Bool": DType.bool,
+    "Int32": DType.int32,
+    "Int": DType.int64,
+    "Index": DType.int64,
+    "Half": DType.float16,
+    "BFloat16": DType.bfloat16,
+    "Float": DType.float32,
+    "Double": DType.float64,
+    "Null": None,
+}
+NVFUSER_NAME: dict[DType, str] = {
+    DType.bool: "Bool",
+    DType.int32: "Int32",
+    DType.int64: "Int",
+    DType.float16: "Half",
+    DType.bfloat16: "BFloat16",
+    DType.float32: "Float",
+    DType.float64: "Double",
+}
+# Types nvFuser has that fusecut does not support, so the error can say so precisely.
+UNSUPPORTED_NVFUSER_DTYPES = {
+    "ComplexFloat",
+    "ComplexDouble",
+    "Float8_e4m3fn",
+    "Float8_e5m2",
+    "Float8_e8m0fnu",
+    "Float4_e2m1fn",
+    "UInt64",
+    "UInt32",
+    "UInt16",
+    "UInt8",
+    "Int8",
+    "Int16",
+}
+
+# torch.<name> -> canonical dtype, for the repro's ``inputs = [...]`` list.
+TORCH_DTYPES: dict[str, DType] = {
+    "bool": DType.bool,
+    "int32": DType.int32,
+    "int": DType.int32,
+    "int64": DType.int64,
+    "long": DType.int64,
+    "float16": DType.float16,
+    "half": DType.float16,
+    "bfloat16": DType.bfloat16,
+    "float32": DType.float32,
+    "float": DType.float32,
+    "float64": DType.float64,
+    "double": DType.float64,
+}
+
+
+def promote(a: DType, b: DType) -> DType:
+    """Promotion of two tensor types (same rules as torch.promote_types for our types)."""
+    if a == b:
+        return a
+    if a.category != b.category:
+        return a if a.category > b.category else b
+    if a.is_float:
+        if {a, b} == {DType.float16, DType.bfloat16}:
+            return DType.float32
+        return a if a.itemsize >= b.itemsize else b
+    return a if a.itemsize >= b.itemsize else b
+
+
+def default_for_category(category: int) -> DType:
+    return (DType.bool, DType.int64, DType.float32)[category]
+
+
+def result_type(tensor_types: list[DType], scalar_types: list[DType]) -> DType:
+    """Result type of a pointwise op over tensors and scalars, nvFuser/PyTorch style.
+
+    Scalars only take part when they are of a higher category than every tensor; then the result is
+    that category's default type (a double scalar times an int tensor gives float32).
+    """
+    if not tensor_types:
+        out = scalar_types[0]
+        for s in scalar_types[1:]:
+            out = promote(out, s)
+        return out
+    out = tensor_types[0]
+    for t in tensor_types[1:]:
+        out = promote(out, t)
+    if scalar_types:
+        top = max(s.category for s in scalar_types)
+        if top > out.category:
+            out = default_for_category(top)
+    return out

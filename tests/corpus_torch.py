@@ -1,0 +1,192 @@
+"""The corpus cases written as plain torch code: an oracle independent of fusecut's interpreter.
+
+Hand-written for every case whose math a person writes; the two generated stress cases run
+through ``EagerDefinition``, a direct torch evaluation of the frontend calls they use.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+f32 = torch.float32
+bf16 = torch.bfloat16
+
+
+def adam_step(p, g, m, v):
+    m1 = m * 0.9 + g * 0.1
+    v1 = v * 0.999 + g * g * 0.001
+    step = m1 / (torch.sqrt(v1) + 1e-08) * 0.0003
+    return [p - step, m1, v1]
+
+
+def gelu_tanh_fwd(x, b):
+    h = x.float() + b.float()
+    inner = (h + h * h * h * 0.044715) * 0.7978845608028654
+    return [(h * 0.5 * (torch.tanh(inner) + 1.0)).to(bf16)]
+
+
+def layernorm_bwd(x, dy, mean, rstd, w):
+    x, dy = x.float(), dy.float()
+    xhat = (x - mean) * rstd
+    g = dy * w.float()
+    n = x.shape[1]
+    s1 = g.sum(1, keepdim=True)
+    s2 = (g * xhat).sum(1, keepdim=True)
+    dx = rstd * (1.0 / 4096.0) * (g * 4096.0 - s1 - xhat * s2)
+    assert n == x.shape[1]
+    return [dx.to(bf16), (dy * xhat).sum(0).to(bf16), dy.sum(0).to(bf16)]
+
+
+def layernorm_fwd(x, w, b):
+    x = x.float()
+    var, mean = torch.var_mean(x, dim=1, correction=0)
+    rstd = torch.rsqrt(var + 1e-05)
+    y = (x - mean[:, None]) * rstd[:, None] * w.float() + b.float()
+    return [y.to(bf16), mean, rstd]
+
+
+def mlp_gelu(x, w1, b1, w2):
+    h = F.linear(x, w1).float() + b1.float()
+    g = h * 0.5 * (torch.erf(h * 0.7071067811865476) + 1.0)
+    return [F.linear(g.to(bf16), w2)]
+
+
+def rmsnorm_fwd(x, w):
+    x = x.float()
+    r = torch.rsqrt((x * x).sum(1) * (1.0 / x.shape[1]) + 1e-06)
+    return [(x * r[:, None] * w.float()).to(bf16), r]
+
+
+def seed_2146_rmsnorm_bwd(t0, t1, t2, t3, t4, t5, t6):
+    t7 = t6.float()
+    t18 = t7 - t4[:, :, None]
+    t24 = t18 * t5
+    t25 = t0.float()
+    t28 = t24 * t25 + t1.float()
+    t38 = (1.0 + t2.float()).to(bf16).float().expand(t7.shape)
+    t39 = t3.float()
+    t49 = t39.sum(1).to(bf16)
+    t50 = t38 * t39
+    t61 = (t28 * t39).sum(1).to(bf16)
+    t63 = t50.sum((0, 1)).to(bf16)
+    t64 = t25 * t50
+    t67 = (t24 * t50).sum((0, 1)).to(bf16)
+    t68 = t5 * t64
+    t70 = (t18 * t64).sum(2, keepdim=True)
+    t77 = (-t68).sum(2, keepdim=True)
+    t89 = (-0.5 * t70 * t5 ** 3.0).sum(2, keepdim=True)
+    t129 = 0.000976562 * t77 + 2.0 * t89 * (t7 - t4[:, :, None]) * (1.0 / 1024.0)
+    return [t49, t61, t63, t67, (t68 + t129).to(bf16)]
+
+
+def seed_3334_reduction_broadcast_pointwise(t0, t1):
+    return [t1 + t0.sum(1)[:, None]]
+
+
+def seed_3366_neg_broadcast_mul(t0, t1):
+    return [(-t0)[:, None] * t1]
+
+
+def seed_4147_stream_set(t0):
+    return [t0.clone()]
+
+
+def seed_4147_stream_two_ops(t0):
+    t1 = t0 + t0
+    return [t1, t1.sum(1)]
+
+
+def seed_4269_forward_full(t0):
+    ones = torch.ones_like(t0)
+    return [t0 + ones + ones]
+
+
+def silu_mul_fwd(a, b):
+    a = a.float()
+    return [(a * (1.0 / (1.0 + torch.exp(-a))) * b.float()).to(bf16)]
+
+
+def softmax_bwd(y, dy):
+    y, dy = y.float(), dy.float()
+    return [(y * (dy - (y * dy).sum(1, keepdim=True))).to(bf16)]
+
+
+def softmax_fwd(x):
+    x = x.float()
+    e = torch.exp(x - x.amax(1, keepdim=True))
+    return [(e / e.sum(1, keepdim=True)).to(bf16)]
+
+
+CASES = {f.__name__: f for f in (
+    adam_step, gelu_tanh_fwd, layernorm_bwd, layernorm_fwd, mlp_gelu, rmsnorm_fwd,
+    seed_2146_rmsnorm_bwd, seed_3334_reduction_broadcast_pointwise, seed_3366_neg_broadcast_mul,
+    seed_4147_stream_set, seed_4147_stream_two_ops, seed_4269_forward_full, silu_mul_fwd,
+    softmax_bwd, softmax_fwd)}
+
+
+class _Lazy:
+    def __init__(self, fn, args):
+        self.fn, self.args = fn, args
+
+    def shape(self):
+        return _Lazy(lambda t: list(t.shape), [self])
+
+
+class _EagerOps:
+    UNARY = {"exp": torch.exp, "neg": torch.neg, "abs": torch.abs, "tanh": torch.tanh}
+    BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul}
+
+    def __getattr__(self, name):
+        if name in self.UNARY:
+            return lambda a: _Lazy(self.UNARY[name], [a])
+        if name in self.BINARY:
+            return lambda a, b: _Lazy(lambda x, y: self.BINARY[name](x, y), [a, b])
+        if name == "cast":
+            return lambda a, dtype: _Lazy(lambda x: x.to(dtype), [a])
+        if name == "sum":
+            return lambda a, dims, keepdim, dtype: _Lazy(lambda x: x.sum(dims, keepdim), [a])
+        if name == "broadcast_in_dim":
+            def bid(a, shape, broadcast_dims):
+                def run(x, s):
+                    view = [1] * len(s)
+                    for i, d in enumerate(broadcast_dims):
+                        view[d] = x.shape[i]
+                    return x.reshape(view).expand(s)
+                return _Lazy(run, [a, shape])
+            return bid
+        raise AttributeError(name)
+
+
+class EagerDefinition:
+    """Evaluates a generated stress definition directly with torch (dtype names -> torch)."""
+
+    DTYPES = {"Float": f32, "BFloat16": bf16, "Double": torch.float64, "Null": None}
+
+    def __init__(self):
+        self.ops = _EagerOps()
+        self.inputs: list[_Lazy] = []
+        self.outputs: list[_Lazy] = []
+
+    def define_tensor(self, **kw):
+        lazy = _Lazy(None, [len(self.inputs)])
+        self.inputs.append(lazy)
+        return lazy
+
+    def define_scalar(self, value, dtype=None):
+        return value
+
+    def add_output(self, t):
+        self.outputs.append(t)
+
+    def run(self, args):
+        cache: dict[int, object] = {}
+
+        def ev(x):
+            if not isinstance(x, _Lazy):
+                return x
+            if id(x) not in cache:
+                cache[id(x)] = args[x.args[0]] if x.fn is None else x.fn(*[ev(a) for a in x.args])
+            return cache[id(x)]
+
+        return [ev(o) for o in self.outputs]
