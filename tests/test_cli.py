@@ -32,3 +32,35 @@ def test_check_rejects_malformed_text_with_location():
 def test_check_missing_file():
     r = fusecut("check", "/nonexistent/x.py")
     assert r.returncode == 2 and "cannot read" in r.stderr
+
+
+def test_plan_table_json_svg_dot(tmp_path):
+    path = str(CORPUS / "seed_2146_rmsnorm_bwd.py")
+    r = fusecut("plan", path, "--svg", str(tmp_path / "p.svg"), "--dot", str(tmp_path / "p.dot"))
+    assert r.returncode == 0, r.stderr
+    assert "inner_outer" in r.stdout and "lower bound" in r.stdout and "greedy" in r.stdout
+    svg = (tmp_path / "p.svg").read_text()
+    assert svg.startswith("<svg") and "segment 0" in svg and "http://" not in svg.replace(
+        'xmlns="http://www.w3.org/2000/svg"', "")
+    assert (tmp_path / "p.dot").read_text().startswith("digraph plan")
+    r = fusecut("plan", path, "--json", "--segmenter", "greedy")
+    import json
+
+    data = json.loads(r.stdout)
+    assert data["segmenter"] == "greedy" and data["totals"]["segments"] >= 2
+
+
+def test_plan_needs_input_metadata():
+    text = ("from nvfuser import FusionDefinition, DataType\ndef f(fd):\n"
+            "    T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+            "    fd.add_output(fd.ops.neg(T0))\n")
+    r = fusecut("plan", "-", stdin=text)
+    assert r.returncode == 2 and "no input metadata" in r.stderr
+    r = fusecut("plan", "-", "--inputs", '[{"shape": [8], "dtype": "float32"}]', "--json",
+                stdin=text)
+    assert r.returncode == 0, r.stderr
+    r = fusecut("plan", "-", "--inputs", '[{"shape": [8], "dtype": "bfloat16"}]', stdin=text)
+    assert r.returncode == 2 and "expected dtype float32, got bfloat16" in r.stderr
+    r = fusecut("plan", "-", "--inputs", '[{"shape": [8], "dtype": "float32"}]',
+                "--segmenter", "nope", stdin=text)
+    assert r.returncode == 2 and "unknown segmenter" in r.stderr

@@ -80,3 +80,30 @@ def test_make_input_respects_strides_and_kind():
     parsed = parse_text((CORPUS / "seed_2146_rmsnorm_bwd.py").read_text())
     t = make_input(parsed.inputs[0])
     assert t.stride() == (0, 0, 1) and t.shape == (56, 1024, 1024)
+
+
+def test_plan_and_segment_from_the_sdk():
+    from fusecut.plan import Plan
+
+    text = (CORPUS / "seed_4269_forward_full.py").read_text()
+    namespace: dict = {}
+    exec(compile(text.replace("from nvfuser import", "from fusecut import").split(
+        "inputs = [")[0], "seed", "exec"), namespace)
+    fd = namespace["fd"]
+    plan = fd.plan([{"shape": [1024], "dtype": "float32"}])
+    assert isinstance(plan, Plan) and len(plan.segments) == 2
+    assert plan is fd.plan([torch.randn(1024)])  # cached per input metadata
+    segments = fd.segment([torch.randn(1024)])
+    assert [s.kind for s in segments] == ["pointwise", "pointwise"]
+    first, second = segments
+    (boundary,) = first.output_map.values()
+    assert boundary in second.input_map.values()
+    x = torch.randn(1024)
+    (mid,) = first.definition.execute([x])
+    # the original definition is the argument manager: the boundary tensor, and the size of
+    # T0 (a scalar the second segment cannot see) by its map
+    inputs = second.definition.fusion.inputs
+    args = [mid if second.input_map[n] == boundary else 1024 for n in inputs]
+    (out,) = second.definition.execute(args)
+    torch.testing.assert_close(out, x + 2)
+    assert "segment" in repr(plan) or "Plan(" in repr(plan)

@@ -11,11 +11,13 @@ from rich.table import Table
 
 from optimizer.analysis.shapes import Bound, bind
 from optimizer.errors import FusecutError
+from optimizer.ir.inputs import InputMeta
 from optimizer.ir.nvtext import ParsedDefinition, parse_text
+from optimizer.plan.render import human_bytes, to_dot, to_svg
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan GPU fusions so that the fewest bytes cross global memory.")
-out = Console(highlight=False)
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False)
 
 
@@ -86,6 +88,102 @@ def check(file: str = typer.Argument(..., help="nvFuser repro or definition ('-'
     for name in fusion.outputs:
         outputs.add_row(name, fusion.tensors[name].dtype.value, _shape(bound, name))
     out.print(outputs)
+
+
+def input_metadata(parsed: ParsedDefinition, inputs: str | None) -> list[InputMeta]:
+    """Input metadata from --inputs (JSON text or @file) or the repro's ``inputs = [...]``."""
+    import json
+
+    from optimizer.ir.wire import meta_from_json
+
+    if inputs is None:
+        if parsed.inputs is None:
+            fail("no input metadata: the file has no `inputs = [...]` list; pass --inputs "
+                 "'[{\"shape\": [...], \"dtype\": \"float32\"}, ...]'")
+        return parsed.inputs
+    try:
+        text = Path(inputs[1:]).read_text() if inputs.startswith("@") else inputs
+        data = json.loads(text)
+        if not isinstance(data, list):
+            fail("--inputs must be a JSON list, one entry per fusion input")
+        return [meta_from_json(d) for d in data]
+    except (OSError, ValueError) as e:
+        fail(f"--inputs: {e}")
+    except FusecutError as e:
+        fail(f"--inputs: {e}")
+
+
+@app.command()
+def plan(file: str = typer.Argument(..., help="nvFuser repro or definition ('-' for stdin)"),
+         segmenter: str = typer.Option("cpsat", help="cpsat | greedy | mincut"),
+         time_limit: float = typer.Option(5.0, "--time-limit", help="solver seconds"),
+         device: str = typer.Option("H100", help="device profile: H100, H200, A100"),
+         inputs: str = typer.Option(None, help="input metadata as JSON (or @file)"),
+         as_json: bool = typer.Option(False, "--json", help="print the Plan JSON alone"),
+         svg: Path = typer.Option(None, help="write a picture of the segments"),
+         dot: Path = typer.Option(None, help="write the segment graph as Graphviz DOT")):
+    """Plan a fusion: segments, boundary tensors and bytes against greedy and the lower bound."""
+    import json
+
+    from optimizer.planner import PlanOptions, make_plan
+
+    parsed = read_definition(file)
+    metas = input_metadata(parsed, inputs)
+    try:
+        result = make_plan(parsed.fusion, metas, PlanOptions(segmenter=segmenter,
+                                                             time_limit_s=time_limit,
+                                                             device=device)).to_json()
+    except FusecutError as e:
+        fail(str(e))
+    if svg:
+        svg.write_text(to_svg(result))
+    if dot:
+        dot.write_text(to_dot(result))
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+        return
+    print_plan(result)
+
+
+def print_plan(result: dict) -> None:
+    segs = Table(title=f"plan {result['plan_id']} ({result['segmenter']}, "
+                       f"{result['solver']['status']})")
+    for col in ("#", "kind", "ops", "recomputed", "reads", "writes", "read", "write", "est"):
+        segs.add_column(col, justify="right" if col in ("read", "write", "est") else "left")
+    for s in result["segments"]:
+        segs.add_row(str(s["index"]), s["kind"], str(len(s["ops"])),
+                     str(len(s["recomputed_ops"])),
+                     ", ".join(t["tensor"] for t in s["inputs"]),
+                     ", ".join(t["tensor"] for t in s["outputs"]),
+                     human_bytes(s["read_bytes"]), human_bytes(s["write_bytes"]),
+                     f"{s['est_time_s'] * 1e6:.0f} us")
+    out.print(segs)
+    if result["boundaries"]:
+        b = Table(title="boundary tensors")
+        for col in ("tensor", "shape", "stored as", "dtype", "bytes", "from", "to", "why"):
+            b.add_column(col)
+        for t in result["boundaries"]:
+            b.add_row(t["tensor"], "x".join(map(str, t["shape"])),
+                      "x".join(map(str, t["compact_shape"])) or "scalar", t["dtype"],
+                      human_bytes(t["bytes"]), str(t["producer"]),
+                      ", ".join(map(str, t["consumers"])), t["reason"])
+        out.print(b)
+    else:
+        out.print("no tensor crosses between segments")
+    tot, base = result["totals"], result["baseline"]
+    summary = Table(title="totals", show_header=True)
+    for col in ("", "I/O bytes", "segments", "est time"):
+        summary.add_column(col)
+    summary.add_row("fusecut", human_bytes(tot["io_bytes"]), str(tot["segments"]),
+                    f"{tot['est_time_s'] * 1e6:.0f} us")
+    summary.add_row("greedy (nvFuser-style)", human_bytes(base["io_bytes"]), str(base["segments"]),
+                    f"{base['est_time_s'] * 1e6:.0f} us")
+    summary.add_row("lower bound", human_bytes(tot["lower_bound_bytes"]), "",
+                    f"{tot['floor_s'] * 1e6:.0f} us")
+    out.print(summary)
+    out.print(f"io_ratio {tot['io_ratio']:.3f}; saved {human_bytes(base['saved_bytes'])} against "
+              f"greedy; solver {result['solver']['status']} in {result['solver']['wall_s']:.2f} s"
+              f" ({result['solver']['message']})")
 
 
 def main() -> None:

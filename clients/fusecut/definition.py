@@ -6,8 +6,10 @@ An existing ``def nvfuser_fusion_idN(fd: FusionDefinition)`` runs unchanged with
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from fusecut.plan import Plan
 from optimizer.ir.builder import FusionBuilder, ScalarHandle, TensorHandle, VectorHandle
 from optimizer.ir.dtypes import NVFUSER_DTYPES
 from optimizer.ir.fusion import Fusion
@@ -110,8 +112,63 @@ class FusionDefinition:
 
     # ---- running ----------------------------------------------------------------------------
 
+    @classmethod
+    def from_fusion(cls, fusion: Fusion) -> FusionDefinition:
+        """A completed definition holding an existing fusion (e.g. one segment of a plan)."""
+        fd = cls()
+        fd._builder.fusion = fusion
+        fd._finished = True
+        return fd
+
+    def plan(self, inputs: list[Any], **options: Any) -> Plan:
+        """Plan the fusion for these inputs (tensors, numbers or metadata); no tensors needed.
+
+        Options: segmenter, time_limit_s, device, device_overrides, launch_weight,
+        compute_weight, seed, kinds. ``remote=URL`` plans with a fusecut service instead.
+        """
+        remote = options.pop("remote", None)
+        if remote is not None:
+            from fusecut.client import Client
+
+            with Client(remote) as client:
+                return client.plan(self.fusion, inputs, **options)
+        from fusecut.local import plan
+
+        return plan(self.fusion, inputs, self._plans, **options)
+
+    def segment(self, inputs: list[Any], **options: Any) -> list[SegmentDefinition]:
+        """The plan's segments as standalone definitions with maps to this one (seed 001)."""
+        planned = self.plan(inputs, **options)
+        out = []
+        for seg in planned._internal.segments:
+            out.append(SegmentDefinition(seg.index, seg.kind.value,
+                                         FusionDefinition.from_fusion(seg.sub.fusion),
+                                         dict(seg.sub.input_map), dict(seg.sub.output_map)))
+        return out
+
     def execute(self, inputs: list[Any], **options: Any) -> list[Any]:
-        """Run the fusion on ``inputs`` (tensors and numbers) and return its outputs."""
+        """Plan (cached per input metadata), compile (cached) and run; return the outputs.
+
+        ``remote=URL`` runs on a fusecut service instead.
+        """
+        remote = options.pop("remote", None)
+        if remote is not None:
+            from fusecut.client import Client
+
+            with Client(remote) as client:
+                return client.execute(self.fusion, inputs, **options).outputs
         from fusecut.local import execute
 
         return execute(self.fusion, inputs, cache=self._plans, **options)
+
+
+@dataclass(frozen=True)
+class SegmentDefinition:
+    """One segment of a plan: its kind, its definition, and the maps from its inputs and
+    outputs to the original definition's tensors."""
+
+    index: int
+    kind: str
+    definition: FusionDefinition
+    input_map: dict[str, str]
+    output_map: dict[str, str]

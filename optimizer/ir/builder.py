@@ -71,6 +71,7 @@ class FusionBuilder:
         self.max_ops = max_ops
         self._counter = 0
         self._sizes: dict[tuple[str, int], str] = {}
+        self.reserved: set[str] = set()  # names the text assigns later: generated names skip them
 
     # ---- naming ---------------------------------------------------------------------------------
 
@@ -83,7 +84,7 @@ class FusionBuilder:
         while True:
             name = f"{prefix}{self._counter}"
             self._counter += 1
-            if not self._taken(name):
+            if not self._taken(name) and name not in self.reserved:
                 return name
 
     # ---- definitions ----------------------------------------------------------------------------

@@ -110,6 +110,18 @@ class Fusion:
         """Indices of ops that produce tensors (scalar ops are host work, never segmented)."""
         return [i for i, op in enumerate(self.ops) if any(o in self.tensors for o in op.outputs)]
 
+    def live_tensor_ops(self) -> list[int]:
+        """Tensor ops some output depends on: the rest is dead code, never planned or run."""
+        producer = {o: i for i in self.tensor_ops() for o in self.ops[i].outputs}
+        live: set[int] = set()
+        stack = [producer[o] for o in self.outputs if o in producer]
+        while stack:
+            i = stack.pop()
+            if i not in live:
+                live.add(i)
+                stack.extend(producer[n] for n in self.ops[i].inputs if n in producer)
+        return sorted(live)
+
     def value_dtype(self, name: str) -> DType:
         v = self.tensors.get(name) or self.scalars[name]
         return v.dtype

@@ -217,6 +217,12 @@ class _Body:
         self.fd_name = fd_name
 
     def run(self, body: list[ast.stmt]) -> None:
+        for stmt in body:  # names the text assigns: generated names for nested calls avoid them
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else []
+            for target in targets:
+                for node in ast.walk(target):
+                    if isinstance(node, ast.Name):
+                        self.b.reserved.add(node.id)
         for stmt in body:
             try:
                 self._stmt(stmt)

@@ -1,0 +1,37 @@
+"""Shared bits of the benchmark scripts: where results go, and how a table is written."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import re
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+CORPUS = Path(__file__).parent.parent / "tests" / "corpus"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def write_result(name: str, device: str, title: str, table: str, notes: str = "") -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    date = datetime.date.today().isoformat()
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()[:40]
+    path = RESULTS / f"{name}-{slug}-{date}.md"
+    path.write_text(f"# {title}\n\nDevice: {device}\nDate: {date}\n\n{table}\n\n{notes}".rstrip()
+                    + "\n")
+    return path

@@ -1,0 +1,71 @@
+"""What the planner may do with each op, once sizes are known.
+
+The registry's op class says what an op is; here it becomes what a segment may hold:
+- FUSIBLE ops run inside generated kernels (elementwise, broadcasts, views, resizes, gathers,
+  factories, and reductions over broadcast axes only, which are squeezes in disguise);
+- REDUCTION ops anchor reduction, normalization and inner-outer segments;
+- LIBRARY ops (matmul, linear) run alone through cuBLAS;
+- FALLBACK ops run alone through the torch reference (no generated kernel exists for them);
+- SEGMENT_SET forces its input across a segment boundary.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from optimizer.analysis.shapes import Bound
+from optimizer.ir.fusion import Op
+from optimizer.ir.ops_misc import reduction_axes
+from optimizer.ir.opspec import OpClass, get_spec
+
+# Ops with no generated kernel: they run alone through the torch reference.
+FALLBACK_OPS = frozenset({"digamma", "gcd"})
+# Ops that move data between index spaces: allowed in pointwise segments only.
+VIEW_CLASSES = frozenset({OpClass.RESHAPE, OpClass.RESIZE, OpClass.GATHER})
+
+
+class Role(str, Enum):
+    FUSIBLE = "fusible"
+    REDUCTION = "reduction"
+    LIBRARY = "library"
+    FALLBACK = "fallback"
+    SEGMENT_SET = "segment_set"
+
+
+def is_trivial_reduction(op: Op, bound: Bound) -> bool:
+    """A reduction whose reduced axes are all broadcast (extent 1 or expanded): no real work."""
+    src = op.inputs[0]
+    axes = reduction_axes(op.attrs, len(bound.shapes[src]))
+    flags = bound.broadcast[src]
+    if op.name in ("var", "var_mean") or bound.numel(src) == 0:
+        return False
+    return all(flags[a] for a in axes)
+
+
+def role(op: Op, bound: Bound) -> Role:
+    spec = get_spec(op.name)
+    if op.name in FALLBACK_OPS:
+        return Role.FALLBACK
+    if spec.op_class is OpClass.LIBRARY:
+        return Role.LIBRARY
+    if spec.op_class is OpClass.SEGMENT_SET:
+        return Role.SEGMENT_SET
+    if spec.op_class is OpClass.REDUCTION:
+        return Role.FUSIBLE if is_trivial_reduction(op, bound) else Role.REDUCTION
+    return Role.FUSIBLE
+
+
+def is_view(op: Op) -> bool:
+    return get_spec(op.name).op_class in VIEW_CLASSES
+
+
+def op_cost(op: Op, bound: Bound) -> float:
+    """Arithmetic of one evaluation of ``op`` over its output, in simple-op units."""
+    spec = get_spec(op.name)
+    out = op.outputs[0]
+    if spec.op_class is OpClass.REDUCTION:
+        return spec.cost * bound.numel(op.inputs[0])
+    if spec.op_class is OpClass.LIBRARY:
+        a, b = bound.shapes[op.inputs[0]], bound.shapes[op.inputs[1]]
+        return 2.0 * bound.numel(out) * (a[-1] if a else 1) if b else 0.0
+    return spec.cost * bound.numel(out)

@@ -1,0 +1,232 @@
+"""The Plan: segments in execution order, the tensors that cross between them, and their bytes.
+
+``build_plan`` turns an ordered segmentation (placed ops and written tensors per segment) into a
+Plan, checking what every consumer of a plan relies on: each segment classifies as a kind, reads
+only fusion inputs and tensors an earlier segment wrote, and every fusion output is written once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from optimizer.analysis.cost import lower_bound_bytes, read_bytes, segment_time, write_bytes
+from optimizer.analysis.shapes import Bound
+from optimizer.errors import PlanError
+from optimizer.ir.printer import print_fusion
+from optimizer.ir.wire import fusion_id, fusion_to_json, meta_to_json
+from optimizer.plan.subfusion import SubFusion, translate
+from optimizer.schedulers.kinds import Schedule
+from optimizer.schedulers.profiles import DeviceProfile
+from optimizer.segmenters.graph import SegGraph
+
+
+@dataclass
+class Segment:
+    index: int
+    schedule: Schedule
+    recomputed_ops: tuple[int, ...]
+    read_bytes: int
+    write_bytes: int
+    est_time_s: float
+    sub: SubFusion
+
+    @property
+    def kind(self):
+        return self.schedule.kind
+
+
+@dataclass
+class Boundary:
+    tensor: str
+    producer: int
+    consumers: tuple[int, ...]
+
+
+@dataclass
+class SolverReport:
+    status: str  # OPTIMAL, FEASIBLE, GREEDY (no solver), FALLBACK_TO_GREEDY
+    objective: float | None = None
+    bound: float | None = None
+    wall_s: float = 0.0
+    message: str = ""
+
+
+@dataclass
+class Baseline:
+    segmenter: str
+    io_bytes: int
+    segments: int
+    est_time_s: float
+
+
+@dataclass
+class Plan:
+    bound: Bound
+    profile: DeviceProfile
+    segmenter: str
+    segments: list[Segment]
+    boundaries: list[Boundary]
+    solver: SolverReport
+    baseline: Baseline | None
+    options: dict[str, Any] = field(default_factory=dict)
+    host_program: str | None = None
+
+    @property
+    def fusion(self):
+        return self.bound.fusion
+
+    @property
+    def io_bytes(self) -> int:
+        return sum(s.read_bytes + s.write_bytes for s in self.segments)
+
+    @property
+    def lower_bound_bytes(self) -> int:
+        return lower_bound_bytes(self.bound)
+
+    @property
+    def est_time_s(self) -> float:
+        return sum(s.est_time_s for s in self.segments)
+
+    @property
+    def fusion_id(self) -> str:
+        return fusion_id(self.fusion)
+
+    @property
+    def plan_id(self) -> str:
+        return plan_key(self.fusion_id, [meta_to_json(self.bound.inputs[n])
+                                         for n in self.fusion.inputs], self.options,
+                        self.profile.to_json())
+
+    def to_json(self) -> dict[str, Any]:
+        return plan_json(self)
+
+
+def plan_key(fid: str, metas: list[dict], options: dict, device: dict) -> str:
+    """The cache key of a plan: fusion id, input metadata, options and device profile."""
+    blob = json.dumps({"fusion": fid, "inputs": metas, "options": options, "device": device},
+                      sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def build_plan(graph: SegGraph, groups: list[tuple[frozenset[int], frozenset[str]]],
+               segmenter: str, solver: SolverReport, baseline: Baseline | None,
+               options: dict[str, Any]) -> Plan:
+    bound, profile = graph.bound, graph.profile
+    schedules: list[Schedule] = []
+    for k, (ops, written) in enumerate(groups):
+        sched = graph.classify(ops, written)
+        if not sched:
+            raise PlanError(f"segment {k} does not schedule: {sched.reason}")
+        schedules.append(sched)
+    check_segmentation(graph, schedules)
+    counts: dict[int, int] = {}
+    for s in schedules:
+        for i in s.ops:
+            counts[i] = counts.get(i, 0) + 1
+    segments = []
+    for k, s in enumerate(schedules):
+        segments.append(Segment(
+            index=k, schedule=s,
+            recomputed_ops=tuple(i for i in s.ops if counts[i] > 1),
+            read_bytes=read_bytes(bound, s), write_bytes=write_bytes(bound, s),
+            est_time_s=segment_time(bound, s, profile), sub=translate(bound, s)))
+    boundaries = []
+    for k, s in enumerate(schedules):
+        for t in s.outputs:
+            readers = tuple(j for j, r in enumerate(schedules) if t in r.inputs)
+            if readers:
+                boundaries.append(Boundary(t, k, readers))
+    return Plan(bound, profile, segmenter, segments, boundaries, solver, baseline, options)
+
+
+def check_segmentation(graph: SegGraph, schedules: list[Schedule]) -> None:
+    """Reads only what was written before; every output written exactly once."""
+    written: dict[str, int] = {}
+    for k, s in enumerate(schedules):
+        for t in s.inputs:
+            if t not in graph.inputs and t not in written:
+                raise PlanError(f"segment {k} reads {t} before any segment writes it")
+        for t in s.outputs:
+            if t in written and t in graph.outputs:
+                raise PlanError(f"fusion output {t} is written twice (segments {written[t]}, "
+                                f"{k})")
+            written.setdefault(t, k)
+    for t in graph.outputs:
+        if t not in written and t not in graph.inputs:
+            raise PlanError(f"fusion output {t} is never written")
+
+
+def _tensor_json(bound: Bound, t: str) -> dict[str, Any]:
+    return {"tensor": t, "shape": list(bound.shapes[t]),
+            "compact_shape": list(bound.compact_shape(t)),
+            "dtype": bound.fusion.tensors[t].dtype.value, "bytes": bound.nbytes(t)}
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    bound = plan.bound
+    fusion = plan.fusion
+    lb = plan.lower_bound_bytes
+    io = plan.io_bytes
+    segments = []
+    for s in plan.segments:
+        sub = s.sub
+        segments.append({
+            "index": s.index, "kind": s.kind.value, "ops": list(s.schedule.ops),
+            "recomputed_ops": list(s.recomputed_ops),
+            "inputs": [_tensor_json(bound, t) for t in s.schedule.inputs],
+            "outputs": [_tensor_json(bound, t) for t in s.schedule.outputs],
+            "read_bytes": s.read_bytes, "write_bytes": s.write_bytes,
+            "est_time_s": s.est_time_s,
+            "definition_json": fusion_to_json(sub.fusion),
+            "definition_py": print_fusion(sub.fusion, name=f"nvfuser_fusion_segment{s.index}",
+                                          inputs=sub.inputs),
+            "input_map": sub.input_map, "output_map": sub.output_map,
+        })
+    base = plan.baseline
+    return {
+        "plan_id": plan.plan_id,
+        "fusion_id": plan.fusion_id,
+        "segmenter": plan.segmenter,
+        "solver": {"status": plan.solver.status, "objective": plan.solver.objective,
+                   "bound": plan.solver.bound, "wall_s": plan.solver.wall_s,
+                   "message": plan.solver.message},
+        "device": plan.profile.to_json(),
+        "options": plan.options,
+        "ops": [{"index": i, "name": op.name, "inputs": list(op.inputs),
+                 "outputs": list(op.outputs)} for i, op in enumerate(fusion.ops)],
+        "segments": segments,
+        "fusion_inputs": [t for t in fusion.inputs if t in fusion.tensors],
+        "fusion_outputs": list(fusion.outputs),
+        "boundaries": [dict(_tensor_json(bound, b.tensor), producer=b.producer,
+                            consumers=list(b.consumers), reason=_why_crossing(plan, b.tensor))
+                       for b in plan.boundaries],
+        "totals": {"io_bytes": io, "lower_bound_bytes": lb,
+                   "io_ratio": io / lb if lb else 1.0, "segments": len(plan.segments),
+                   "est_time_s": plan.est_time_s,
+                   "floor_s": lb / plan.profile.bandwidth},
+        "baseline": None if base is None else {
+            "segmenter": base.segmenter, "io_bytes": base.io_bytes, "segments": base.segments,
+            "est_time_s": base.est_time_s, "saved_bytes": base.io_bytes - io},
+        "host_program": plan.host_program,
+    }
+
+
+def _why_crossing(plan: Plan, tensor: str) -> str:
+    """Why a boundary tensor goes through global memory instead of being recomputed."""
+    from optimizer.analysis.opclass import Role, role
+
+    fusion = plan.fusion
+    producer = next(op for op in fusion.ops if tensor in op.outputs)
+    if any(op.name == "segment_set" and op.inputs[0] == tensor for op in fusion.ops):
+        return "forced by segment_set"
+    kind = role(producer, plan.bound)
+    if kind is Role.REDUCTION:
+        return "a reduction result: recomputing it would re-read and re-reduce its input"
+    if kind is Role.LIBRARY:
+        return "the result of a library call (matmul/linear)"
+    if kind is Role.FALLBACK:
+        return "the result of an op without a generated kernel"
+    return "cheaper to pass than to recompute from what the consumer reads"

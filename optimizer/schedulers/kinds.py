@@ -1,0 +1,311 @@
+"""Segment kinds and their can-schedule rule: the contract between planner and code generator.
+
+``classify(bound, ops, outputs, profile)`` returns the ``Schedule`` of a candidate segment (its
+kind, iteration domain and how every tensor maps onto it) or a ``Rejection`` saying why no kind
+fits. Every segmenter keeps only segments that classify; the code generator builds kernels from
+the Schedule and relies on each rule below.
+
+- pointwise: fusible ops only; every written tensor embeds (axis by axis, each axis onto a distinct
+  axis at least as long) into the largest written tensor, whose domain the kernel iterates; a
+  shorter axis is written where its index is in range. Views and resizes are index maps.
+- reduction: real reductions that all reduce the same axes of one domain P, with a prologue on P
+  and an epilogue on the reduced domain; nothing on P may depend on a reduction's result.
+- normalization: as reduction, but P-domain values that depend on reduction results (reduce,
+  broadcast back, combine); the reduced axes must be the trailing axes of P (a row is kept on
+  chip) and the row's persistent bytes must fit the profile's budget.
+- inner_outer: normalization plus column reductions over all the other axes of the same P.
+- library: one matmul/linear, through cuBLAS.
+- fallback: one op without a generated kernel, through the torch reference.
+In reduction kinds only axis-preserving ops may appear (no reshape, resize or gather), so every
+tensor's axes land on axes of P (see ``optimizer.analysis.axes``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from optimizer.analysis.axes import AxisMap
+from optimizer.analysis.opclass import Role, is_view, role
+from optimizer.analysis.shapes import Bound
+from optimizer.ir.ops_misc import reduction_axes
+from optimizer.schedulers.persistent import Persistence, analyze_persistence
+from optimizer.schedulers.profiles import DeviceProfile
+
+
+class Kind(str, Enum):
+    POINTWISE = "pointwise"
+    REDUCTION = "reduction"
+    NORMALIZATION = "normalization"
+    INNER_OUTER = "inner_outer"
+    LIBRARY = "library"
+    FALLBACK = "fallback"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class Schedule:
+    kind: Kind
+    ops: tuple[int, ...]  # op indices, program order
+    inputs: tuple[str, ...]  # tensors read from global memory
+    outputs: tuple[str, ...]  # tensors written to global memory
+    domain: tuple[int, ...] = ()  # iteration domain (pointwise: the reference output; else P)
+    ref: str | None = None  # the tensor whose axes define the domain
+    # tensor -> domain axis of each of its axes (None: broadcast). Pointwise: written tensors;
+    # reduction kinds: every tensor of the segment.
+    axis_map: dict[str, tuple[int | None, ...]] = field(default_factory=dict)
+    reduction_axes: tuple[int, ...] = ()  # domain axes the (row) reductions reduce
+    outer_axes: tuple[int, ...] = ()  # inner_outer: domain axes the column reductions reduce
+    reductions: tuple[int, ...] = ()  # row reductions (op indices)
+    outer_reductions: tuple[int, ...] = ()  # inner_outer column reductions (op indices)
+    persistence: Persistence | None = None
+
+    def __bool__(self) -> bool:
+        return True
+
+
+def segment_io(bound: Bound, ops: Iterable[int], written: Iterable[str]
+               ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(inputs, outputs) of a segment: tensors read but not produced, in order of first use."""
+    fusion = bound.fusion
+    produced: set[str] = set()
+    inputs: dict[str, None] = {}
+    for i in sorted(ops):
+        op = fusion.ops[i]
+        for name in op.inputs:
+            if name in fusion.tensors and name not in produced:
+                inputs.setdefault(name)
+        produced.update(op.outputs)
+    outs = tuple(sorted(set(written), key=lambda t: (_order(bound, t), t)))
+    return tuple(inputs), outs
+
+
+def _order(bound: Bound, tensor: str) -> int:
+    producers = getattr(bound, "_producers", None)
+    if producers is None:
+        producers = bound.fusion.producers()
+        bound._producers = producers  # type: ignore[attr-defined]
+    return producers.get(tensor, -1)
+
+
+ALL_KINDS = frozenset(Kind)
+
+
+def classify(bound: Bound, ops: Iterable[int], written: Iterable[str], profile: DeviceProfile,
+             kinds: frozenset[Kind] = ALL_KINDS) -> Schedule | Rejection:
+    """The Schedule of a candidate segment, or why it cannot be one (only ``kinds`` allowed)."""
+    result = _classify(bound, ops, written, profile)
+    if result and result.kind not in kinds:
+        return Rejection(f"{result.kind.value} segments are disabled")
+    return result
+
+
+def _classify(bound: Bound, ops: Iterable[int], written: Iterable[str],
+              profile: DeviceProfile) -> Schedule | Rejection:
+    fusion = bound.fusion
+    ops = tuple(sorted(set(ops)))
+    if not ops:
+        return Rejection("empty segment")
+    inputs, outputs = segment_io(bound, ops, written)
+    produced = {o for i in ops for o in fusion.ops[i].outputs}
+    missing = [t for t in outputs if t not in produced]
+    if missing:
+        return Rejection(f"writes {missing} that it does not compute")
+    if not outputs:
+        return Rejection("a segment must write something")
+    roles = {i: role(fusion.ops[i], bound) for i in ops}
+    alone = [i for i in ops if roles[i] in (Role.LIBRARY, Role.FALLBACK)]
+    if alone:
+        if len(ops) > 1:
+            op = fusion.ops[alone[0]]
+            return Rejection(f"{op.name} ({op.outputs[0]}) runs alone as a library/fallback call")
+        kind = Kind.LIBRARY if roles[alone[0]] is Role.LIBRARY else Kind.FALLBACK
+        return Schedule(kind, ops, inputs, outputs)
+    for i in ops:
+        op = fusion.ops[i]
+        if roles[i] is Role.SEGMENT_SET and op.inputs[0] in produced:
+            return Rejection(f"segment_set ({op.outputs[0]}) forces {op.inputs[0]} across a "
+                             f"segment boundary")
+    reductions = [i for i in ops if roles[i] is Role.REDUCTION]
+    if not reductions:
+        return _pointwise(bound, ops, inputs, outputs)
+    return _reduction(bound, ops, inputs, outputs, reductions, profile)
+
+
+# ---- pointwise ---------------------------------------------------------------------------------
+
+
+def embed(bound: Bound, tensor: str, ref: str, axes: AxisMap | None = None
+          ) -> tuple[int | None, ...] | None:
+    """Map each non-broadcast axis of ``tensor`` to a distinct axis of ``ref`` at least as long
+    (equal extents preferred; a shorter axis is written where the index is in range): by axis
+    identity where known, else right-aligned position, else any free axis. None if impossible."""
+    shape, flags = bound.shapes[tensor], bound.broadcast[tensor]
+    ref_shape = bound.shapes[ref]
+    ref_ids = axes.ids(ref) if axes else []
+    taken: set[int] = set()
+    out: list[int | None] = []
+    for a, (e, b) in enumerate(zip(shape, flags)):
+        if b:
+            out.append(None)
+            continue
+        candidates = []
+        if axes is not None:
+            rid = axes.root(tensor, a)
+            candidates += [j for j, x in enumerate(ref_ids) if x is not None and x == rid]
+        aligned = len(ref_shape) - len(shape) + a
+        if 0 <= aligned < len(ref_shape):
+            candidates.append(aligned)
+        candidates += range(len(ref_shape))
+        pick = next((j for j in candidates if j not in taken and ref_shape[j] == e), None)
+        if pick is None:
+            pick = next((j for j in candidates if j not in taken and ref_shape[j] > e), None)
+        if pick is None:
+            return None
+        taken.add(pick)
+        out.append(pick)
+    return tuple(out)
+
+
+def _pointwise(bound: Bound, ops, inputs, outputs) -> Schedule | Rejection:
+    ref = max(outputs, key=lambda t: (bound.numel(t), -outputs.index(t)))
+    axes = AxisMap(bound, (bound.fusion.ops[i] for i in ops))
+    axis_map = {}
+    for t in outputs:
+        m = embed(bound, t, ref, axes)
+        if m is None:
+            return Rejection(f"outputs {ref} {list(bound.shapes[ref])} and {t} "
+                             f"{list(bound.shapes[t])} do not share an iteration domain")
+        axis_map[t] = m
+    return Schedule(Kind.POINTWISE, ops, inputs, outputs, bound.shapes[ref], ref, axis_map)
+
+
+# ---- reduction kinds ---------------------------------------------------------------------------
+
+
+def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile) -> Schedule | Rejection:
+    fusion = bound.fusion
+    for i in ops:
+        if is_view(fusion.ops[i]):
+            op = fusion.ops[i]
+            return Rejection(f"{op.name} ({op.outputs[0]}) re-indexes data and cannot join a "
+                             f"reduction segment")
+    axes = AxisMap(bound, (fusion.ops[i] for i in ops))
+
+    def signature(i: int):
+        op = fusion.ops[i]
+        src = op.inputs[0]
+        red = set(reduction_axes(op.attrs, len(bound.shapes[src])))
+        ids = axes.ids(src)
+        domain = tuple(x for x in ids if x is not None)
+        reduced = frozenset(x for a, x in enumerate(ids) if x is not None and a in red)
+        return domain, reduced
+
+    sigs: dict[tuple, list[int]] = {}
+    for i in reductions:
+        domain, reduced = signature(i)
+        if len(set(domain)) != len(domain):
+            op = fusion.ops[i]
+            return Rejection(f"{op.name} ({op.outputs[0]}): two axes of {op.inputs[0]} iterate "
+                             f"together")
+        sigs.setdefault((frozenset(domain), reduced), []).append(i)
+    keys = list(sigs)
+    if len({k[0] for k in keys}) > 1:
+        return Rejection("reductions over different domains: "
+                         + ", ".join(fusion.ops[v[0]].outputs[0] for v in sigs.values()))
+    inner_key = keys[0]
+    outer_key = None
+    if len(keys) == 2:
+        a, b = keys
+        if a[1] & b[1] or (a[1] | b[1]) != a[0]:
+            return Rejection("reductions over different axes that are not complementary: "
+                             + ", ".join(fusion.ops[v[0]].outputs[0] for v in sigs.values()))
+        inner_key, outer_key = a, b
+    elif len(keys) > 2:
+        return Rejection("reductions over more than two sets of axes: "
+                         + ", ".join(fusion.ops[v[0]].outputs[0] for v in sigs.values()))
+    # The domain: axis order of the first row reduction's input.
+    first = sigs[inner_key][0]
+    p_ref = fusion.ops[first].inputs[0]
+    p_ids = [x for x in axes.ids(p_ref) if x is not None]
+    p_axes = [a for a, x in enumerate(axes.ids(p_ref)) if x is not None]
+    domain = tuple(bound.shapes[p_ref][a] for a in p_axes)
+    pos = {x: k for k, x in enumerate(p_ids)}
+    if outer_key is not None:  # the row reductions are the ones over the trailing axes
+        last = p_ids[-1]
+        if last not in inner_key[1]:
+            inner_key, outer_key = outer_key, inner_key
+            first = sigs[inner_key][0]
+    for members in sigs.values():
+        for i in members:
+            src = fusion.ops[i].inputs[0]
+            order = [x for x in axes.ids(src) if x is not None]
+            if [pos.get(x) for x in order] != sorted(pos.get(x, -1) for x in order):
+                return Rejection(f"{fusion.ops[i].outputs[0]} reduces a permuted view of the "
+                                 f"domain")
+    axis_map: dict[str, tuple[int | None, ...]] = {}
+    tensors = dict.fromkeys(list(inputs) + [o for i in ops for o in fusion.ops[i].outputs
+                                             if o in fusion.tensors])
+    _complete_by_position(bound, axes, tensors, pos, domain)
+    for t in tensors:
+        ids = axes.ids(t)
+        mapped = tuple(pos.get(x) if x is not None else None for x in ids)
+        if any(x is not None and pos.get(x) is None for x in ids):
+            return Rejection(f"{t} {list(bound.shapes[t])} does not map onto the reduction "
+                             f"domain {list(domain)}")
+        real = [m for m in mapped if m is not None]
+        if len(set(real)) != len(real):
+            return Rejection(f"two axes of {t} iterate together")
+        axis_map[t] = mapped
+    row_axes = tuple(sorted(pos[x] for x in inner_key[1]))
+    col_axes = tuple(sorted(pos[x] for x in outer_key[1])) if outer_key else ()
+    row_reductions = tuple(sigs[inner_key])
+    col_reductions = tuple(sigs[outer_key]) if outer_key else ()
+    persistence = analyze_persistence(bound, ops, inputs, outputs, axis_map, row_axes,
+                                      row_reductions,
+                                      col_reductions)
+    if isinstance(persistence, str):
+        return Rejection(persistence)
+    needs_rows = persistence.broadcasts_back or bool(col_reductions)
+    trailing = row_axes == tuple(range(len(domain) - len(row_axes), len(domain)))
+    if not needs_rows:
+        kind = Kind.REDUCTION
+        persistence = None
+    else:
+        if not trailing:
+            return Rejection(f"reduced axes {list(row_axes)} of domain {list(domain)} are not the"
+                             f" trailing axes: no persistent kernel keeps such rows")
+        if persistence.row_bytes > profile.persistent_budget:
+            return Rejection(f"a row keeps {persistence.row_bytes} bytes on chip, over the "
+                             f"{profile.name} budget of {profile.persistent_budget}")
+        kind = Kind.INNER_OUTER if col_reductions else Kind.NORMALIZATION
+    if math.prod(domain) == 0 and kind is not Kind.REDUCTION:
+        return Rejection("an empty domain needs no persistent kernel")
+    return Schedule(kind, ops, inputs, outputs, domain, p_ref, axis_map, row_axes, col_axes,
+                    row_reductions, col_reductions, persistence)
+
+
+def _complete_by_position(bound: Bound, axes: AxisMap, tensors, pos: dict, domain) -> None:
+    """Axes tied to the domain only through a broadcast (``T1 + broadcast(sum(T0))``): place them
+    on the domain axis at the same right-aligned position when the extents agree, as nvFuser's
+    permissive map does. Mapping an id places every axis tied to it."""
+    for t in tensors:
+        ids = axes.ids(t)
+        rank = len(ids)
+        used = {pos[x] for x in ids if x is not None and x in pos}
+        for a, x in enumerate(ids):
+            if x is None or x in pos:
+                continue
+            j = len(domain) - rank + a
+            if 0 <= j < len(domain) and j not in used and bound.shapes[t][a] == domain[j]:
+                pos[x] = j
+                used.add(j)

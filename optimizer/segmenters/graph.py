@@ -1,0 +1,137 @@
+"""The graph segmenters work on: tensor ops, who produces and consumes what, and forwarding.
+
+Forwarding (seeds 000 and 003): a cheap unary op whose operand is a fusion input (or another
+forwarded value), and a factory (full, iota), is recomputed in every segment that uses it instead
+of being passed through global memory, unless it is a fusion output. Reading the root input must
+cost no more than reading the forwarded value, so a narrowing cast is not forwarded. Segmenters
+place only the other ops; ``closure`` adds the forwarded ops a segment needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from optimizer.analysis.opclass import Role, is_view, role
+from optimizer.analysis.shapes import Bound
+from optimizer.ir.opspec import OpClass, get_spec
+from optimizer.schedulers.kinds import ALL_KINDS, Kind, Rejection, Schedule, classify
+from optimizer.schedulers.profiles import DeviceProfile
+
+
+class SegGraph:
+    def __init__(self, bound: Bound, profile: DeviceProfile,
+                 kinds: frozenset[Kind] = ALL_KINDS):
+        self.bound = bound
+        self.profile = profile
+        self.kinds = kinds
+        fusion = bound.fusion
+        self.fusion = fusion
+        self.producer: dict[str, int] = {o: i for i in fusion.tensor_ops()
+                                         for o in fusion.ops[i].outputs}
+        self.ops: list[int] = fusion.live_tensor_ops()
+        self.consumers: dict[str, list[int]] = {}
+        for i in self.ops:
+            for n in dict.fromkeys(fusion.ops[i].inputs):
+                if n in fusion.tensors:
+                    self.consumers.setdefault(n, []).append(i)
+        self.roles = {i: role(fusion.ops[i], bound) for i in self.ops}
+        self.outputs = set(fusion.outputs)
+        self.inputs = set(fusion.tensor_inputs())
+        self.forwarded: frozenset[int] = self._forwarding()
+        self.placed: list[int] = [i for i in self.ops if i not in self.forwarded]
+        self._cache: dict[tuple[frozenset[int], frozenset[str]], Schedule | Rejection] = {}
+
+    def _forwarding(self) -> frozenset[int]:
+        fusion, bound = self.fusion, self.bound
+        forwarded: set[int] = set()
+        fwd_tensors: set[str] = set()
+        for i in self.ops:
+            op = fusion.ops[i]
+            if self.roles[i] is not Role.FUSIBLE or is_view(op) or len(op.outputs) != 1:
+                continue
+            out = op.outputs[0]
+            if out in self.outputs:
+                continue
+            tensors = [n for n in op.inputs if n in fusion.tensors]
+            factory = get_spec(op.name).op_class is OpClass.FACTORY
+            if factory:
+                pass
+            elif len(set(tensors)) != 1 or not (tensors[0] in self.inputs
+                                                or tensors[0] in fwd_tensors):
+                continue
+            elif bound.nbytes(self._root_input(tensors[0], fwd_tensors)) > bound.nbytes(out):
+                continue  # a narrowing op: reading its input would cost more than its result
+            if any(self.roles[c] is not Role.FUSIBLE and self.roles[c] is not Role.REDUCTION
+                   for c in self.consumers.get(out, ())):
+                continue  # library, fallback and segment_set read from global memory
+            forwarded.add(i)
+            fwd_tensors.add(out)
+        return frozenset(forwarded)
+
+    def _root_input(self, tensor: str, fwd_tensors: set[str]) -> str:
+        while tensor in fwd_tensors:
+            op = self.fusion.ops[self.producer[tensor]]
+            tensor = next(n for n in op.inputs if n in self.fusion.tensors)
+        return tensor
+
+    # ---- segments ---------------------------------------------------------------------------
+
+    def closure(self, ops: Iterable[int]) -> frozenset[int]:
+        """``ops`` plus the forwarded ops they need, transitively."""
+        out = set(ops)
+        stack = list(out)
+        while stack:
+            i = stack.pop()
+            for n in self.fusion.ops[i].inputs:
+                p = self.producer.get(n)
+                if p is not None and p in self.forwarded and p not in out:
+                    out.add(p)
+                    stack.append(p)
+        return frozenset(out)
+
+    def produced(self, ops: Iterable[int]) -> set[str]:
+        return {o for i in ops for o in self.fusion.ops[i].outputs if o in self.fusion.tensors}
+
+    def classify(self, ops: Iterable[int], written: Iterable[str]) -> Schedule | Rejection:
+        key = (self.closure(ops), frozenset(written))
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = classify(self.bound, key[0], key[1], self.profile, self.kinds)
+            self._cache[key] = hit
+        return hit
+
+    def written(self, group: Iterable[int]) -> frozenset[str]:
+        """Tensors a group of placed ops must write: the fusion outputs it computes, and what any
+        op outside it consumes."""
+        group = set(group)
+        out = set()
+        for i in group:
+            for o in self.fusion.ops[i].outputs:
+                if o not in self.fusion.tensors:
+                    continue
+                if o in self.outputs or any(c not in group and c not in self.forwarded
+                                            for c in self.consumers.get(o, ())):
+                    out.add(o)
+        return frozenset(out)
+
+    def derive_writes(self, groups: list[frozenset[int]]) -> list[frozenset[str]]:
+        """What each segment of an ordered segmentation writes: every fusion output once (by the
+        first segment computing it), and every tensor a later segment reads (by the first earlier
+        segment computing it)."""
+        produced = [self.produced(self.closure(g)) for g in groups]
+        writes: list[set[str]] = [set() for _ in groups]
+        for out in self.outputs:
+            k = next((k for k, p in enumerate(produced) if out in p), None)
+            if k is not None and self.producer.get(out) not in self.forwarded:
+                writes[k].add(out)
+        for k, g in enumerate(groups):
+            for i in self.closure(g):
+                for n in self.fusion.ops[i].inputs:
+                    if n not in self.fusion.tensors or n in produced[k] or n in self.inputs:
+                        continue
+                    j = next((j for j in range(k) if n in produced[j]), None)
+                    if j is None:
+                        raise ValueError(f"segment {k} reads {n}, which no earlier segment "
+                                         f"computes")
+                    writes[j].add(n)
+        return [frozenset(w) for w in writes]

@@ -1,0 +1,28 @@
+"""Small helpers shared by planner and runtime tests."""
+
+from __future__ import annotations
+
+from optimizer.analysis.shapes import bind
+from optimizer.ir import parse_text
+from optimizer.ir.inputs import tensor_meta
+from optimizer.schedulers.profiles import get_profile
+from optimizer.segmenters.graph import SegGraph
+
+
+def fusion(body: str):
+    """A fusion from definition-body lines (nvFuser text)."""
+    lines = "".join(f"    {line}\n" for line in body.strip().splitlines())
+    return parse_text("from nvfuser import FusionDefinition, DataType\ndef f(fd):\n" + lines).fusion
+
+
+def graph(body: str, *shapes, dtype=None, profile=None):
+    """A segmentation graph of a definition bound to contiguous inputs of these shapes."""
+
+    f = fusion(body)
+    metas = [tensor_meta(s, dtype or f.tensors[n].dtype) for n, s in zip(f.tensor_inputs(),
+                                                                         shapes)]
+    return SegGraph(bind(f, metas), profile or get_profile())
+
+
+def ops_named(g: SegGraph, *outputs: str) -> set[int]:
+    return {i for i in g.ops if set(g.fusion.ops[i].outputs) & set(outputs)}
