@@ -1,0 +1,28 @@
+"""CUDA C++ for plan segments, one generator per segment kind."""
+
+from __future__ import annotations
+
+from codegen.kernel import Kernel, Param, SegmentKernels, Workspace
+from optimizer.plan.plan import Plan, Segment
+from optimizer.schedulers.kinds import Kind
+
+GENERATED_KINDS = (Kind.POINTWISE, Kind.REDUCTION, Kind.NORMALIZATION, Kind.INNER_OUTER)
+
+__all__ = ["GENERATED_KINDS", "Kernel", "Param", "SegmentKernels", "Workspace",
+           "generate_segment"]
+
+
+def generate_segment(plan: Plan, segment: Segment, vector: int | None = None) -> SegmentKernels:
+    """Kernels for one segment of a plan (library and fallback segments have none)."""
+    from codegen.persistent import generate_persistent
+    from codegen.pointwise import generate_pointwise
+    from codegen.reduction import generate_reduction
+
+    s = segment.schedule
+    if s.kind is Kind.POINTWISE:
+        return generate_pointwise(plan.bound, s, plan.profile, segment.index, vector)
+    if s.kind is Kind.REDUCTION:
+        return generate_reduction(plan.bound, s, plan.profile, segment.index, vector)
+    if s.kind in (Kind.NORMALIZATION, Kind.INNER_OUTER):
+        return generate_persistent(plan.bound, s, plan.profile, segment.index, vector)
+    return SegmentKernels(segment.index, s.kind.value, "", [])

@@ -4,7 +4,7 @@
 broadcasts), then walks the ops in order: scalar ops are evaluated on the host, tensor ops get
 their sizes from their shape rule and their broadcast axes from their structural rule applied to
 the operands' concrete broadcast axes. An axis of extent 1 counts as broadcast: its values cannot
-vary along it.
+vary along it (an axis of extent 0 never is).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def bind(fusion: Fusion, metas: list[InputMeta]) -> Bound:
         else:
             t = fusion.tensors[name]
             shapes[name] = meta.shape
-            bcast[name] = tuple(b or e == 1 or s == 0 for b, e, s in
+            bcast[name] = tuple((b or e == 1 or s == 0) and e != 0 for b, e, s in
                                 zip(t.broadcast, meta.shape, meta.strides))
     for index, op in enumerate(fusion.ops):
         try:
@@ -165,7 +165,7 @@ def _bind_op(fusion: Fusion, op: Op, shapes, bcast, scalars) -> None:
         if any(e < 0 for e in shape):
             raise InputError(f"{name} would have a negative extent: {list(shape)}")
         shapes[name] = tuple(shape)
-        bcast[name] = tuple(b or e == 1 for b, e in zip(sig.broadcast, shape))
+        bcast[name] = tuple((b or e == 1) and e != 0 for b, e in zip(sig.broadcast, shape))
 
 
 def _concrete(fusion: Fusion, name: str, bcast) -> TensorValue | ScalarValue:

@@ -276,6 +276,9 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile) -> Sched
     if isinstance(persistence, str):
         return Rejection(persistence)
     needs_rows = persistence.broadcasts_back or bool(col_reductions)
+    if not needs_rows and any(persistence.stage[fusion.ops[i].inputs[0]] > 0
+                              for i in row_reductions):
+        return Rejection("a reduction reads another reduction's result")
     trailing = row_axes == tuple(range(len(domain) - len(row_axes), len(domain)))
     if not needs_rows:
         kind = Kind.REDUCTION

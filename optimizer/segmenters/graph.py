@@ -52,26 +52,28 @@ class SegGraph:
             out = op.outputs[0]
             if out in self.outputs:
                 continue
-            tensors = [n for n in op.inputs if n in fusion.tensors]
-            factory = get_spec(op.name).op_class is OpClass.FACTORY
-            if factory:
-                pass
-            elif len(set(tensors)) != 1 or not (tensors[0] in self.inputs
-                                                or tensors[0] in fwd_tensors):
-                continue
-            elif bound.nbytes(self._root_input(tensors[0], fwd_tensors)) > bound.nbytes(out):
-                continue  # a narrowing op: reading its input would cost more than its result
-            if any(self.roles[c] is not Role.FUSIBLE and self.roles[c] is not Role.REDUCTION
+            tensors = set(n for n in op.inputs if n in fusion.tensors)
+            if get_spec(op.name).op_class is not OpClass.FACTORY:
+                if len(tensors) != 1 or not tensors <= self.inputs | fwd_tensors:
+                    continue
+                root = self._root_input(next(iter(tensors)), fwd_tensors)
+                if root is not None and bound.nbytes(root) > bound.nbytes(out):
+                    continue  # a narrowing op: reading its input would cost more than its result
+            if any(self.roles[c] not in (Role.FUSIBLE, Role.REDUCTION)
                    for c in self.consumers.get(out, ())):
                 continue  # library, fallback and segment_set read from global memory
             forwarded.add(i)
             fwd_tensors.add(out)
         return frozenset(forwarded)
 
-    def _root_input(self, tensor: str, fwd_tensors: set[str]) -> str:
+    def _root_input(self, tensor: str, fwd_tensors: set[str]) -> str | None:
+        """The fusion input a forwarded chain starts from (None for a factory)."""
         while tensor in fwd_tensors:
             op = self.fusion.ops[self.producer[tensor]]
-            tensor = next(n for n in op.inputs if n in self.fusion.tensors)
+            operands = [n for n in op.inputs if n in self.fusion.tensors]
+            if not operands:
+                return None
+            tensor = operands[0]
         return tensor
 
     # ---- segments ---------------------------------------------------------------------------

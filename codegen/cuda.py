@@ -1,0 +1,257 @@
+"""CUDA C++ spelling of fusecut's types, literals and elementwise math.
+
+Values live in registers in their compute type (float for bf16/fp16, as nvFuser does); an op
+whose result type is 16-bit rounds its result, so intermediate values match a framework that
+materialises every op. ``unary``/``binary``/``ternary`` return C expressions over operand
+expressions already converted to the op's compute type.
+"""
+
+from __future__ import annotations
+
+import math
+
+from optimizer.errors import PlanError
+from optimizer.ir.dtypes import DType
+
+STORAGE = {DType.bool: "bool", DType.int32: "int", DType.int64: "long long",
+           DType.float16: "__half", DType.bfloat16: "__nv_bfloat16", DType.float32: "float",
+           DType.float64: "double"}
+COMPUTE = {DType.bool: "bool", DType.int32: "int", DType.int64: "long long",
+           DType.float16: "float", DType.bfloat16: "float", DType.float32: "float",
+           DType.float64: "double"}
+
+
+def storage(d: DType) -> str:
+    return STORAGE[d]
+
+
+def compute(d: DType) -> str:
+    return COMPUTE[d]
+
+
+def literal(value, d: DType) -> str:
+    """A constant of compute type ``d``."""
+    if d.is_bool:
+        return "true" if value else "false"
+    if d.is_int:
+        v = int(value)
+        return f"{v}LL" if d is DType.int64 else str(v)
+    v = float(value)
+    if math.isnan(v):
+        return "__int_as_float(0x7fc00000)" if d is not DType.float64 else \
+            "__longlong_as_double(0x7ff8000000000000LL)"
+    if math.isinf(v):
+        if d is DType.float64:
+            return f"{'-' if v < 0 else ''}__longlong_as_double(0x7ff0000000000000LL)"
+        return f"{'-' if v < 0 else ''}__int_as_float(0x7f800000)"
+    text = repr(v)
+    if "e" not in text and "." not in text:
+        text += ".0"
+    return text if d is DType.float64 else f"{text}f"
+
+
+def to_compute(expr: str, src: DType) -> str:
+    """A loaded storage value as its compute type."""
+    if src is DType.bfloat16:
+        return f"__bfloat162float({expr})"
+    if src is DType.float16:
+        return f"__half2float({expr})"
+    return expr
+
+
+def to_storage(expr: str, dst: DType) -> str:
+    """A compute value as storage type (round to nearest even for 16-bit floats)."""
+    if dst is DType.bfloat16:
+        return f"__float2bfloat16({expr})"
+    if dst is DType.float16:
+        return f"__float2half({expr})"
+    return expr
+
+
+def convert(expr: str, src: DType, dst: DType) -> str:
+    """Cast a compute value of type ``src`` to compute type of ``dst`` (with 16-bit rounding)."""
+    if src == dst:
+        return expr
+    if dst.is_bool:
+        return f"({expr} != 0)"
+    if dst.is_half:
+        return round_half(f"(float)({expr})", dst)
+    return f"({compute(dst)})({expr})"
+
+
+def round_half(expr: str, d: DType) -> str:
+    """Round a float to ``d``'s precision, staying in float (what storing and reloading does)."""
+    if d is DType.bfloat16:
+        return f"__bfloat162float(__float2bfloat16({expr}))"
+    if d is DType.float16:
+        return f"__half2float(__float2half({expr}))"
+    return expr
+
+
+def _f(name: str, d: DType) -> str:
+    """The C math function for float (``expf``) or double (``exp``)."""
+    return name if d is DType.float64 else f"{name}f"
+
+
+def unary(op: str, x: str, d: DType) -> str:
+    """``op`` applied to ``x``, a value of compute type ``d`` (the op's compute type)."""
+    if d.is_float:
+        simple = {"exp": "exp", "exp2": "exp2", "expm1": "expm1", "log": "log", "log2": "log2",
+                  "log10": "log10", "log1p": "log1p", "sin": "sin", "cos": "cos", "tan": "tan",
+                  "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh",
+                  "cosh": "cosh", "tanh": "tanh", "asinh": "asinh", "acosh": "acosh",
+                  "atanh": "atanh", "erf": "erf", "erfc": "erfc", "erfinv": "erfinv",
+                  "lgamma": "lgamma", "sqrt": "sqrt", "rsqrt": "rsqrt", "ceil": "ceil",
+                  "floor": "floor", "trunc": "trunc", "round": "rint", "abs": "fabs"}
+        one = literal(1.0, d)
+        zero = literal(0.0, d)
+        if op in simple:
+            return f"{_f(simple[op], d)}({x})"
+        table = {
+            "neg": f"(-{x})",
+            "relu": f"(({x}) <= {zero} ? {zero} : ({x}))",  # relu(nan) is nan
+            "reciprocal": f"({one} / ({x}))",
+            "sigmoid": f"({one} / ({one} + {_f('exp', d)}(-({x}))))",
+            "silu": f"(({x}) / ({one} + {_f('exp', d)}(-({x}))))",
+            "frac": f"(({x}) - {_f('trunc', d)}({x}))",
+            "sign": f"(({x}) > {zero} ? {one} : (({x}) < {zero} ? -{one} : ({x})))",
+            "signbit": f"(signbit({x}) != 0)",
+            "isfinite": f"(isfinite({x}) != 0)", "isinf": f"(isinf({x}) != 0)",
+            "isnan": f"(isnan({x}) != 0)",
+            "isneginf": f"(isinf({x}) && ({x}) < {zero})",
+            "isposinf": f"(isinf({x}) && ({x}) > {zero})",
+            "isreal": "true", "logical_not": f"(({x}) == {zero})",
+        }
+        if op in table:
+            return table[op]
+    else:
+        table = {
+            "neg": f"(-{x})", "abs": f"(({x}) < 0 ? -({x}) : ({x}))",
+            "relu": f"(({x}) > 0 ? ({x}) : 0)", "sign": f"((({x}) > 0) - (({x}) < 0))",
+            "bitwise_not": f"(~{x})" if not d.is_bool else f"(!{x})",
+            "ceil": x, "floor": x, "trunc": x, "round": x,
+            "signbit": f"(({x}) < 0)", "isfinite": "true", "isinf": "false", "isnan": "false",
+            "isneginf": "false", "isposinf": "false", "isreal": "true",
+            "logical_not": f"(!({x}))",
+        }
+        if op in table:
+            return table[op]
+    raise PlanError(f"no CUDA code for {op} on {d.value}")
+
+
+def binary(op: str, a: str, b: str, d: DType) -> str:
+    """``op`` over ``a`` and ``b`` of compute type ``d`` (the comparison's operand type for
+    comparisons)."""
+    common = {"add": f"({a} + {b})", "sub": f"({a} - {b})", "mul": f"({a} * {b})",
+              "eq": f"({a} == {b})", "ne": f"({a} != {b})", "lt": f"({a} < {b})",
+              "le": f"({a} <= {b})", "gt": f"({a} > {b})", "ge": f"({a} >= {b})",
+              "logical_and": f"(({a}) && ({b}))", "logical_or": f"(({a}) || ({b}))",
+              "logical_xor": f"((bool)({a}) != (bool)({b}))"}
+    if op in common:
+        return common[op]
+    if d.is_float:
+        table = {"div": f"({a} / {b})", "truediv": f"({a} / {b})",
+                 "maximum": f"fc_max({a}, {b})", "minimum": f"fc_min({a}, {b})",
+                 "fmod": f"{_f('fmod', d)}({a}, {b})", "mod": f"{_f('fmod', d)}({a}, {b})",
+                 "remainder": f"fc_remainder({a}, {b})", "pow": f"{_f('pow', d)}({a}, {b})",
+                 "atan2": f"{_f('atan2', d)}({a}, {b})",
+                 "nextafter": f"{_f('nextafter', d)}({a}, {b})"}
+    else:
+        table = {"div": f"fc_div({a}, {b})", "maximum": f"(({a}) > ({b}) ? ({a}) : ({b}))",
+                 "minimum": f"(({a}) < ({b}) ? ({a}) : ({b}))", "fmod": f"fc_div_rem({a}, {b})",
+                 "mod": f"fc_div_rem({a}, {b})", "remainder": f"fc_remainder_int({a}, {b})",
+                 "pow": f"fc_ipow({a}, {b})", "bitwise_and": f"({a} & {b})",
+                 "bitwise_or": f"({a} | {b})", "bitwise_xor": f"({a} ^ {b})",
+                 "bitwise_left_shift": f"({a} << {b})",
+                 "bitwise_right_shift": f"({a} >> {b})",
+                 "logical_right_shift": f"fc_lshr({a}, {b})"}
+    if op in table:
+        return table[op]
+    raise PlanError(f"no CUDA code for {op} on {d.value}")
+
+
+def ternary(op: str, a: str, b: str, c: str, d: DType) -> str:
+    if op == "where":
+        return f"(({a}) ? ({b}) : ({c}))"
+    if op == "lerp":  # torch's formula: exact at both ends
+        half = literal(0.5, d)
+        one = literal(1.0, d)
+        return (f"({_f('fabs', d)}({c}) < {half} ? ({a}) + ({c}) * (({b}) - ({a})) : "
+                f"({b}) - (({b}) - ({a})) * ({one} - ({c})))")
+    if op == "clamp":
+        if d.is_float:
+            return f"fc_min(fc_max({a}, {b}), {c})"
+        return f"(({a}) < ({b}) ? ({b}) : (({a}) > ({c}) ? ({c}) : ({a})))"
+    if op == "threshold":
+        return f"(({a}) > ({b}) ? ({a}) : ({c}))"
+    raise PlanError(f"no CUDA code for {op}")
+
+
+PREAMBLE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+typedef long long int64;
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) fc_vec { T v[N]; };
+
+__device__ __forceinline__ float fc_max(float a, float b) { return (a > b || a != a) ? a : b; }
+__device__ __forceinline__ float fc_min(float a, float b) { return (a < b || a != a) ? a : b; }
+__device__ __forceinline__ double fc_max(double a, double b) { return (a > b || a != a) ? a : b; }
+__device__ __forceinline__ double fc_min(double a, double b) { return (a < b || a != a) ? a : b; }
+__device__ __forceinline__ float fc_remainder(float a, float b) {
+  float r = fmodf(a, b);
+  return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
+}
+__device__ __forceinline__ double fc_remainder(double a, double b) {
+  double r = fmod(a, b);
+  return (r != 0.0 && ((r < 0.0) != (b < 0.0))) ? r + b : r;
+}
+template <typename T> __device__ __forceinline__ T fc_div(T a, T b) { return b == 0 ? 0 : a / b; }
+template <typename T> __device__ __forceinline__ T fc_div_rem(T a, T b) { return b == 0 ? 0 : a % b; }
+template <typename T> __device__ __forceinline__ T fc_remainder_int(T a, T b) {
+  if (b == 0) return 0;
+  T r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+template <typename T> __device__ __forceinline__ T fc_ipow(T a, T b) {
+  if (b < 0) return (a == 1) ? 1 : ((a == -1) ? ((b & 1) ? -1 : 1) : 0);
+  T r = 1;
+  while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
+  return r;
+}
+template <typename T> __device__ __forceinline__ T fc_lshr(T a, T b) {
+  const int bits = 8 * sizeof(T);
+  if (b >= bits) return 0;
+  return (T)(((unsigned long long)a & (bits == 64 ? ~0ULL : ((1ULL << bits) - 1))) >> b);
+}
+template <typename T> __device__ __forceinline__ T fc_clampi(T i, T hi) {
+  return i < 0 ? 0 : (i > hi ? hi : i);
+}
+
+// ---- reductions ---------------------------------------------------------------------------
+struct fc_welford_f { float mean, m2, n; };
+struct fc_welford_d { double mean, m2, n; };
+template <typename W, typename T>
+__device__ __forceinline__ void fc_welford_add(W& w, T x) {
+  w.n += 1; T d = x - w.mean; w.mean += d / w.n; w.m2 += d * (x - w.mean);
+}
+template <typename W>
+__device__ __forceinline__ W fc_welford_combine(W a, W b) {
+  if (b.n == 0) return a;
+  if (a.n == 0) return b;
+  W r; r.n = a.n + b.n;
+  auto d = b.mean - a.mean;
+  r.mean = a.mean + d * (b.n / r.n);
+  r.m2 = a.m2 + b.m2 + d * d * (a.n * b.n / r.n);
+  return r;
+}
+template <typename T> __device__ __forceinline__ T fc_shfl(T v, int lane_mask) {
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+}
+template <typename W> __device__ __forceinline__ W fc_shfl_welford(W v, int lane_mask) {
+  W r; r.mean = fc_shfl(v.mean, lane_mask); r.m2 = fc_shfl(v.m2, lane_mask);
+  r.n = fc_shfl(v.n, lane_mask); return r;
+}
+"""  # noqa: E501

@@ -1,0 +1,368 @@
+"""The expression emitter: a tensor's value at a symbolic index, as CUDA statements.
+
+Evaluation is pull-based: ``value(T, idx)`` emits T's producer with its operands evaluated at the
+indices the op maps ``idx`` to (a broadcast operand at index 0 on its broadcast axes, a permuted
+one at permuted indices, a reshaped one at the delinearised flat index, a sliced one at an offset,
+padded and concatenated ones at clamped indices selected by range). Results are memoised by
+(tensor, index), so a value used twice at one index is computed once. Reads of segment inputs go
+to a ``load`` callback, which the kernel builders use to vectorise and hoist loads; values a
+kernel computes itself (reduction results, on-chip buffers) are seeded into ``memo``.
+
+Indices are C expressions (strings) of the kernel's index type; values are C expressions of the
+value's compute type (float for 16-bit floats).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+
+from codegen import cuda
+from optimizer.analysis.opclass import Role, role
+from optimizer.analysis.shapes import Bound
+from optimizer.errors import PlanError
+from optimizer.ir.dtypes import DType, result_type
+from optimizer.ir.fusion import Op, Ref
+from optimizer.ir.ops_misc import reduction_axes
+from optimizer.ir.ops_shape import pad_widths_by_axis, slice_bounds
+
+Index = tuple[str, ...]
+BOOL_OPS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"}
+
+
+def dynamic_scalars(bound: Bound) -> set[str]:
+    """Scalars whose value comes from a scalar input at run time (kernel parameters); the
+    others (constants, sizes, and arithmetic on them) are compiled in as literals."""
+    fusion = bound.fusion
+    dyn = set(fusion.scalar_inputs())
+    for op in fusion.ops:
+        if any(o in fusion.scalars for o in op.outputs) and any(n in dyn for n in op.refs()):
+            dyn.update(o for o in op.outputs if o in fusion.scalars)
+    return dyn
+
+
+class Emitter:
+    def __init__(self, bound: Bound, ops: tuple[int, ...], inputs: set[str],
+                 load: Callable[[str, Index], str], itype: str, counter=None):
+        self.bound = bound
+        self.fusion = bound.fusion
+        self.producer = {o: i for i in ops for o in self.fusion.ops[i].outputs}
+        self.inputs = inputs
+        self.load = load
+        self.itype = itype
+        self.lines: list[str] = []
+        self.memo: dict[tuple[str, Index], str] = {}
+        self.dynamic = dynamic_scalars(bound)
+        self.params: list[str] = []  # dynamic scalars used, in first-use order
+        # Where values that do not vary within a loop are computed (e.g. once per row):
+        # delegate(tensor, idx) returns an expression, or None to compute here.
+        self.delegate: Callable[[str, Index], str | None] | None = None
+        self._counter = counter if counter is not None else itertools.count(1)
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def fresh(self, prefix: str) -> str:
+        return f"{prefix}{next(self._counter)}"
+
+    def let(self, ctype: str, expr: str, prefix: str = "v") -> str:
+        name = self.fresh(prefix)
+        self.lines.append(f"const {ctype} {name} = {expr};")
+        return name
+
+    def dtype(self, name: str) -> DType:
+        return self.fusion.value_dtype(name)
+
+    def scalar(self, name: str) -> str:
+        """A scalar as a C expression of its compute type: a literal, or a kernel parameter."""
+        d = self.fusion.scalars[name].dtype
+        if name in self.dynamic:
+            if name not in self.params:
+                self.params.append(name)
+            return f"(({cuda.compute(d)})s_{name})"
+        value = self.bound.scalars.get(name)
+        if value is None:
+            raise PlanError(f"scalar {name} has no value at code generation time")
+        return cuda.literal(value, d)
+
+    def ref_int(self, x) -> int:
+        return int(self.bound.scalars[x.name]) if isinstance(x, Ref) else int(x)
+
+    def operand(self, name: str, out_idx: Index, target: DType | None = None) -> str:
+        """An elementwise operand at the output's index (right-aligned, broadcast axes at 0),
+        converted to compute type ``target`` if given."""
+        if name in self.fusion.scalars:
+            expr, src = self.scalar(name), self.dtype(name)
+        else:
+            rank = len(self.bound.shapes[name])
+            off = len(out_idx) - rank
+            flags = self.bound.broadcast[name]
+            idx = tuple("0" if flags[a] else out_idx[off + a] for a in range(rank))
+            expr, src = self.value(name, idx), self.dtype(name)
+        if target is not None and src.compute != target.compute:
+            return cuda.convert(expr, src.compute, target.compute)
+        return expr
+
+    # ---- values -------------------------------------------------------------------------------
+
+    def value(self, tensor: str, idx: Index) -> str:
+        key = (tensor, idx)
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit
+        if self.delegate is not None:
+            out = self.delegate(tensor, idx)
+            if out is not None:
+                self.memo[key] = out
+                return out
+        if tensor in self.inputs:
+            out = self.load(tensor, idx)
+        else:
+            i = self.producer.get(tensor)
+            if i is None:
+                raise PlanError(f"{tensor} is neither computed by nor read by this kernel")
+            out = self._op(self.fusion.ops[i], tensor, idx)
+        self.memo[key] = out
+        return out
+
+    def _op(self, op: Op, tensor: str, idx: Index) -> str:
+        name = op.name
+        out_dtype = self.dtype(tensor)
+        ctype = cuda.compute(out_dtype)
+        if role(op, self.bound) is Role.REDUCTION:
+            raise PlanError(f"reduction {tensor} must be computed by the kernel, not pulled")
+        method = getattr(self, f"_op_{name}", None)
+        if method is not None:
+            return method(op, tensor, idx)
+        if name in ("set", "segment_set"):
+            return self.operand(op.inputs[0], idx)
+        if name == "cast":
+            return self.let(ctype, cuda.convert(self.operand(op.inputs[0], idx),
+                                                self.dtype(op.inputs[0]).compute, out_dtype))
+        if name in ("sum", "max", "min", "prod", "var", "var_mean"):
+            return self._trivial_reduction(op, tensor, idx)
+        return self._elementwise(op, tensor, idx)
+
+    def _elementwise(self, op: Op, tensor: str, idx: Index) -> str:
+        out_dtype = self.dtype(tensor)
+        operands = list(op.inputs)
+        value_operands = operands[1:] if op.name == "where" else operands
+        tensors = [self.dtype(n) for n in value_operands if n in self.fusion.tensors]
+        scalars = [self.dtype(n) for n in value_operands if n in self.fusion.scalars]
+        if op.name in BOOL_OPS or (out_dtype.is_bool and op.name not in ("where",)):
+            ct = result_type(tensors, scalars).compute if (tensors or scalars) else DType.bool
+            if op.name in ("logical_and", "logical_or", "logical_xor", "logical_not"):
+                ct = DType.bool if all(d.is_bool for d in tensors + scalars) else ct
+        else:
+            ct = out_dtype.compute
+        if op.name == "where":
+            args = [self.operand(operands[0], idx, DType.bool)] + \
+                [self.operand(n, idx, ct) for n in operands[1:]]
+        else:
+            args = [self.operand(n, idx, ct) for n in operands]
+        if len(args) == 1:
+            expr = cuda.unary(op.name, args[0], ct)
+        elif len(args) == 2:
+            expr = cuda.binary(op.name, args[0], args[1], ct)
+        elif op.name == "addcmul":
+            expr = f"({args[0]} + {args[3]} * {args[1]} * {args[2]})"
+        else:
+            expr = cuda.ternary(op.name, *args, ct)
+        if out_dtype.is_half:
+            expr = cuda.round_half(expr, out_dtype)
+        elif cuda.compute(out_dtype) != cuda.compute(ct) and not out_dtype.is_bool:
+            expr = f"({cuda.compute(out_dtype)})({expr})"
+        return self.let(cuda.compute(out_dtype), expr)
+
+    def _trivial_reduction(self, op: Op, tensor: str, idx: Index) -> str:
+        """A reduction over broadcast axes only: a squeeze, times the expanded extent for sum."""
+        src = op.inputs[0]
+        shape = self.bound.shapes[src]
+        axes = reduction_axes(op.attrs, len(shape))
+        if op.attrs["keepdim"]:
+            src_idx = tuple("0" if a in axes else idx[a] for a in range(len(shape)))
+        else:
+            it = iter(idx)
+            src_idx = tuple("0" if a in axes else next(it) for a in range(len(shape)))
+        out_dtype = self.dtype(tensor)
+        x = cuda.convert(self.value(src, src_idx), self.dtype(src).compute, out_dtype.compute)
+        count = math.prod(shape[a] for a in axes)
+        if op.name in ("var", "var_mean"):
+            if tensor == op.outputs[0]:  # the values are all equal: variance 0 (nan if n <= corr)
+                ct = out_dtype.compute
+                undefined = count - op.attrs["correction"] <= 0
+                return cuda.literal(float("nan") if undefined else 0.0, ct)
+            return x
+        if op.name == "sum" and count != 1:
+            x = f"({x} * {cuda.literal(count, out_dtype.compute)})"
+        elif op.name == "prod" and count != 1:
+            x = "*".join([f"({x})"] * count) if count <= 4 else \
+                f"{'pow' if out_dtype is DType.float64 else 'powf'}({x}, {count})"
+        if out_dtype.is_half:
+            x = cuda.round_half(x, out_dtype)
+        return self.let(cuda.compute(out_dtype), x)
+
+    # ---- index-mapping ops ----------------------------------------------------------------------
+
+    def operand_index(self, op: Op, idx: Index) -> Index:
+        """The index of ``op``'s first operand that ``idx`` of its output reads (pure index
+        transforms: broadcasts, squeeze, permute, reshape, slice)."""
+        b = self.bound
+        src = op.inputs[0]
+        shape, flags = b.shapes[src], b.broadcast[src]
+        rank = len(shape)
+        name = op.name
+        if name == "broadcast_in_dim":
+            return tuple("0" if flags[i] else idx[d] for i, d in
+                         enumerate(op.attrs["broadcast_dims"]))
+        if name == "broadcast":
+            kept = [j for j, f in enumerate(op.attrs["is_broadcast_dim"]) if not f]
+            return tuple("0" if flags[i] else idx[j] for i, j in enumerate(kept))
+        if name == "expand":
+            return tuple("0" if flags[i] else idx[i] for i in range(rank))
+        if name == "squeeze":
+            dims = {d % rank for d in op.attrs["dims"]}
+            it = iter(idx)
+            return tuple("0" if a in dims else next(it) for a in range(rank))
+        if name == "permute":
+            inv = [0] * rank
+            for j, a in enumerate(op.attrs["dims"]):
+                inv[a % rank] = j
+            return tuple("0" if flags[a] else idx[inv[a]] for a in range(rank))
+        if name == "reshape":
+            out_shape = b.shapes[op.outputs[0]]
+            flat = _linearize(idx, out_shape)
+            return _delinearize(flat, shape, flags)
+        if name == "slice":
+            strides = op.attrs["strides"] or [1] * rank
+            out = []
+            for a in range(rank):
+                if flags[a]:
+                    out.append("0")
+                    continue
+                s, _ = slice_bounds(shape[a], self.ref_int(op.attrs["start_indices"][a]),
+                                    self.ref_int(op.attrs["end_indices"][a]),
+                                    op.attrs["manual_normalization"])
+                term = idx[a] if strides[a] == 1 else f"{idx[a]} * {strides[a]}"
+                out.append(term if s == 0 else f"({s} + {term})")
+            return tuple(out)
+        raise PlanError(f"{name} is not an index transform")
+
+    def _op_broadcast_in_dim(self, op, tensor, idx):
+        return self.value(op.inputs[0], self.operand_index(op, idx))
+
+    _op_broadcast = _op_expand = _op_squeeze = _op_permute = _op_reshape = _op_slice = \
+        _op_broadcast_in_dim
+
+    def _op_pad(self, op, tensor, idx):
+        src = op.inputs[0]
+        shape, flags = self.bound.shapes[src], self.bound.broadcast[src]
+        widths = [self.ref_int(w) for w in op.attrs["pad_widths"]]
+        out_dtype = self.dtype(tensor)
+        ctype = cuda.compute(out_dtype)
+        pad = self.scalar(op.inputs[1]) if op.attrs.get("has_value") else \
+            cuda.literal(0, out_dtype.compute)
+        if math.prod(shape) == 0:
+            return self.let(ctype, f"({ctype})({pad})")
+        conds, src_idx = [], []
+        for a, (lo, _) in enumerate(pad_widths_by_axis(len(shape), widths)):
+            if lo == 0 and shape[a] == self.bound.shapes[tensor][a]:
+                src_idx.append("0" if flags[a] else idx[a])
+                continue
+            shifted = f"({idx[a]} - {lo})" if lo else idx[a]
+            conds.append(f"({shifted} >= 0 && {shifted} < {shape[a]})")
+            src_idx.append("0" if flags[a] else f"fc_clampi<{self.itype}>({shifted}, "
+                                                f"{shape[a] - 1})")
+        inner = self.value(src, tuple(src_idx))
+        if not conds:
+            return inner
+        return self.let(ctype, f"({' && '.join(conds)}) ? {inner} : ({ctype})({pad})")
+
+    def _op_cat(self, op, tensor, idx):
+        dim = op.attrs["dim"] % len(self.bound.shapes[tensor])
+        ctype = cuda.compute(self.dtype(tensor))
+        pieces = []
+        offset = 0
+        for name in op.inputs:
+            extent = self.bound.shapes[name][dim]
+            if extent:
+                flags = self.bound.broadcast[name]
+                local = f"({idx[dim]} - {offset})" if offset else idx[dim]
+                src_idx = tuple("0" if flags[a] else (
+                    f"fc_clampi<{self.itype}>({local}, {extent - 1})" if a == dim else idx[a])
+                    for a in range(len(idx)))
+                pieces.append((offset + extent, self.value(name, src_idx)))
+            offset += extent
+        expr = pieces[-1][1]
+        for end, val in reversed(pieces[:-1]):
+            expr = f"({idx[dim]} < {end} ? {val} : {expr})"
+        return self.let(ctype, expr)
+
+    def _gather_index(self, index_tensor: str, idx: Index, extent: int) -> str:
+        raw = self.value(index_tensor, idx)
+        return f"fc_clampi<{self.itype}>(({self.itype})({raw}) < 0 ? ({self.itype})({raw}) + " \
+               f"{extent} : ({self.itype})({raw}), {extent - 1})"
+
+    def _op_take_along_axis(self, op, tensor, idx):
+        src, index = op.inputs
+        dim = op.attrs["dim"] % len(idx)
+        flags = self.bound.broadcast[src]
+        extent = self.bound.shapes[src][dim]
+        iflags = self.bound.broadcast[index]
+        index_idx = tuple("0" if iflags[a] else idx[a] for a in range(len(idx)))
+        pos = self._gather_index(index, index_idx, extent)
+        src_idx = tuple("0" if flags[a] else (pos if a == dim else idx[a])
+                        for a in range(len(idx)))
+        return self.value(src, src_idx)
+
+    _op_gather = _op_take_along_axis
+
+    def _op_index_select(self, op, tensor, idx):
+        src, index = op.inputs
+        dim = op.attrs["dim"] % len(idx)
+        extent = self.bound.shapes[src][dim]
+        index_idx = (idx[dim],) if len(self.bound.shapes[index]) == 1 else ()
+        if index_idx and self.bound.broadcast[index][0]:
+            index_idx = ("0",)
+        pos = self._gather_index(index, index_idx, extent)
+        flags = self.bound.broadcast[src]
+        src_idx = tuple("0" if flags[a] else (pos if a == dim else idx[a])
+                        for a in range(len(idx)))
+        return self.value(src, src_idx)
+
+    def _op_full(self, op, tensor, idx):
+        d = self.dtype(tensor)
+        return self.let(cuda.compute(d), cuda.convert(self.scalar(op.inputs[0]),
+                                                      self.dtype(op.inputs[0]).compute, d))
+
+    def _op_iota(self, op, tensor, idx):
+        d = self.dtype(tensor)
+        ct = cuda.compute(d)
+        rest = iter(op.inputs[1:])
+        start = self.scalar(next(rest)) if op.attrs.get("has_start") else "0"
+        step = self.scalar(next(rest)) if op.attrs.get("has_step") else "1"
+        return self.let(ct, f"({ct})({start}) + ({ct})({idx[0]}) * ({ct})({step})")
+
+
+def _linearize(idx: Index, shape) -> str:
+    terms = []
+    stride = 1
+    for i, e in zip(reversed(idx), reversed(shape)):
+        if i != "0":
+            terms.append(i if stride == 1 else f"{i} * {stride}")
+        stride *= e
+    return "(" + " + ".join(reversed(terms)) + ")" if terms else "0"
+
+
+def _delinearize(flat: str, shape, flags) -> Index:
+    out = []
+    stride = math.prod(shape)
+    for e, b in zip(shape, flags):
+        stride //= max(e, 1)
+        if b or e == 1:
+            out.append("0")
+        elif stride == 1:
+            out.append(f"({flat} % {e})")
+        else:
+            out.append(f"(({flat} / {stride}) % {e})")
+    return tuple(out)

@@ -1,0 +1,74 @@
+"""Memory layout of a segment's tensors as its kernels see them.
+
+A fusion input keeps the strides it arrives with (stride 0 on expanded axes). A boundary tensor
+and every tensor a segment writes are stored compact and contiguous: broadcast axes are not
+stored, so their logical stride is 0. Addresses are sums of index times stride; ``index_type``
+picks 32-bit index arithmetic when every offset fits, 64-bit otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+from optimizer.analysis.shapes import Bound
+from optimizer.ir.inputs import contiguous_strides
+
+
+def compact_strides(bound: Bound, tensor: str) -> tuple[int, ...]:
+    """Logical strides of a compact, contiguous tensor (0 on broadcast axes)."""
+    shape, flags = bound.shapes[tensor], bound.broadcast[tensor]
+    kept = [e for e, b in zip(shape, flags) if not b]
+    dense = iter(contiguous_strides(kept))
+    return tuple(0 if b else next(dense) for b in flags)
+
+
+def tensor_strides(bound: Bound, tensor: str) -> tuple[int, ...]:
+    """Strides of a tensor as a kernel reads or writes it."""
+    meta = bound.inputs.get(tensor)
+    if meta is not None:
+        return tuple(0 if e == 1 else s for e, s in zip(meta.shape, meta.strides))
+    return compact_strides(bound, tensor)
+
+
+def max_offset(bound: Bound, tensor: str) -> int:
+    shape = bound.shapes[tensor]
+    return sum((e - 1) * s for e, s in zip(shape, tensor_strides(bound, tensor)) if e > 0)
+
+
+def index_type(bound: Bound, tensors, domain_numel: int) -> str:
+    """``int`` when every offset and the domain fit in 31 bits (faster), else ``int64``."""
+    limit = 2**31 - 1 - 4096  # headroom for index + vector width arithmetic
+    biggest = max([domain_numel] + [max_offset(bound, t) + 1 for t in tensors])
+    return "int" if biggest < limit else "int64"
+
+
+def address(idx: tuple[str, ...], strides: tuple[int, ...]) -> str:
+    """``sum(idx[a] * stride[a])`` as C, skipping zero strides and zero indices."""
+    terms = []
+    for i, s in zip(idx, strides):
+        if s == 0 or i == "0":
+            continue
+        terms.append(i if s == 1 else f"{i} * {s}")
+    return " + ".join(terms) if terms else "0"
+
+
+def decompose(flat: str, extents: list[int], names: list[str], itype: str) -> list[str]:
+    """C statements splitting a flat row-major index over ``extents`` into ``names``."""
+    lines = []
+    if not extents:
+        return lines
+    if len(extents) == 1:
+        return [f"const {itype} {names[0]} = {flat};"]
+    rest = flat
+    for k in range(len(extents) - 1, 0, -1):
+        lines.append(f"const {itype} {names[k]} = {rest} % {extents[k]};")
+        if k > 1:
+            lines.append(f"const {itype} {names[k]}_q = {rest} / {extents[k]};")
+            rest = f"{names[k]}_q"
+        else:
+            lines.append(f"const {itype} {names[0]} = {rest} / {extents[k]};")
+    return lines
+
+
+def numel(shape) -> int:
+    return math.prod(shape)

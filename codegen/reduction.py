@@ -1,0 +1,321 @@
+"""Reduction segments: every reduction reduces the same axes R of one domain P.
+
+- inner layout (the innermost axis of P is reduced): a warp per row for short rows, a block per
+  row otherwise; threads stride over the row with vector loads, reduce with warp shuffles and
+  shared memory, and one thread runs the epilogue on the reduced domain.
+- outer layout (the innermost axis is kept): threads take consecutive columns (vector loads along
+  the innermost axis), loop over rows, and combine through shared memory.
+When there are too few rows (inner) or columns (outer) to fill the GPU, the reduced axes are split
+across blocks: each writes partial accumulators to a workspace and a small finishing kernel
+combines them and runs the epilogue. P-domain outputs of the prologue are written in the main loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from codegen import cuda
+from codegen.kernel import (
+    Kernel,
+    Param,
+    SegmentKernels,
+    Workspace,
+    assemble,
+    indent,
+    reducer,
+    signature,
+    tensor_params,
+)
+from codegen.layout import decompose, index_type
+from codegen.regions import LANE, Region, lane_loop, pick_vector
+from optimizer.analysis.shapes import Bound
+from optimizer.schedulers.kinds import Schedule
+from optimizer.schedulers.profiles import DeviceProfile
+
+
+def _varies_along(schedule: Schedule, tensor: str, axes) -> bool:
+    return any(m in axes for m in schedule.axis_map[tensor] if m is not None)
+
+
+def generate_reduction(bound: Bound, schedule: Schedule, profile: DeviceProfile,
+                       index: int, vector: int | None = None) -> SegmentKernels:
+    domain = list(schedule.domain)
+    rank = len(domain)
+    red_axes = list(schedule.reduction_axes)
+    keep_axes = [a for a in range(rank) if a not in red_axes]
+    rows = math.prod(domain[a] for a in keep_axes)
+    row_len = math.prod(domain[a] for a in red_axes)
+    if rows == 0:
+        return SegmentKernels(index, "reduction", "", [])
+    inner = rank == 0 or (rank - 1) in red_axes
+    builder = _Builder(bound, schedule, profile, index, keep_axes, red_axes, rows, row_len)
+    builder.max_vector = vector or 8
+    return builder.build_inner() if inner else builder.build_outer()
+
+
+class _Builder:
+    def __init__(self, bound, schedule, profile, index, keep_axes, red_axes, rows, row_len):
+        self.bound, self.schedule, self.profile, self.index = bound, schedule, profile, index
+        self.keep_axes, self.red_axes = keep_axes, red_axes
+        self.rows, self.row_len = rows, row_len
+        self.domain = list(schedule.domain)
+        self.innermost = self.domain[-1] if self.domain else 1
+        self.reducers = [reducer(bound, i) for i in schedule.reductions]
+        self.itype = index_type(bound, list(schedule.inputs) + list(schedule.outputs),
+                                math.prod(self.domain))
+        self.aligned: dict[str, int] = {}
+        self.loop_outputs = [t for t in schedule.outputs
+                             if _varies_along(schedule, t, red_axes)]
+        self.epilogue_outputs = [t for t in schedule.outputs if t not in self.loop_outputs]
+        self.name = f"fusecut_segment{index}_reduction"
+        self.counter = itertools.count(1)
+
+    # ---- pieces ---------------------------------------------------------------------------
+
+    def p_idx(self, keep_names, red_names, lane_axis: int | None) -> tuple[str, ...]:
+        out = []
+        ki, ri = iter(keep_names), iter(red_names)
+        for a in range(len(self.domain)):
+            var = next(ri) if a in self.red_axes else next(ki)
+            out.append(f"({var} + {LANE})" if a == lane_axis else var)
+        return tuple(out)
+
+    def accumulate(self, region: Region, acc_of) -> None:
+        """Add each reduction's input (at this region's index) to its accumulator; store the
+        loop outputs."""
+        for r in self.reducers:
+            x = region.value(r.source)
+            x = cuda.convert(x, region.em.dtype(r.source).compute, r.value_dtype)
+            region.em.lines.append(r.add(acc_of(r), x))
+        for t in self.loop_outputs:
+            region.store(t, region.value(t))
+
+    def epilogue(self, region: Region, result_of, guard: str | None = None) -> None:
+        """Seed the reduction results and store the reduced-domain outputs."""
+        for r in self.reducers:
+            for out, expr in r.results(self.bound, result_of(r)):
+                region.seed(out, region.em.let(cuda.compute(self.bound.fusion.tensors[out]
+                                                            .dtype), expr, "red"))
+        for t in self.epilogue_outputs:
+            region.store(t, region.value(t), guard)
+
+    def finish_kernel(self, parts: int, ws_of) -> tuple[list[str], Kernel]:
+        """Combine ``parts`` partial accumulators per reduced-domain element, then the
+        epilogue."""
+        keep_ext = [self.domain[a] for a in self.keep_axes]
+        names = [f"o{a}" for a in self.keep_axes]
+        params: list[str] = []
+        region = Region(self.bound, self.schedule, self.itype,
+                        self.p_idx(names, ["0"] * len(self.red_axes), None), 1,
+                        self.aligned, params, self.counter)
+        lines = [f"{r.acc_type} acc{k} = {r.identity};" for k, r in enumerate(self.reducers)]
+        lines += [f"for (int p = 0; p < {parts}; ++p) {{"]
+        lines += [f"  acc{k} = {r.functor}(acc{k}, {ws_of(r, k)}[(index_t)p * {self.rows} + o]);"
+                  for k, r in enumerate(self.reducers)]
+        lines += ["}"]
+        ids = {id(r): k for k, r in enumerate(self.reducers)}
+        self.epilogue(region, lambda r: f"acc{ids[id(r)]}")
+        body_lines = decompose("o", keep_ext, names, "index_t") + lines + region.finish()
+        kname = f"{self.name}_finish"
+        ps = tensor_params(self.bound, self.schedule.inputs, self.epilogue_outputs, params)
+        ps += [Param("ws", f"r{k}", f"const {r.acc_type}* __restrict__")
+               for k, r in enumerate(self.reducers)]
+        threads = 256
+        blocks = max(1, min(-(-self.rows // threads), self.profile.sm_count * 8))
+        code = [f"// segment {self.index}: combine {parts} partial results per output element",
+                signature(kname, ps, threads) + " {",
+                f"  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < "
+                f"{self.rows}; o += (index_t)gridDim.x * blockDim.x) {{"]
+        code += indent(body_lines, 4) + ["  }", "}"]
+        return code, Kernel(kname, ps, (blocks, 1, 1), (threads, 1, 1))
+
+    def workspaces(self, parts: int) -> list[Workspace]:
+        return [Workspace(f"r{k}", parts * self.rows * _acc_size(r))
+                for k, r in enumerate(self.reducers)]
+
+    # ---- inner layout -------------------------------------------------------------------------
+
+    def build_inner(self) -> SegmentKernels:
+        sched, profile = self.schedule, self.profile
+        loaded = [t for t in sched.inputs if _varies_along(sched, t, self.red_axes)]
+        vec = pick_vector(self.bound, loaded or sched.inputs, self.innermost, self.max_vector)
+        row_vecs = -(-self.row_len // vec)
+        warp_rows = row_vecs <= 128
+        threads = 256
+        per_row = 32 if warp_rows else (512 if row_vecs >= 2048 else 256)
+        rows_per_block = threads // per_row if warp_rows else 1
+        if not warp_rows:
+            threads = per_row
+        row_blocks = -(-self.rows // rows_per_block)
+        split = 1
+        if not warp_rows and row_blocks < 2 * profile.sm_count and row_vecs >= 4 * per_row:
+            split = min(-(-2 * profile.sm_count // row_blocks), row_vecs // (2 * per_row))
+            split = max(split, 1)
+        chunk = -(-row_vecs // split) * vec
+        red_ext = [self.domain[a] for a in self.red_axes]
+        keep_names = [f"i{a}" for a in self.keep_axes]
+        red_names = [f"r{a}" for a in self.red_axes]
+        params: list[str] = []
+        loop = Region(self.bound, sched, self.itype,
+                      self.p_idx(keep_names, red_names, len(self.domain) - 1 if vec > 1 else None),
+                      vec, self.aligned, params, self.counter)
+        self.accumulate(loop, lambda r: f"acc{self.reducers.index(r)}")
+        loop_lines = decompose("c", red_ext, red_names, "index_t") + loop.finish()
+        tid = "(threadIdx.x & 31)" if warp_rows else "threadIdx.x"
+        step = per_row * vec
+        body = [f"__shared__ {r.acc_type} smem{k}[33];" for k, r in enumerate(self.reducers)]
+        row_expr = (f"(index_t)blockIdx.x * {rows_per_block} + (threadIdx.x >> 5)" if warp_rows
+                    else "(index_t)blockIdx.x")
+        row_step = (f"(index_t)gridDim.x * {rows_per_block}" if warp_rows
+                    else "(index_t)gridDim.x")
+        body += [f"for (index_t row = {row_expr}; row < {self.rows}; row += {row_step}) {{"]
+        inner = decompose("row", [self.domain[a] for a in self.keep_axes], keep_names, "index_t")
+        inner += [f"{r.acc_type} acc{k} = {r.identity};" for k, r in enumerate(self.reducers)]
+        begin = f"(index_t)blockIdx.y * {chunk}" if split > 1 else "0"
+        end = f"min((index_t){self.row_len}, {begin} + {chunk})" if split > 1 else \
+            f"(index_t){self.row_len}"
+        inner += [f"const index_t c_end = {end};",
+                  f"for (index_t c = {begin} + {tid} * {vec}; c < c_end; c += {step}) {{"]
+        inner += indent(lane_loop(vec, loop_lines) if vec > 1 else loop_lines, 2) + ["}"]
+        inner.append("// reduce across the threads of the row")
+        for k, r in enumerate(self.reducers):
+            if warp_rows:
+                inner.append(f"acc{k} = fc_warp_reduce(acc{k}, {r.functor});")
+            else:
+                inner.append(f"acc{k} = fc_block_reduce(acc{k}, {r.functor}, {r.identity}, "
+                             f"smem{k});")
+        kernels_code: list[str] = []
+        kernels: list[Kernel] = []
+        workspaces: list[Workspace] = []
+        if split > 1:
+            inner.append(f"if ({tid} == 0) {{")
+            inner += [f"  ws_r{k}[(index_t)blockIdx.y * {self.rows} + row] = acc{k};"
+                      for k in range(len(self.reducers))]
+            inner.append("}")
+            out_params = self.loop_outputs
+        else:
+            epi_params: list[str] = params
+            epi = Region(self.bound, sched, self.itype,
+                         self.p_idx(keep_names, ["0"] * len(self.red_axes), None), 1,
+                         self.aligned, epi_params, self.counter)
+            self.epilogue(epi, lambda r: f"acc{self.reducers.index(r)}")
+            inner.append(f"if ({tid} == 0) {{")
+            inner += indent(epi.finish(), 2)
+            inner.append("}")
+            out_params = list(sched.outputs)
+        body += indent(inner, 2) + ["}"]
+        ps = tensor_params(self.bound, sched.inputs, out_params, params)
+        if split > 1:
+            ps += [Param("ws", f"r{k}", f"{r.acc_type}* __restrict__")
+                   for k, r in enumerate(self.reducers)]
+        blocks = max(1, min(row_blocks, profile.sm_count * (2048 // threads)))
+        how = "a warp" if warp_rows else f"{per_row} threads"
+        note = f", split in {split} chunks" if split > 1 else ""
+        head = [f"// segment {self.index}: reduce {self.row_len} elements per row over "
+                f"{self.rows} rows (domain {self.domain}, reduced axes {self.red_axes}); "
+                f"{how} per row, {vec} per load{note}",
+                f"typedef {self.itype} index_t;",
+                signature(self.name, ps, threads) + " {"]
+        kernels_code += head + body + ["}"]
+        kernels.append(Kernel(self.name, ps, (blocks, split, 1), (threads, 1, 1)))
+        if split > 1:
+            code, k = self.finish_kernel(split, lambda r, i: f"ws_r{i}")
+            kernels_code += [""] + code
+            kernels.append(k)
+            workspaces = self.workspaces(split)
+        return SegmentKernels(self.index, "reduction", assemble(kernels_code), kernels,
+                              workspaces, self.aligned,
+                              {"layout": "inner", "vector": vec, "split": split,
+                               "index_type": self.itype})
+
+    # ---- outer layout -------------------------------------------------------------------------
+
+    def build_outer(self) -> SegmentKernels:
+        sched, profile = self.schedule, self.profile
+        vec = pick_vector(self.bound, sched.inputs, self.innermost, min(4, self.max_vector))
+        cols, rows_r = self.rows, self.row_len  # kept ("columns") and reduced extents
+        col_vecs = -(-cols // vec)
+        bx = 32
+        while bx > 1 and bx // 2 >= col_vecs:
+            bx //= 2
+        by = 256 // bx
+        grid_x = -(-col_vecs // bx)
+        split = 1
+        if grid_x < 2 * profile.sm_count and rows_r >= 64 * by:
+            split = min(-(-4 * profile.sm_count // grid_x), rows_r // (16 * by))
+            split = max(split, 1)
+        keep_ext = [self.domain[a] for a in self.keep_axes]
+        red_ext = [self.domain[a] for a in self.red_axes]
+        keep_names = [f"i{a}" for a in self.keep_axes]
+        red_names = [f"r{a}" for a in self.red_axes]
+        params: list[str] = []
+        loop = Region(self.bound, sched, self.itype,
+                      self.p_idx(keep_names, red_names, len(self.domain) - 1 if vec > 1 else None),
+                      vec, self.aligned, params, self.counter)
+        self.accumulate(loop, lambda r: f"acc{self.reducers.index(r)}[{LANE}]")
+        loop_lines = decompose("r", red_ext, red_names, "index_t") + loop.finish()
+        body = [f"__shared__ {r.acc_type} smem{k}[{by}][{bx * vec}];"
+                for k, r in enumerate(self.reducers)]
+        body += [f"const index_t col = ((index_t)blockIdx.x * {bx} + threadIdx.x) * {vec};",
+                 f"const bool active = col < {cols};"]
+        body += decompose("(active ? col : 0)", keep_ext, keep_names, "index_t")
+        for k, r in enumerate(self.reducers):
+            body += [f"{r.acc_type} acc{k}[{vec}];",
+                     f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) acc{k}[{LANE}] = "
+                     f"{r.identity};"]
+        body += ["if (active) {",
+                 f"  for (index_t r = (index_t)blockIdx.y * {by} + threadIdx.y; r < {rows_r}; "
+                 f"r += (index_t)gridDim.y * {by}) {{"]
+        body += indent(lane_loop(vec, loop_lines), 4) + ["  }", "}"]
+        body.append("// combine the rows the threads of the block took")
+        for k in range(len(self.reducers)):
+            body += [f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) "
+                     f"smem{k}[threadIdx.y][threadIdx.x * {vec} + {LANE}] = acc{k}[{LANE}];"]
+        body += ["__syncthreads();", "if (threadIdx.y == 0 && active) {"]
+        comb = []
+        for k, r in enumerate(self.reducers):
+            comb += [f"for (int y = 1; y < {by}; ++y)",
+                     f"  for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) acc{k}[{LANE}] = "
+                     f"{r.functor}(acc{k}[{LANE}], smem{k}[y][threadIdx.x * {vec} + {LANE}]);"]
+        if split > 1:
+            for k in range(len(self.reducers)):
+                comb += [f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE})",
+                         f"  ws_r{k}[(index_t)blockIdx.y * {cols} + col + {LANE}] = "
+                         f"acc{k}[{LANE}];"]
+            out_params = self.loop_outputs
+        else:
+            epi = Region(self.bound, sched, self.itype,
+                         self.p_idx(keep_names, ["0"] * len(self.red_axes),
+                                    len(self.domain) - 1 if vec > 1 else None),
+                         vec, self.aligned, params, self.counter)
+            self.epilogue(epi, lambda r: f"acc{self.reducers.index(r)}[{LANE}]")
+            comb += lane_loop(vec, epi.finish())
+            out_params = list(sched.outputs)
+        body += indent(comb, 2) + ["}"]
+        ps = tensor_params(self.bound, sched.inputs, out_params, params)
+        if split > 1:
+            ps += [Param("ws", f"r{k}", f"{r.acc_type}* __restrict__")
+                   for k, r in enumerate(self.reducers)]
+        code = [f"// segment {self.index}: reduce {rows_r} rows for each of {cols} columns "
+                f"(domain {self.domain}, reduced axes {self.red_axes}); {vec} columns per "
+                f"thread, {by} rows at a time per block" + (f", {split} blocks per column"
+                                                             if split > 1 else ""),
+                f"typedef {self.itype} index_t;",
+                signature(self.name, ps, bx * by) + " {"] + indent(body, 2) + ["}"]
+        kernels = [Kernel(self.name, ps, (grid_x, split, 1), (bx, by, 1))]
+        workspaces: list[Workspace] = []
+        if split > 1:
+            fcode, fk = self.finish_kernel(split, lambda r, i: f"ws_r{i}")
+            code += [""] + fcode
+            kernels.append(fk)
+            workspaces = self.workspaces(split)
+        return SegmentKernels(self.index, "reduction", assemble(code), kernels, workspaces,
+                              self.aligned, {"layout": "outer", "vector": vec, "split": split,
+                                             "index_type": self.itype})
+
+
+def _acc_size(r) -> int:
+    if r.welford:
+        return 24 if r.acc_type == "fc_welford_d" else 12
+    return {"float": 4, "double": 8, "long long": 8, "int": 4, "bool": 1}[r.acc_type]

@@ -1,0 +1,100 @@
+"""Shared machinery of the reduction-kind generators: a code region evaluates tensors at an index
+of the reduction domain P, with loads vectorised along the innermost axis and hoisted when they
+do not depend on the lane.
+
+A region owns its statements and memo: values computed inside a loop are not visible after it,
+so each region (loop body, epilogue, finishing kernel) starts fresh, seeded with the values the
+kernel itself holds there (reduction results, on-chip buffers).
+"""
+
+from __future__ import annotations
+
+from codegen import cuda
+from codegen.emit import Emitter
+from codegen.layout import address, compact_strides, tensor_strides
+from optimizer.analysis.shapes import Bound
+from optimizer.schedulers.kinds import Schedule
+
+LANE = "_lane"
+
+
+class Region:
+    def __init__(self, bound: Bound, schedule: Schedule, itype: str, p_idx: tuple[str, ...],
+                 vec: int, aligned: dict[str, int], params: list[str], counter=None):
+        """``p_idx``: the index of every domain axis in this region (C expressions); ``vec``:
+        lanes of the innermost axis (its index contains ``_lane``)."""
+        self.bound = bound
+        self.schedule = schedule
+        self.p_idx = p_idx
+        self.vec = vec
+        self.aligned = aligned
+        self.params = params
+        self.pre: list[str] = []
+        self._vec_loads: dict[tuple, str] = {}
+        self.em = Emitter(bound, schedule.ops, set(schedule.inputs), self._load, itype, counter)
+
+    def index_of(self, tensor: str) -> tuple[str, ...]:
+        """The tensor's index in this region, through its axis map onto the domain."""
+        return tuple("0" if m is None else self.p_idx[m] for m in self.schedule.axis_map[tensor])
+
+    def value(self, tensor: str) -> str:
+        return self.em.value(tensor, self.index_of(tensor))
+
+    def seed(self, tensor: str, expr: str) -> None:
+        """A value the kernel holds itself (a reduction result, an on-chip buffer)."""
+        self.em.memo[(tensor, self.index_of(tensor))] = expr
+
+    def store(self, tensor: str, expr: str, guard: str | None = None) -> None:
+        d = self.bound.fusion.tensors[tensor].dtype
+        where = address(self.index_of(tensor), compact_strides(self.bound, tensor))
+        line = f"out_{tensor}[{where}] = {cuda.to_storage(expr, d)};"
+        self.em.lines.append(f"if ({guard}) {line}" if guard else line)
+
+    def finish(self) -> list[str]:
+        for p in self.em.params:
+            if p not in self.params:
+                self.params.append(p)
+        return self.pre + self.em.lines
+
+    def _load(self, t: str, idx: tuple[str, ...]) -> str:
+        bound, em = self.bound, self.em
+        d = bound.fusion.tensors[t].dtype
+        strides = tensor_strides(bound, t)
+        st, ct = cuda.storage(d), cuda.compute(d)
+        if all(LANE not in i for i in idx):
+            name = em.fresh("l")
+            self.pre.append(f"const {ct} {name} = "
+                            f"{cuda.to_compute(f'in_{t}[{address(idx, strides)}]', d)};")
+            return name
+        lanes = [a for a, i in enumerate(idx) if LANE in i]
+        if (self.vec > 1 and len(lanes) == 1 and idx[lanes[0]].endswith(f" + {LANE})")
+                and strides[lanes[0]] == 1
+                and all(s % self.vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
+            a = lanes[0]
+            base_i = idx[a][1:-len(f" + {LANE})")]
+            base = tuple(base_i if k == a else i for k, i in enumerate(idx))
+            key = (t, base)
+            if key not in self._vec_loads:
+                vname = em.fresh("vl")
+                self.pre.append(f"const fc_vec<{st}, {self.vec}> {vname} = *reinterpret_cast<"
+                                f"const fc_vec<{st}, {self.vec}>*>(in_{t} + "
+                                f"{address(base, strides)});")
+                self._vec_loads[key] = vname
+                self.aligned[t] = self.vec * d.itemsize
+            return cuda.to_compute(f"{self._vec_loads[key]}.v[{LANE}]", d)
+        return em.let(ct, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d), "l")
+
+
+def lane_loop(vec: int, lines: list[str]) -> list[str]:
+    if vec == 1:
+        return [f"const int {LANE} = 0;", *lines] if any(LANE in x for x in lines) else lines
+    return ["#pragma unroll", f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) {{",
+            *["  " + x for x in lines], "}"]
+
+
+def pick_vector(bound: Bound, tensors, innermost: int, cap: int = 8) -> int:
+    smallest = min((bound.fusion.tensors[t].dtype.itemsize for t in tensors), default=4)
+    v = max(1, min(cap, 16 // smallest))
+    while v > 1 and innermost % v:
+        v //= 2
+    return v

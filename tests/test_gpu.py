@@ -1,0 +1,214 @@
+"""Generated kernels on a real GPU against the torch reference (marked gpu: skipped without one).
+
+Every corpus case at its own sizes, random fusions over the vocabulary, odd sizes (not multiples
+of the vector width, size-1 axes, empty tensors), non-contiguous and stride-0 inputs, tensors of
+more than 2**31 elements, and the compile cache (a warm process never recompiles; a new process
+reuses the disk cache).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from optimizer.ir import parse_text, tensor_meta
+from optimizer.ir.dtypes import DType
+from optimizer.ir.inputs import TensorMeta
+from optimizer.planner import PlanOptions, make_plan
+from runtime.executor import execute_plan
+from runtime.kernels import cuda_runner
+from runtime.reference import run_reference
+from runtime.tensors import make_input
+from tests.conftest import CORPUS, CORPUS_FILES
+from tests.helpers import fusion
+from tests.strategies import fusions
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def close(got, want, name=""):
+    """Outputs match the reference: exactly for integers and bools; for floats within a few
+    rounding errors of the output's scale (reductions sum in a different order)."""
+    assert len(got) == len(want)
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert a.shape == b.shape, (name, k, a.shape, b.shape)
+        assert a.dtype == b.dtype, (name, k)
+        if a.dtype == torch.bool or not a.is_floating_point():
+            assert torch.equal(a, b), (name, k)
+            continue
+        tol = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}.get(a.dtype, 1e-9)
+        finite = b[torch.isfinite(b)]
+        scale = max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
+        where = f"{name} output {k}"
+        torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol * scale,
+                                   equal_nan=True, msg=lambda m, where=where: f"{where}: {m}")
+
+
+def run_both(f, metas, seed=0, **options):
+    plan = make_plan(f, metas, PlanOptions(time_limit_s=2.0, **options))
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    args = [make_input(m, DEV, gen) for m in metas]
+    got = execute_plan(plan, args, cuda_runner, "cuda").outputs
+    want = run_reference(f, args)
+    return plan, got, want
+
+
+@pytest.mark.parametrize("path", CORPUS_FILES, ids=[p.stem for p in CORPUS_FILES])
+def test_corpus_full_size(path):
+    parsed = parse_text(path.read_text())
+    plan, got, want = run_both(parsed.fusion, parsed.inputs)
+    close(got, want, path.stem)
+
+
+@settings(max_examples=int(os.environ.get("FUSECUT_GPU_EXAMPLES", "150")), deadline=None)
+@given(fusions(max_ops=10, extents=[1, 2, 3, 5, 8, 13, 16, 33, 64, 130]))
+def test_random_fusions(drawn):
+    plan, got, want = run_both(drawn.fusion, drawn.inputs)
+    close(got, want, str([s.kind.value for s in plan.segments]))
+
+
+NORM = """
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+T1 = fd.ops.cast(T0, dtype=DataType.Float)
+T2 = fd.ops.max(T1, dims=[1])
+T3 = fd.ops.broadcast_in_dim(T2, shape=T0.shape(), broadcast_dims=[0])
+T4 = fd.ops.exp(fd.ops.sub(T1, T3))
+T5 = fd.ops.sum(T4, dims=[1])
+T6 = fd.ops.div(T4, fd.ops.broadcast_in_dim(T5, shape=T0.shape(), broadcast_dims=[0]))
+fd.add_output(fd.ops.cast(T6, dtype=DataType.BFloat16))
+fd.add_output(T5)
+"""
+REDUCE_COLS = """
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+T1 = fd.ops.sum(fd.ops.mul(T0, T0), dims=[0])
+T2, T3 = fd.ops.var_mean(T0, dims=[0], correction=1, keepdim=False)
+fd.add_output(T1)
+fd.add_output(T2)
+fd.add_output(T3)
+"""
+REDUCE_ROWS = """
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+T1 = fd.ops.sum(T0, dims=[1])
+T2 = fd.ops.max(T0, dims=[1])
+T3, T4 = fd.ops.var_mean(T0, dims=[1], correction=0, keepdim=False)
+fd.add_output(T1)
+fd.add_output(T2)
+fd.add_output(T3)
+fd.add_output(T4)
+"""
+POINTWISE = """
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+T1 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.BFloat16)
+T2 = fd.ops.broadcast_in_dim(T1, shape=T0.shape(), broadcast_dims=[1])
+T3 = fd.ops.mul(fd.ops.cast(T0, dtype=DataType.Float), fd.ops.cast(T2, dtype=DataType.Float))
+fd.add_output(fd.ops.cast(fd.ops.tanh(T3), dtype=DataType.BFloat16))
+"""
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1), (3, 7), (5, 1000), (1000, 5), (7, 4099),
+                                       (130, 2050), (2, 70000), (0, 16), (16, 0)])
+def test_odd_sizes(rows, cols):
+    for body, dtype in ((NORM, DType.bfloat16), (REDUCE_COLS, DType.float32),
+                        (REDUCE_ROWS, DType.float32)):
+        f = fusion(body)
+        _, got, want = run_both(f, [tensor_meta((rows, cols), dtype)])
+        close(got, want, f"{rows}x{cols}")
+    f = fusion(POINTWISE)
+    _, got, want = run_both(f, [tensor_meta((rows, cols), DType.bfloat16),
+                                tensor_meta((cols,), DType.bfloat16)])
+    close(got, want, f"pointwise {rows}x{cols}")
+
+
+def test_non_contiguous_and_stride_zero_inputs():
+    f = fusion(POINTWISE)
+    transposed = TensorMeta((64, 48), (1, 64), DType.bfloat16)
+    expanded = TensorMeta((48,), (0,), DType.bfloat16)
+    _, got, want = run_both(f, [transposed, expanded])
+    close(got, want, "transposed")
+    g = fusion(NORM.replace("contiguity=[True, True]", "contiguity=[True, False]"))
+    strided = TensorMeta((40, 300), (600, 2), DType.bfloat16)
+    _, got, want = run_both(g, [strided])
+    close(got, want, "strided rows")
+
+
+def test_misaligned_inputs_fall_back_to_scalar_loads():
+    f = fusion(POINTWISE)
+    plan = make_plan(f, [tensor_meta((32, 64), DType.bfloat16),
+                         tensor_meta((64,), DType.bfloat16)])
+    base = torch.randn(32 * 64 + 1, device=DEV).to(torch.bfloat16)
+    x = base[1:].view(32, 64)  # 2-byte offset: not 16-byte aligned
+    w = torch.randn(64, device=DEV).to(torch.bfloat16)
+    got = execute_plan(plan, [x, w], cuda_runner, "cuda").outputs
+    close(got, run_reference(f, [x, w]), "misaligned")
+
+
+@pytest.mark.slow
+def test_more_than_2_31_elements():
+    n = 2**31 + 64
+    f = fusion("""
+T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.BFloat16)
+T1 = fd.ops.neg(fd.ops.cast(T0, dtype=DataType.Float))
+fd.add_output(fd.ops.cast(T1, dtype=DataType.BFloat16))
+""")
+    plan = make_plan(f, [tensor_meta((n,), DType.bfloat16)])
+    x = torch.empty(n, dtype=torch.bfloat16, device=DEV)
+    x[: 1 << 20].normal_()
+    x[-(1 << 20):].normal_()
+    (y,) = execute_plan(plan, [x], cuda_runner, "cuda").outputs
+    assert torch.equal(y[-(1 << 20):], -x[-(1 << 20):])
+    assert torch.equal(y[: 1 << 20], -x[: 1 << 20])
+    del x, y
+    torch.cuda.empty_cache()
+    rows = (2**31) // 1024 + 3
+    g = fusion(REDUCE_ROWS.replace("DataType.Float", "DataType.BFloat16"))
+    meta = tensor_meta((rows, 1024), DType.bfloat16)
+    plan = make_plan(g, [meta])
+    x = torch.randn(rows, 1024, device=DEV).to(torch.bfloat16)
+    got = execute_plan(plan, [x], cuda_runner, "cuda").outputs
+    close(got, run_reference(g, [x]), "2**31 rows")
+
+
+def test_warm_process_never_recompiles(tmp_path, monkeypatch):
+    import runtime.compile as rc
+
+    monkeypatch.setenv("FUSECUT_CACHE_DIR", str(tmp_path))
+    rc.clear_memory_cache()
+    parsed = parse_text((CORPUS / "softmax_bwd.py").read_text())
+    metas = [tensor_meta((256, 4096), DType.bfloat16)] * 2
+    plan = make_plan(parsed.fusion, metas)
+    args = [make_input(m, DEV) for m in metas]
+    before = rc.STATS.compiles
+    execute_plan(plan, args, cuda_runner, "cuda")
+    first = rc.STATS.compiles - before
+    execute_plan(plan, args, cuda_runner, "cuda")
+    assert rc.STATS.compiles - before == first  # the second run compiled nothing
+    code = ("import runtime.compile as rc, torch\n"
+            "from fusecut import load\nfrom optimizer.planner import make_plan\n"
+            "from optimizer.ir import tensor_meta\nfrom optimizer.ir.dtypes import DType\n"
+            "from runtime.executor import execute_plan\nfrom runtime.kernels import cuda_runner\n"
+            "from runtime.tensors import make_input\n"
+            f"p = load({str(CORPUS / 'softmax_bwd.py')!r})\n"
+            "m = [tensor_meta((256, 4096), DType.bfloat16)] * 2\n"
+            "plan = make_plan(p.fusion, m)\n"
+            "execute_plan(plan, [make_input(x, 'cuda') for x in m], cuda_runner, 'cuda')\n"
+            "print(rc.STATS.compiles, rc.STATS.disk_hits)\n")
+    env = dict(os.environ, FUSECUT_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    compiles, disk_hits = map(int, out.stdout.split())
+    assert compiles == 0 and disk_hits >= 1
+
+
+def test_bound_metadata_checked():
+    f = fusion(POINTWISE)
+    plan = make_plan(f, [tensor_meta((8, 16), DType.bfloat16), tensor_meta((16,), DType.bfloat16)])
+    x = torch.randn(8, 32, device=DEV).to(torch.bfloat16)
+    with pytest.raises(Exception, match="plan was made for"):
+        execute_plan(plan, [x, torch.randn(32, device=DEV).to(torch.bfloat16)], cuda_runner)
