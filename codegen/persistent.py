@@ -67,13 +67,18 @@ class _Persistent:
         self.vec = pick_vector(bound, row_inputs or list(schedule.inputs), self.domain[-1],
                                max_vector)
         row_vecs = -(-self.row_len // self.vec)
-        # short rows: a warp per row; inner-outer keeps a block per row so that the column
-        # partial sums are per block, not per warp
-        self.warp_rows = row_vecs <= 128 and schedule.kind.value != "inner_outer"
+        columns = bool(schedule.outer_reductions)
+        # Short rows: a warp per row, eight rows per block. Longer rows: a block per row, each
+        # thread holding several vectors (independent loads in flight); inner-outer blocks hold
+        # fewer (their column accumulators need registers) and fewer blocks run, so that fewer
+        # partial column sums are left for the finishing kernel.
+        self.warp_rows = row_vecs <= 128
         if self.warp_rows:
             self.threads_per_row, self.threads = 32, 256
         else:
-            self.threads_per_row = self.threads = max(64, min(512, -(-row_vecs // 32) * 32))
+            per_thread = 2 if columns else 4
+            self.threads_per_row = self.threads = max(64, min(1024, -(-row_vecs // per_thread
+                                                                       // 32) * 32))
         self.slots = -(-row_vecs // self.threads_per_row)  # E: vectors per thread per row
         self.rows_per_block = self.threads // self.threads_per_row
         self.row_reducers = [reducer(bound, i) for i in schedule.reductions]
@@ -132,7 +137,8 @@ class _Persistent:
         ps = tensor_params(self.bound, sched.inputs, out_main, self.params)
         ps += [Param("ws", f"c{k}", f"{r.acc_type}* __restrict__")
                for k, r in enumerate(self.col_reducers)]
-        occupancy = max(1, 2048 // self.threads)
+        occupancy = max(1, (1024 if self.col_reducers and not self.warp_rows else 2048)
+                        // self.threads)
         row_blocks = -(-self.rows // self.rows_per_block)
         blocks = max(1, min(row_blocks, self.profile.sm_count * occupancy))
         how = "a warp" if self.warp_rows else f"{self.threads} threads"
@@ -157,15 +163,39 @@ class _Persistent:
                             "index_t") + buffers + stage_code
         main += indent(per_row, 2) + ["}"]
         if self.col_reducers:
-            main.append("// partial column sums of the rows this block (or warp) took")
-            for k in range(len(self.col_reducers)):
-                main += [f"for (int k = 0; k < {slots}; ++k) {{",
-                         f"  const index_t c = (k * {self.threads_per_row} + {tid}) * {vec};",
-                         f"  if (c < {self.row_len})",
-                         f"    for (int {LANE} = 0; {LANE} < {vec}; ++{LANE})",
-                         f"      ws_c{k}[({worker}) * {self.row_len} + c + {LANE}] = "
-                         f"colacc{k}[k][{LANE}];",
-                         "}"]
+            main.append("// partial column sums of the rows this block took")
+            if self.warp_rows:  # one shared buffer per accumulator type, reused in turn
+                for acc_type in dict.fromkeys(r.acc_type for r in self.col_reducers):
+                    tag = acc_type.replace(" ", "_")
+                    main.append(f"__shared__ {acc_type} colsm_{tag}[{self.rows_per_block}]"
+                                f"[{self.row_len}];")
+            for k, r in enumerate(self.col_reducers):
+                if self.warp_rows:  # combine the block's warps (rows) in shared memory first
+                    buf = f"colsm_{r.acc_type.replace(' ', '_')}"
+                    main += ["__syncthreads();",
+                             f"for (int k = 0; k < {slots}; ++k) {{",
+                             f"  const index_t c = (k * 32 + {tid}) * {vec};",
+                             f"  if (c < {self.row_len})",
+                             f"    for (int {LANE} = 0; {LANE} < {vec}; ++{LANE})",
+                             f"      {buf}[threadIdx.x >> 5][c + {LANE}] = "
+                             f"colacc{k}[k][{LANE}];",
+                             "}",
+                             "__syncthreads();",
+                             f"for (index_t c = threadIdx.x; c < {self.row_len}; c += "
+                             f"blockDim.x) {{",
+                             f"  {r.acc_type} a = {buf}[0][c];",
+                             f"  for (int w = 1; w < {self.rows_per_block}; ++w) a = "
+                             f"{r.functor}(a, {buf}[w][c]);",
+                             f"  ws_c{k}[(index_t)blockIdx.x * {self.row_len} + c] = a;",
+                             "}"]
+                else:
+                    main += [f"for (int k = 0; k < {slots}; ++k) {{",
+                             f"  const index_t c = (k * {self.threads_per_row} + {tid}) * {vec};",
+                             f"  if (c < {self.row_len})",
+                             f"    for (int {LANE} = 0; {LANE} < {vec}; ++{LANE})",
+                             f"      ws_c{k}[(index_t)blockIdx.x * {self.row_len} + c + {LANE}] = "
+                             f"colacc{k}[k][{LANE}];",
+                             "}"]
         code = head + indent(main, 2) + ["}"]
         kernels = [Kernel(self.name, ps, (blocks, 1, 1), (self.threads, 1, 1))]
         workspaces: list[Workspace] = []
@@ -173,7 +203,7 @@ class _Persistent:
                  "warp_rows": self.warp_rows, "stages": pers.n_stages, "persisted": persisted,
                  "index_type": self.itype}
         if self.col_reducers:
-            parts = blocks * self.rows_per_block
+            parts = blocks
             fcode, fk = self.column_finish(parts)
             code += [""] + fcode
             kernels.append(fk)
@@ -275,37 +305,41 @@ class _Persistent:
     # ---- the column finisher (inner-outer) ----------------------------------------------------
 
     def column_finish(self, parts: int) -> tuple[list[str], Kernel]:
+        """Combine the blocks' partial column sums: a block takes 32 columns, its 32 rows of
+        threads stride over the partials, shared memory combines them, then the epilogue."""
         sched = self.schedule
         params: list[str] = []
         names = [f"f_{a}" for a in self.row_axes]
         region = Region(self.bound, sched, self.itype,
                         self.p_idx(["0"] * len(self.rows_axes), names, False), 1, self.aligned,
                         params, self.counter)
-        lines = [f"{r.acc_type} acc{k} = {r.identity};" for k, r in enumerate(self.col_reducers)]
-        lines += [f"for (int p = 0; p < {parts}; ++p) {{"]
-        lines += [f"  acc{k} = {r.functor}(acc{k}, ws_c{k}[(index_t)p * {self.row_len} + col]);"
-                  for k, r in enumerate(self.col_reducers)]
-        lines += ["}"]
-        for k, r in enumerate(self.col_reducers):
+        reducers = list(enumerate(self.col_reducers))
+        lines = [f"__shared__ {r.acc_type} sm{k}[32][33];" for k, r in reducers]
+        lines += ["const index_t col = (index_t)blockIdx.x * 32 + threadIdx.x;"]
+        lines += [f"{r.acc_type} acc{k} = {r.identity};" for k, r in reducers]
+        lines += [f"if (col < {self.row_len}) {{",
+                  f"  for (int p = threadIdx.y; p < {parts}; p += 32) {{"]
+        lines += [f"    acc{k} = {r.functor}(acc{k}, ws_c{k}[(index_t)p * {self.row_len} + col]);"
+                  for k, r in reducers]
+        lines += ["  }", "}"]
+        lines += [f"sm{k}[threadIdx.y][threadIdx.x] = acc{k};" for k, _ in reducers]
+        lines += ["__syncthreads();", f"if (threadIdx.y == 0 && col < {self.row_len}) {{"]
+        epilogue = [f"for (int y = 1; y < 32; ++y) acc{k} = {r.functor}(acc{k}, "
+                    f"sm{k}[y][threadIdx.x]);" for k, r in reducers]
+        for k, r in reducers:
             for out, expr in r.results(self.bound, f"acc{k}"):
                 region.seed(out, region.em.let(cuda.compute(self.fusion.tensors[out].dtype),
                                                expr, "red"))
         col_outputs = [t for t in sched.outputs if self.pers.stage[t] >= COLUMN]
         for t in col_outputs:
             region.store(t, region.value(t))
-        body = decompose("col", [self.domain[a] for a in self.row_axes], names, "index_t")
-        body += lines + region.finish()
+        epilogue += decompose("col", [self.domain[a] for a in self.row_axes], names, "index_t")
+        epilogue += region.finish()
+        lines += indent(epilogue, 2) + ["}"]
         kname = f"{self.name}_columns"
         ps = tensor_params(self.bound, sched.inputs, col_outputs, params)
-        ps += [Param("ws", f"c{k}", f"const {r.acc_type}* __restrict__")
-               for k, r in enumerate(self.col_reducers)]
-        threads = 256
-        blocks = max(1, min(-(-self.row_len // threads), self.profile.sm_count * 8))
+        ps += [Param("ws", f"c{k}", f"const {r.acc_type}* __restrict__") for k, r in reducers]
+        blocks = max(1, -(-self.row_len // 32))
         code = [f"// segment {self.index}: combine {parts} blocks' partial column sums",
-                signature(kname, ps, threads) + " {",
-                f"  for (index_t col = (index_t)blockIdx.x * blockDim.x + threadIdx.x; col < "
-                f"{self.row_len}; col += (index_t)gridDim.x * blockDim.x) {{"]
-        code += indent(body, 4) + ["  }", "}"]
-        return code, Kernel(kname, ps, (blocks, 1, 1), (threads, 1, 1))
-
-
+                signature(kname, ps, 1024) + " {"] + indent(lines, 2) + ["}"]
+        return code, Kernel(kname, ps, (blocks, 1, 1), (32, 32, 1))

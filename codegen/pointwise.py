@@ -1,8 +1,9 @@
 """Pointwise segments: one grid-stride loop over the reference output's domain.
 
-Each thread takes VEC consecutive elements of the innermost axis per step (16-byte vectors where
-the innermost extent allows): inputs that follow the innermost axis with unit stride are loaded as
-one vector, inputs broadcast along it are loaded once per vector, others per element; the
+Each thread takes VEC consecutive elements of the innermost axis per vector (16-byte vectors
+where the innermost extent allows) and UNROLL vectors per step, whose loads are all issued before
+any is used (memory-level parallelism): inputs that follow the innermost axis with unit stride
+are loaded as one vector, inputs broadcast along it once per vector, others per element; the
 reference output (and any output laid out like it) is stored as one vector. Other outputs are
 written where their index is in range, once per element.
 """
@@ -18,6 +19,7 @@ from optimizer.schedulers.kinds import Schedule
 from optimizer.schedulers.profiles import DeviceProfile
 
 THREADS = 256
+UNROLL = 4
 LANE = "_lane"
 
 
@@ -44,7 +46,8 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
     xs = [f"x{a}" for a in range(rank)]
     lane_expr = f"({xs[-1]} + {LANE})" if rank and vec > 1 else (xs[-1] if rank else "0")
     domain_idx = tuple(xs[:-1] + [lane_expr]) if rank else ()
-    pre: list[str] = []
+    pre: list[str] = []  # loads, issued for every vector of the step before any compute
+    decls: list[str] = []  # their per-vector registers
     aligned: dict[str, int] = {}
     vec_loads: dict[tuple, str] = {}
 
@@ -55,9 +58,10 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
         invariant = all(LANE not in i for i in idx)
         if invariant:
             name_ = em.fresh("l")
+            decls.append(f"{ct} {name_}[{UNROLL}];")
             value = cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d)
-            pre.append(f"const {ct} {name_} = {value};")
-            return name_
+            pre.append(f"{name_}[u] = {value};")
+            return f"{name_}[u]"
         lanes = [a for a, i in enumerate(idx) if LANE in i]
         if (vec > 1 and len(lanes) == 1 and idx[lanes[0]] == lane_expr
                 and strides[lanes[0]] == 1
@@ -66,11 +70,12 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
             key = (t, base)
             if key not in vec_loads:
                 vname = em.fresh("vl")
-                pre.append(f"const fc_vec<{st}, {vec}> {vname} = *reinterpret_cast<const "
-                           f"fc_vec<{st}, {vec}>*>(in_{t} + {address(base, strides)});")
+                decls.append(f"fc_vec<{st}, {vec}> {vname}[{UNROLL}];")
+                pre.append(f"{vname}[u] = *reinterpret_cast<const fc_vec<{st}, {vec}>*>(in_{t} + "
+                           f"{address(base, strides)});")
                 vec_loads[key] = vname
                 aligned[t] = vec * d.itemsize
-            return cuda.to_compute(f"{vec_loads[key]}.v[{LANE}]", d)
+            return cuda.to_compute(f"{vec_loads[key]}[u].v[{LANE}]", d)
         return em.let(ct, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d), "l")
 
     em = Emitter(bound, schedule.ops, set(schedule.inputs), load, itype)
@@ -104,28 +109,34 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
         em.lines.append(f"if ({' && '.join(guards)}) {store}" if guards else store)
     params = tensor_params(bound, schedule.inputs, schedule.outputs, em.params)
     n_vec = total // vec
-    blocks = max(1, min(-(-n_vec // THREADS), profile.sm_count * 8))
+    blocks = max(1, min(-(-n_vec // (THREADS * UNROLL)), profile.sm_count * 8))
+    position = ([f"const index_t flat = v * {vec};"] if rank else []) + \
+        decompose("flat", domain, xs, "index_t")
+    loads = position + pre
+    compute = list(position)
+    for t in vec_outputs:
+        compute.append(f"fc_vec<{cuda.storage(fusion.tensors[t].dtype)}, {vec}> o_{t};")
+    if vec > 1:
+        compute += ["#pragma unroll", f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) {{"]
+        compute += ["  // per element"] + indent(em.lines, 2) + ["}"]
+    else:
+        compute += ["// per element"] + em.lines
+    if stores_after:
+        compute += ["// vector stores"] + stores_after
+    step = [f"// {UNROLL} vectors per thread per step: all loads first, then compute and store"]
+    step += decls
+    for what, lines in (("load", loads), ("compute", compute)):
+        step += ["#pragma unroll", f"for (int u = 0; u < {UNROLL}; ++u) {{  // {what}",
+                 "  const index_t v = base + u * (index_t)blockDim.x;",
+                 "  if (v < n_vec) {"] + indent(lines, 4) + ["  }", "}"]
     body = [f"// segment {index}: pointwise over {domain} ({total} elements), "
-            f"{vec} per thread per step",
+            f"{vec} per vector",
             f"typedef {itype} index_t;",
             signature(name, params, THREADS) + " {",
             f"  const index_t n_vec = {n_vec};",
-            "  for (index_t v = (index_t)blockIdx.x * blockDim.x + threadIdx.x; v < n_vec;"
-            " v += (index_t)gridDim.x * blockDim.x) {"]
-    inner = [f"const index_t flat = v * {vec};"] if rank else []
-    inner += decompose("flat", domain, xs, "index_t")
-    inner.append("// loads that are the same for every lane of the vector")
-    inner += pre
-    for t in vec_outputs:
-        inner.append(f"fc_vec<{cuda.storage(fusion.tensors[t].dtype)}, {vec}> o_{t};")
-    if vec > 1:
-        inner += ["#pragma unroll", f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) {{"]
-        inner += ["  // per element"] + indent(em.lines, 2) + ["}"]
-    else:
-        inner += ["// per element"] + em.lines
-    if stores_after:
-        inner += ["// vector stores"] + stores_after
-    body += indent(inner, 4) + ["  }", "}"]
+            f"  for (index_t base = (index_t)blockIdx.x * blockDim.x * {UNROLL} + threadIdx.x; "
+            f"base < n_vec; base += (index_t)gridDim.x * blockDim.x * {UNROLL}) {{"]
+    body += indent(step, 4) + ["  }", "}"]
     kernel = Kernel(name, params, (blocks, 1, 1), (THREADS, 1, 1))
     return SegmentKernels(index, "pointwise", assemble(body), [kernel], [], aligned,
                           {"vector": vec, "index_type": itype})

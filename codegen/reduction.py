@@ -176,6 +176,7 @@ class _Builder:
         end = f"min((index_t){self.row_len}, {begin} + {chunk})" if split > 1 else \
             f"(index_t){self.row_len}"
         inner += [f"const index_t c_end = {end};",
+                  "#pragma unroll 4",
                   f"for (index_t c = {begin} + {tid} * {vec}; c < c_end; c += {step}) {{"]
         inner += indent(lane_loop(vec, loop_lines) if vec > 1 else loop_lines, 2) + ["}"]
         inner.append("// reduce across the threads of the row")
@@ -265,6 +266,7 @@ class _Builder:
                      f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) acc{k}[{LANE}] = "
                      f"{r.identity};"]
         body += ["if (active) {",
+                 "  #pragma unroll 4",
                  f"  for (index_t r = (index_t)blockIdx.y * {by} + threadIdx.y; r < {rows_r}; "
                  f"r += (index_t)gridDim.y * {by}) {{"]
         body += indent(lane_loop(vec, loop_lines), 4) + ["  }", "}"]

@@ -21,9 +21,10 @@ from optimizer.errors import InputError
 from optimizer.ir.inputs import TensorMeta
 from optimizer.plan.plan import Plan, Segment
 from runtime.reference import run_reference
-from runtime.tensors import meta_of
+from runtime.tensors import TORCH_DTYPE, meta_of
 
-SegmentRunner = Callable[[Plan, Segment, list[Any]], list[torch.Tensor]]
+# (plan, segment, the segment's arguments, host values of every scalar) -> its outputs
+SegmentRunner = Callable[[Plan, Segment, list[Any], dict[str, Any]], list[torch.Tensor]]
 
 
 @dataclass
@@ -45,23 +46,32 @@ class Execution:
         return sum(t.seconds for t in self.timings)
 
 
-def reference_runner(plan: Plan, segment: Segment, args: list[Any]) -> list[torch.Tensor]:
+def reference_runner(plan: Plan, segment: Segment, args: list[Any],
+                     scalars: dict[str, Any]) -> list[torch.Tensor]:
     return run_reference(segment.sub.fusion, args)
 
 
 def check_matches_plan(plan: Plan, args: list[Any]) -> dict[str, Any]:
-    """Scalar values of these arguments, after checking they match the plan's input metadata."""
+    """Scalar values of these arguments, after checking they match the plan's input metadata
+    (a fast comparison; scalar values are re-derived only when the fusion has scalar inputs)."""
     fusion = plan.fusion
-    metas = [meta_of(a) for a in args]
-    bound = bind(fusion, metas)
-    for name, meta in zip(fusion.inputs, metas):
+    if len(args) != len(fusion.inputs):
+        raise InputError(f"the plan takes {len(fusion.inputs)} inputs, got {len(args)}")
+    for name, value in zip(fusion.inputs, args):
         planned = plan.bound.inputs[name]
-        if isinstance(meta, TensorMeta) and (meta.shape != planned.shape or
-                                             meta.strides != planned.strides):
-            raise InputError(f"input {name} has shape {list(meta.shape)} and strides "
-                             f"{list(meta.strides)}; the plan was made for shape "
-                             f"{list(planned.shape)} and strides {list(planned.strides)}")
-    return bound.scalars
+        if not isinstance(planned, TensorMeta):
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise InputError(f"input {name} must be a tensor, got {type(value).__name__}")
+        if (tuple(value.shape) != planned.shape or tuple(value.stride()) != planned.strides
+                or TORCH_DTYPE[planned.dtype] != value.dtype):
+            raise InputError(f"input {name} has shape {list(value.shape)}, strides "
+                             f"{list(value.stride())} and dtype {value.dtype}; the plan was made "
+                             f"for shape {list(planned.shape)}, strides {list(planned.strides)} "
+                             f"and dtype {planned.dtype.value}")
+    if not fusion.scalar_inputs():
+        return plan.bound.scalars
+    return bind(fusion, [meta_of(a) for a in args]).scalars
 
 
 def expand_compact(tensor: torch.Tensor, shape: tuple[int, ...],
@@ -71,16 +81,25 @@ def expand_compact(tensor: torch.Tensor, shape: tuple[int, ...],
     return tensor.reshape(view).expand(shape)
 
 
+def _lifetimes(plan: Plan) -> tuple[dict[str, int], set[str]]:
+    """The last segment reading each tensor, and the tensors never freed (computed once)."""
+    cached = getattr(plan, "_lifetimes", None)
+    if cached is None:
+        last_read: dict[str, int] = {}
+        for seg in plan.segments:
+            for t in seg.schedule.inputs:
+                last_read[t] = seg.index
+        cached = (last_read, set(plan.fusion.outputs) | set(plan.fusion.inputs))
+        plan._lifetimes = cached  # type: ignore[attr-defined]
+    return cached
+
+
 def execute_plan(plan: Plan, args: list[Any], runner: SegmentRunner = reference_runner,
                  backend: str = "reference", timed: bool = False) -> Execution:
     scalars = check_matches_plan(plan, args)
     fusion, bound = plan.fusion, plan.bound
     env: dict[str, Any] = dict(zip(fusion.inputs, args))
-    last_read: dict[str, int] = {}
-    for seg in plan.segments:
-        for t in seg.schedule.inputs:
-            last_read[t] = seg.index
-    keep = set(fusion.outputs) | set(fusion.inputs)
+    last_read, keep = _lifetimes(plan)
     timings = []
     cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     for seg in plan.segments:
@@ -93,7 +112,7 @@ def execute_plan(plan: Plan, args: list[Any], runner: SegmentRunner = reference_
         if timed and cuda:
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
-        outs = runner(plan, seg, seg_args)
+        outs = runner(plan, seg, seg_args, scalars)
         if timed and cuda:
             end.record()
             end.synchronize()

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from codegen import SegmentKernels, generate_segment
+from optimizer.analysis.shapes import bind
 from optimizer.plan.plan import Plan, Segment
 from optimizer.schedulers.kinds import Kind
 from runtime.compile import compile_cubin
@@ -90,67 +91,102 @@ def load_segment(plan: Plan, segment: Segment, vector: int | None = None) -> Loa
     return loaded
 
 
-def _aligned(loaded: Loaded, tensors: dict[str, torch.Tensor]) -> bool:
-    return all(tensors[t].data_ptr() % a == 0 for t, a in loaded.kernels.vector_aligned.items()
-               if t in tensors)
+_bounds: dict[tuple, Any] = {}
 
 
-def cuda_runner(plan: Plan, segment: Segment, args: list[Any]) -> list[torch.Tensor]:
+def _sub_bound(plan: Plan, segment: Segment):
+    """A library/fallback segment's sizes, bound once (they are fixed by the plan)."""
+    if segment.sub.fusion.scalar_inputs():
+        return None  # scalar values come with each call
+    key = (plan.plan_id, segment.index)
+    if key not in _bounds:
+        _bounds[key] = bind(segment.sub.fusion, segment.sub.inputs)
+    return _bounds[key]
+
+
+@dataclass
+class Prepared:
+    """A segment ready to launch: its kernels and where each kernel argument comes from."""
+
+    loaded: Loaded
+    inputs: list[tuple[str, bool]]  # per sub-fusion input: original name, is a boundary tensor
+    outputs: list[tuple[str, tuple[int, ...], torch.dtype]]  # tensors to allocate
+    returned: list[str]  # original names, in the sub-fusion's output order
+    launches: list[tuple[Any, tuple, tuple, int, list[tuple[str, str, Any]]]]
+
+
+_prepared: dict[tuple, Prepared] = {}
+
+
+def prepare(plan: Plan, segment: Segment, vector: int | None = None) -> Prepared:
+    key = (plan.plan_id, segment.index, vector, torch.cuda.current_device())
+    hit = _prepared.get(key)
+    if hit is not None:
+        return hit
+    loaded = load_segment(plan, segment, vector)
+    sub, bound = segment.sub, plan.bound
+    inputs = [(sub.input_map[n], sub.input_map[n] not in bound.inputs
+               and sub.input_map[n] in bound.fusion.tensors) for n in sub.fusion.inputs]
+    outputs = [(t, tuple(bound.compact_shape(t)), TORCH_DTYPE[bound.fusion.tensors[t].dtype])
+               for t in segment.schedule.outputs]
+    ctypes_of = {"double": ctypes.c_double, "bool": ctypes.c_bool}
+    launches = []
+    for kernel, fn in zip(loaded.kernels.kernels, loaded.functions):
+        spec = [(p.kind, p.name, ctypes.c_void_p if p.kind != "scalar"
+                 else ctypes_of.get(p.ctype, ctypes.c_longlong)) for p in kernel.params]
+        launches.append((fn, kernel.grid, kernel.block, kernel.smem, spec))
+    prepared = Prepared(loaded, inputs, outputs,
+                        [sub.output_map[n] for n in sub.fusion.outputs], launches)
+    _prepared[key] = prepared
+    return prepared
+
+
+def cuda_runner(plan: Plan, segment: Segment, args: list[Any],
+                scalars: dict[str, Any]) -> list[torch.Tensor]:
     """Run one segment: library and fallback segments through torch, the rest as kernels."""
-    sub = segment.sub
     if segment.kind in (Kind.LIBRARY, Kind.FALLBACK):
-        return run_reference(sub.fusion, args)
-    bound = plan.bound
+        return run_reference(segment.sub.fusion, args, _sub_bound(plan, segment))
+    prep = prepare(plan, segment)
     values: dict[str, Any] = {}
-    for name, value in zip(sub.fusion.inputs, args):
-        original = sub.input_map[name]
-        if isinstance(value, torch.Tensor) and original not in bound.inputs:
-            value = value.contiguous()  # boundary tensors: compact and dense
-        values[original] = value
-    loaded = load_segment(plan, segment)
-    if not _aligned(loaded, values):
-        loaded = load_segment(plan, segment, vector=1)
-    device = next((v.device for v in values.values() if isinstance(v, torch.Tensor)),
-                  torch.device("cuda", torch.cuda.current_device()))
-    outputs = {t: torch.empty(bound.compact_shape(t), dtype=TORCH_DTYPE[
-        bound.fusion.tensors[t].dtype], device=device) for t in segment.schedule.outputs}
-    launch_segment(loaded, values, outputs, device)
-    return [outputs[sub.output_map[n]] for n in sub.fusion.outputs]
+    device = None
+    for (name, boundary), value in zip(prep.inputs, args):
+        if isinstance(value, torch.Tensor):
+            device = value.device
+            if boundary and not value.is_contiguous():
+                value = value.contiguous()  # boundary tensors: compact and dense
+        values[name] = value
+    if not all(values[t].data_ptr() % a == 0
+               for t, a in prep.loaded.kernels.vector_aligned.items() if t in values):
+        prep = prepare(plan, segment, vector=1)
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    outputs = {t: torch.empty(shape, dtype=dtype, device=device)
+               for t, shape, dtype in prep.outputs}
+    if prep.launches:
+        _launch(prep, values, scalars, outputs, device)
+    return [outputs[t] for t in prep.returned]
 
 
-def launch_segment(loaded: Loaded, values: dict[str, Any], outputs: dict[str, torch.Tensor],
-                   device: torch.device) -> None:
+def _launch(prep: Prepared, values: dict[str, Any], scalars: dict[str, Any],
+            outputs: dict[str, torch.Tensor], device: torch.device) -> None:
     from cuda.bindings import driver
 
-    if not loaded.functions:
-        return
     workspaces = {w.name: torch.empty(max(w.nbytes, 1), dtype=torch.uint8, device=device)
-                  for w in loaded.kernels.workspaces}
+                  for w in prep.loaded.kernels.workspaces}
     stream = driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
-    for kernel, fn in zip(loaded.kernels.kernels, loaded.functions):
+    for fn, grid, block, smem, spec in prep.launches:
         vals, types = [], []
-        for p in kernel.params:
-            if p.kind == "in":
-                vals.append(values[p.name].data_ptr())
-                types.append(ctypes.c_void_p)
-            elif p.kind == "out":
-                vals.append(outputs[p.name].data_ptr())
-                types.append(ctypes.c_void_p)
-            elif p.kind == "ws":
-                vals.append(workspaces[p.name].data_ptr())
-                types.append(ctypes.c_void_p)
+        for kind, name, ctype in spec:
+            if kind == "in":
+                vals.append(values[name].data_ptr())
+            elif kind == "out":
+                vals.append(outputs[name].data_ptr())
+            elif kind == "ws":
+                vals.append(workspaces[name].data_ptr())
             else:
-                v = values.get(p.name)
-                if p.ctype == "double":
-                    vals.append(float(v))
-                    types.append(ctypes.c_double)
-                elif p.ctype == "bool":
-                    vals.append(bool(v))
-                    types.append(ctypes.c_bool)
-                else:
-                    vals.append(int(v))
-                    types.append(ctypes.c_longlong)
-        gx, gy, gz = kernel.grid
-        bx, by, bz = kernel.block
-        _check(driver.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, kernel.smem, stream,
-                                     (tuple(vals), tuple(types)), 0))
+                v = scalars[name]
+                vals.append(float(v) if ctype is ctypes.c_double else
+                            bool(v) if ctype is ctypes.c_bool else int(v))
+            types.append(ctype)
+        _check(driver.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1],
+                                     block[2], smem, stream, (tuple(vals), tuple(types)), 0))

@@ -212,3 +212,20 @@ def test_bound_metadata_checked():
     x = torch.randn(8, 32, device=DEV).to(torch.bfloat16)
     with pytest.raises(Exception, match="plan was made for"):
         execute_plan(plan, [x, torch.randn(32, device=DEV).to(torch.bfloat16)], cuda_runner)
+
+
+def test_scalar_inputs_are_kernel_parameters():
+    from optimizer.ir.inputs import ScalarMeta
+
+    f = fusion("""
+T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)
+S1 = fd.define_scalar(None, dtype=DataType.Double)
+S2 = fd.ops.mul(S1, 2.0)
+T3 = fd.ops.mul(T0, S2)
+fd.add_output(T3)
+""")
+    plan = make_plan(f, [tensor_meta((1000,), DType.float32), ScalarMeta(DType.float64, 0.5)])
+    x = torch.randn(1000, device=DEV)
+    for v in (0.5, -3.0):  # one kernel, any value: scalar inputs are not compiled in
+        (y,) = execute_plan(plan, [x, v], cuda_runner, "cuda").outputs
+        torch.testing.assert_close(y, x * (2 * v))

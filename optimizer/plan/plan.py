@@ -7,6 +7,7 @@ only fusion inputs and tensors an earlier segment wrote, and every fusion output
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -90,11 +91,11 @@ class Plan:
     def est_time_s(self) -> float:
         return sum(s.est_time_s for s in self.segments)
 
-    @property
+    @functools.cached_property
     def fusion_id(self) -> str:
         return fusion_id(self.fusion)
 
-    @property
+    @functools.cached_property
     def plan_id(self) -> str:
         return plan_key(self.fusion_id, [meta_to_json(self.bound.inputs[n])
                                          for n in self.fusion.inputs], self.options,
