@@ -110,7 +110,8 @@ def unary(op: str, x: str, d: DType) -> str:
         table = {
             "neg": f"(-{x})",
             "relu": f"(({x}) <= {zero} ? {zero} : ({x}))",  # relu(nan) is nan
-            "reciprocal": f"({one} / ({x}))",
+            # correctly rounded like 1/x, without a division
+            "reciprocal": f"__drcp_rn({x})" if d is DType.float64 else f"__frcp_rn({x})",
             "sigmoid": f"({one} / ({one} + {_f('exp', d)}(-({x}))))",
             "silu": f"(({x}) / ({one} + {_f('exp', d)}(-({x}))))",
             "frac": f"(({x}) - {_f('trunc', d)}({x}))",
@@ -233,9 +234,11 @@ template <typename T> __device__ __forceinline__ T fc_clampi(T i, T hi) {
 // ---- reductions ---------------------------------------------------------------------------
 struct fc_welford_f { float mean, m2, n; };
 struct fc_welford_d { double mean, m2, n; };
-template <typename W, typename T>
-__device__ __forceinline__ void fc_welford_add(W& w, T x) {
-  w.n += 1; T d = x - w.mean; w.mean += d / w.n; w.m2 += d * (x - w.mean);
+__device__ __forceinline__ void fc_welford_add(fc_welford_f& w, float x) {
+  w.n += 1.0f; float d = x - w.mean; w.mean += d * __frcp_rn(w.n); w.m2 += d * (x - w.mean);
+}
+__device__ __forceinline__ void fc_welford_add(fc_welford_d& w, double x) {
+  w.n += 1.0; double d = x - w.mean; w.mean += d / w.n; w.m2 += d * (x - w.mean);
 }
 template <typename W>
 __device__ __forceinline__ W fc_welford_combine(W a, W b) {

@@ -58,6 +58,10 @@ class Emitter:
         # Where values that do not vary within a loop are computed (e.g. once per row):
         # delegate(tensor, idx) returns an expression, or None to compute here.
         self.delegate: Callable[[str, Index], str | None] | None = None
+        # 16-bit results are computed in float; consumers get them rounded, stores take the
+        # unrounded value (storing rounds it the same way): one conversion instead of three
+        self._unrounded: set[str] = set()
+        self._raw: dict[tuple[str, Index], str] = {}
         self._counter = counter if counter is not None else itertools.count(1)
 
     # ---- helpers ------------------------------------------------------------------------------
@@ -122,8 +126,22 @@ class Emitter:
             if i is None:
                 raise PlanError(f"{tensor} is neither computed by nor read by this kernel")
             out = self._op(self.fusion.ops[i], tensor, idx)
+            if out in self._unrounded:
+                d = self.dtype(tensor)
+                self._raw[key] = out
+                out = self.let(cuda.compute(d), cuda.round_half(out, d))
         self.memo[key] = out
         return out
+
+    def raw(self, tensor: str, idx: Index) -> str:
+        """The value to store: for a computed 16-bit tensor, the float before rounding."""
+        rounded = self.value(tensor, idx)
+        return self._raw.get((tensor, idx), rounded)
+
+    def _unrounded_let(self, expr: str) -> str:
+        name = self.let("float", expr)
+        self._unrounded.add(name)
+        return name
 
     def _op(self, op: Op, tensor: str, idx: Index) -> str:
         name = op.name
@@ -137,8 +155,11 @@ class Emitter:
         if name in ("set", "segment_set"):
             return self.operand(op.inputs[0], idx)
         if name == "cast":
-            return self.let(ctype, cuda.convert(self.operand(op.inputs[0], idx),
-                                                self.dtype(op.inputs[0]).compute, out_dtype))
+            src = self.dtype(op.inputs[0])
+            x = self.operand(op.inputs[0], idx)
+            if out_dtype.is_half and src.compute is not DType.bool:
+                return self._unrounded_let(f"(float)({x})")
+            return self.let(ctype, cuda.convert(x, src.compute, out_dtype))
         if name in ("sum", "max", "min", "prod", "var", "var_mean"):
             return self._trivial_reduction(op, tensor, idx)
         return self._elementwise(op, tensor, idx)
@@ -169,8 +190,8 @@ class Emitter:
         else:
             expr = cuda.ternary(op.name, *args, ct)
         if out_dtype.is_half:
-            expr = cuda.round_half(expr, out_dtype)
-        elif cuda.compute(out_dtype) != cuda.compute(ct) and not out_dtype.is_bool:
+            return self._unrounded_let(expr)
+        if cuda.compute(out_dtype) != cuda.compute(ct) and not out_dtype.is_bool:
             expr = f"({cuda.compute(out_dtype)})({expr})"
         return self.let(cuda.compute(out_dtype), expr)
 

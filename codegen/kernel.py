@@ -93,6 +93,34 @@ __device__ __forceinline__ T fc_block_reduce(T v, Op op, T identity, T* smem) {
   __syncthreads();
   return smem[32];
 }
+
+// Reduce N values of one type and operation over a 1-D block in one pass (one set of barriers
+// for several reductions of a stage). smem holds 33 * N values of T.
+template <int N, typename T, typename Op>
+__device__ __forceinline__ void fc_block_reduce_n(T (&v)[N], Op op, T identity, T* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = (blockDim.x + 31) >> 5;
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = fc_warp_reduce(v[i], op);
+  if (warps == 1) return;
+  __syncthreads();
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) smem[i * 33 + warp] = v[i];
+  }
+  __syncthreads();
+  if (warp == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      T w = lane < warps ? smem[i * 33 + lane] : identity;
+      w = fc_warp_reduce(w, op);
+      if (lane == 0) smem[i * 33 + 32] = w;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = smem[i * 33 + 32];
+}
 """  # noqa: E501
 
 

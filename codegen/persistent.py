@@ -83,6 +83,7 @@ class _Persistent:
         self.rows_per_block = self.threads // self.threads_per_row
         self.row_reducers = [reducer(bound, i) for i in schedule.reductions]
         self.col_reducers = [reducer(bound, i) for i in schedule.outer_reductions]
+        self.smem_decls: list[str] = []
         self.rvars = [f"i{a}" for a in self.rows_axes]
         self.cvars = [f"c_{a}" for a in self.row_axes]
 
@@ -127,7 +128,7 @@ class _Persistent:
         mark, pre_mark = len(row_region.em.lines), len(row_region.pre)
         for t in sched.outputs:
             if not self.is_row(t) and pers.stage[t] < COLUMN:
-                row_region.store(t, row_region.value(t), f"{tid} == 0")
+                row_region.store(t, row_region.raw(t), f"{tid} == 0")
         stage_code += ["// per-row outputs"] + row_region.pre[pre_mark:] + \
             row_region.em.lines[mark:]
         for p in row_region.em.params:
@@ -147,8 +148,10 @@ class _Persistent:
                 f"per thread, {pers.n_stages} stage(s), on chip: {', '.join(persisted) or '-'}",
                 f"typedef {self.itype} index_t;",
                 signature(self.name, ps, self.threads) + " {"]
-        main = [] if self.warp_rows else [f"__shared__ {r.acc_type} smem{k}[33];"
-                                          for k, r in enumerate(self.row_reducers)]
+        main = list(self.smem_decls)
+        if not self.warp_rows:
+            main += [f"__shared__ {r.acc_type} smem{k}[33];"
+                     for k, r in enumerate(self.row_reducers)]
         for k, r in enumerate(self.col_reducers):
             main += [f"{r.acc_type} colacc{k}[{slots}][{vec}];",
                      f"for (int k = 0; k < {slots}; ++k)",
@@ -251,7 +254,7 @@ class _Persistent:
                 reg.em.lines.append(f"p_{t}[k][{LANE}] = {reg.value(t)};")
         for t in sched.outputs:
             if self.is_row(t) and pers.stage[t] == s:
-                reg.store(t, reg.value(t))
+                reg.store(t, reg.raw(t))
         reg.finish()
         lane_part = lane_first + reg.em.lines
         code = [f"// stage {s}: " + ("read the row" if s == 0 else
@@ -259,23 +262,36 @@ class _Persistent:
         code += row_region.pre[pre_mark:] + row_region.em.lines[mark:]
         code += [f"{r.acc_type} acc{self.row_reducers.index(r)} = {r.identity};" for r in mine]
         slot = decompose("c", [self.domain[a] for a in self.row_axes], self.cvars, "index_t")
-        slot += slot_pre + reg.pre
+        slot += slot_pre + reg.pre + reg.decls
         if vec > 1:
             slot += ["#pragma unroll", f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) {{"]
             slot += indent(lane_part, 2) + ["}"]
         else:
             slot += [f"const int {LANE} = 0;"] + lane_part
-        if lane_part or slot_pre or reg.pre:
+        slot += reg.post
+        if lane_part or slot_pre or reg.pre or reg.post:
             code += ["#pragma unroll", f"for (int k = 0; k < {slots}; ++k) {{",
                      f"  const index_t c = (k * {self.threads_per_row} + {tid}) * {vec};",
                      f"  if (c < {self.row_len}) {{"] + indent(slot, 4) + ["  }", "}"]
+        groups: dict[tuple, list[int]] = {}  # reductions sharing type and operation
+        for r in mine:
+            groups.setdefault((r.acc_type, r.functor, r.identity), []).append(
+                self.row_reducers.index(r))
+        for (acc_type, functor, identity), ks in groups.items():
+            if self.warp_rows:
+                code += [f"acc{k} = fc_warp_reduce(acc{k}, {functor});" for k in ks]
+            elif len(ks) == 1:
+                code.append(f"acc{ks[0]} = fc_block_reduce(acc{ks[0]}, {functor}, {identity}, "
+                            f"smem{ks[0]});")
+            else:  # one pass for all of them
+                buf = f"smem_s{s}_{ks[0]}"
+                self.smem_decls.append(f"__shared__ {acc_type} {buf}[{33 * len(ks)}];")
+                accs = ", ".join(f"acc{k}" for k in ks)
+                code += ["{", f"  {acc_type} together[{len(ks)}] = {{{accs}}};",
+                         f"  fc_block_reduce_n<{len(ks)}>(together, {functor}, {identity}, {buf});"]
+                code += [f"  acc{k} = together[{n}];" for n, k in enumerate(ks)] + ["}"]
         for r in mine:
             k = self.row_reducers.index(r)
-            if self.warp_rows:
-                code.append(f"acc{k} = fc_warp_reduce(acc{k}, {r.functor});")
-            else:
-                code.append(f"acc{k} = fc_block_reduce(acc{k}, {r.functor}, {r.identity}, "
-                            f"smem{k});")
             for out, expr in r.results(self.bound, f"acc{k}"):
                 var = row_region.em.fresh("red")
                 code.append(f"const {cuda.compute(self.fusion.tensors[out].dtype)} {var} = "
@@ -332,7 +348,7 @@ class _Persistent:
                                                expr, "red"))
         col_outputs = [t for t in sched.outputs if self.pers.stage[t] >= COLUMN]
         for t in col_outputs:
-            region.store(t, region.value(t))
+            region.store(t, region.raw(t))
         epilogue += decompose("col", [self.domain[a] for a in self.row_axes], names, "index_t")
         epilogue += region.finish()
         lines += indent(epilogue, 2) + ["}"]

@@ -1,9 +1,9 @@
 """Pointwise segments: one grid-stride loop over the reference output's domain.
 
 Each thread takes VEC consecutive elements of the innermost axis per vector (16-byte vectors
-where the innermost extent allows) and UNROLL vectors per step, whose loads are all issued before
-any is used (memory-level parallelism): inputs that follow the innermost axis with unit stride
-are loaded as one vector, inputs broadcast along it once per vector, others per element; the
+where the innermost extent allows) and up to four vectors per step, whose loads are all issued
+before any is used (memory-level parallelism): inputs that follow the innermost axis with unit
+stride are loaded as one vector, inputs broadcast along it once per vector, others per element; the
 reference output (and any output laid out like it) is stored as one vector. Other outputs are
 written where their index is in range, once per element.
 """
@@ -19,8 +19,16 @@ from optimizer.schedulers.kinds import Schedule
 from optimizer.schedulers.profiles import DeviceProfile
 
 THREADS = 256
-UNROLL = 4
 LANE = "_lane"
+
+
+def unroll_for(bound: Bound, schedule: Schedule) -> int:
+    """Vectors per thread per step: four for light arithmetic (memory-level parallelism),
+    fewer for long chains, whose registers the extra vectors would spill."""
+    from optimizer.ir.opspec import get_spec
+
+    work = sum(get_spec(bound.fusion.ops[i].name).cost for i in schedule.ops)
+    return 4 if work <= 24 else 2 if work <= 64 else 1
 
 
 def vector_width(bound: Bound, schedule: Schedule, innermost: int) -> int:
@@ -42,6 +50,7 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
     if total == 0:
         return SegmentKernels(index, "pointwise", "", [])
     vec = vector or vector_width(bound, schedule, domain[-1] if domain else 1)
+    unroll = unroll_for(bound, schedule)
     itype = index_type(bound, list(schedule.inputs) + list(schedule.outputs), total)
     xs = [f"x{a}" for a in range(rank)]
     lane_expr = f"({xs[-1]} + {LANE})" if rank and vec > 1 else (xs[-1] if rank else "0")
@@ -58,7 +67,7 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
         invariant = all(LANE not in i for i in idx)
         if invariant:
             name_ = em.fresh("l")
-            decls.append(f"{ct} {name_}[{UNROLL}];")
+            decls.append(f"{ct} {name_}[{unroll}];")
             value = cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d)
             pre.append(f"{name_}[u] = {value};")
             return f"{name_}[u]"
@@ -70,7 +79,7 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
             key = (t, base)
             if key not in vec_loads:
                 vname = em.fresh("vl")
-                decls.append(f"fc_vec<{st}, {vec}> {vname}[{UNROLL}];")
+                decls.append(f"fc_vec<{st}, {vec}> {vname}[{unroll}];")
                 pre.append(f"{vname}[u] = *reinterpret_cast<const fc_vec<{st}, {vec}>*>(in_{t} + "
                            f"{address(base, strides)});")
                 vec_loads[key] = vname
@@ -88,7 +97,7 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
         identity = (amap == tuple(range(rank)) and tuple(shape) == tuple(domain)
                     and not any(bound.broadcast[t]))
         out_idx = tuple("0" if m is None else domain_idx[m] for m in amap)
-        val = em.value(t, out_idx)
+        val = em.raw(t, out_idx)
         if identity and vec > 1:
             em.lines.append(f"o_{t}.v[{LANE}] = {cuda.to_storage(val, d)};")
             vec_outputs.append(t)
@@ -109,7 +118,7 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
         em.lines.append(f"if ({' && '.join(guards)}) {store}" if guards else store)
     params = tensor_params(bound, schedule.inputs, schedule.outputs, em.params)
     n_vec = total // vec
-    blocks = max(1, min(-(-n_vec // (THREADS * UNROLL)), profile.sm_count * 8))
+    blocks = max(1, min(-(-n_vec // (THREADS * unroll)), profile.sm_count * 8))
     position = ([f"const index_t flat = v * {vec};"] if rank else []) + \
         decompose("flat", domain, xs, "index_t")
     loads = position + pre
@@ -123,10 +132,10 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
         compute += ["// per element"] + em.lines
     if stores_after:
         compute += ["// vector stores"] + stores_after
-    step = [f"// {UNROLL} vectors per thread per step: all loads first, then compute and store"]
+    step = [f"// {unroll} vectors per thread per step: all loads first, then compute and store"]
     step += decls
     for what, lines in (("load", loads), ("compute", compute)):
-        step += ["#pragma unroll", f"for (int u = 0; u < {UNROLL}; ++u) {{  // {what}",
+        step += ["#pragma unroll", f"for (int u = 0; u < {unroll}; ++u) {{  // {what}",
                  "  const index_t v = base + u * (index_t)blockDim.x;",
                  "  if (v < n_vec) {"] + indent(lines, 4) + ["  }", "}"]
     body = [f"// segment {index}: pointwise over {domain} ({total} elements), "
@@ -134,8 +143,8 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
             f"typedef {itype} index_t;",
             signature(name, params, THREADS) + " {",
             f"  const index_t n_vec = {n_vec};",
-            f"  for (index_t base = (index_t)blockIdx.x * blockDim.x * {UNROLL} + threadIdx.x; "
-            f"base < n_vec; base += (index_t)gridDim.x * blockDim.x * {UNROLL}) {{"]
+            f"  for (index_t base = (index_t)blockIdx.x * blockDim.x * {unroll} + threadIdx.x; "
+            f"base < n_vec; base += (index_t)gridDim.x * blockDim.x * {unroll}) {{"]
     body += indent(step, 4) + ["  }", "}"]
     kernel = Kernel(name, params, (blocks, 1, 1), (THREADS, 1, 1))
     return SegmentKernels(index, "pointwise", assemble(body), [kernel], [], aligned,

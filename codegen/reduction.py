@@ -28,7 +28,7 @@ from codegen.kernel import (
     tensor_params,
 )
 from codegen.layout import decompose, index_type
-from codegen.regions import LANE, Region, lane_loop, pick_vector
+from codegen.regions import LANE, Region, pick_vector
 from optimizer.analysis.shapes import Bound
 from optimizer.schedulers.kinds import Schedule
 from optimizer.schedulers.profiles import DeviceProfile
@@ -89,7 +89,7 @@ class _Builder:
             x = cuda.convert(x, region.em.dtype(r.source).compute, r.value_dtype)
             region.em.lines.append(r.add(acc_of(r), x))
         for t in self.loop_outputs:
-            region.store(t, region.value(t))
+            region.store(t, region.raw(t))
 
     def epilogue(self, region: Region, result_of, guard: str | None = None) -> None:
         """Seed the reduction results and store the reduced-domain outputs."""
@@ -98,7 +98,7 @@ class _Builder:
                 region.seed(out, region.em.let(cuda.compute(self.bound.fusion.tensors[out]
                                                             .dtype), expr, "red"))
         for t in self.epilogue_outputs:
-            region.store(t, region.value(t), guard)
+            region.store(t, region.raw(t), guard)
 
     def finish_kernel(self, parts: int, ws_of) -> tuple[list[str], Kernel]:
         """Combine ``parts`` partial accumulators per reduced-domain element, then the
@@ -161,7 +161,7 @@ class _Builder:
                       self.p_idx(keep_names, red_names, len(self.domain) - 1 if vec > 1 else None),
                       vec, self.aligned, params, self.counter)
         self.accumulate(loop, lambda r: f"acc{self.reducers.index(r)}")
-        loop_lines = decompose("c", red_ext, red_names, "index_t") + loop.finish()
+        loop_lines = loop.lane_block(decompose("c", red_ext, red_names, "index_t"))
         tid = "(threadIdx.x & 31)" if warp_rows else "threadIdx.x"
         step = per_row * vec
         body = [f"__shared__ {r.acc_type} smem{k}[33];" for k, r in enumerate(self.reducers)]
@@ -178,7 +178,7 @@ class _Builder:
         inner += [f"const index_t c_end = {end};",
                   "#pragma unroll 4",
                   f"for (index_t c = {begin} + {tid} * {vec}; c < c_end; c += {step}) {{"]
-        inner += indent(lane_loop(vec, loop_lines) if vec > 1 else loop_lines, 2) + ["}"]
+        inner += indent(loop_lines, 2) + ["}"]
         inner.append("// reduce across the threads of the row")
         for k, r in enumerate(self.reducers):
             if warp_rows:
@@ -255,7 +255,7 @@ class _Builder:
                       self.p_idx(keep_names, red_names, len(self.domain) - 1 if vec > 1 else None),
                       vec, self.aligned, params, self.counter)
         self.accumulate(loop, lambda r: f"acc{self.reducers.index(r)}[{LANE}]")
-        loop_lines = decompose("r", red_ext, red_names, "index_t") + loop.finish()
+        loop_lines = loop.lane_block(decompose("r", red_ext, red_names, "index_t"))
         body = [f"__shared__ {r.acc_type} smem{k}[{by}][{bx * vec}];"
                 for k, r in enumerate(self.reducers)]
         body += [f"const index_t col = ((index_t)blockIdx.x * {bx} + threadIdx.x) * {vec};",
@@ -269,7 +269,7 @@ class _Builder:
                  "  #pragma unroll 4",
                  f"  for (index_t r = (index_t)blockIdx.y * {by} + threadIdx.y; r < {rows_r}; "
                  f"r += (index_t)gridDim.y * {by}) {{"]
-        body += indent(lane_loop(vec, loop_lines), 4) + ["  }", "}"]
+        body += indent(loop_lines, 4) + ["  }", "}"]
         body.append("// combine the rows the threads of the block took")
         for k in range(len(self.reducers)):
             body += [f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) "
@@ -292,7 +292,7 @@ class _Builder:
                                     len(self.domain) - 1 if vec > 1 else None),
                          vec, self.aligned, params, self.counter)
             self.epilogue(epi, lambda r: f"acc{self.reducers.index(r)}[{LANE}]")
-            comb += lane_loop(vec, epi.finish())
+            comb += epi.lane_block([])
             out_params = list(sched.outputs)
         body += indent(comb, 2) + ["}"]
         ps = tensor_params(self.bound, sched.inputs, out_params, params)

@@ -30,6 +30,8 @@ class Region:
         self.aligned = aligned
         self.params = params
         self.pre: list[str] = []
+        self.decls: list[str] = []  # registers of vectorised stores (before the lane loop)
+        self.post: list[str] = []  # the vector stores (after the lane loop)
         self._vec_loads: dict[tuple, str] = {}
         self.em = Emitter(bound, schedule.ops, set(schedule.inputs), self._load, itype, counter)
 
@@ -40,15 +42,45 @@ class Region:
     def value(self, tensor: str) -> str:
         return self.em.value(tensor, self.index_of(tensor))
 
+    def raw(self, tensor: str) -> str:
+        """The value to store (see ``Emitter.raw``)."""
+        return self.em.raw(tensor, self.index_of(tensor))
+
     def seed(self, tensor: str, expr: str) -> None:
         """A value the kernel holds itself (a reduction result, an on-chip buffer)."""
         self.em.memo[(tensor, self.index_of(tensor))] = expr
 
     def store(self, tensor: str, expr: str, guard: str | None = None) -> None:
+        """Write a value: lane by lane into a register vector stored whole after the lane loop
+        where the tensor's innermost stored axis follows the lanes, else element by element."""
         d = self.bound.fusion.tensors[tensor].dtype
-        where = address(self.index_of(tensor), compact_strides(self.bound, tensor))
+        idx = self.index_of(tensor)
+        strides = compact_strides(self.bound, tensor)
+        lanes = [a for a, i in enumerate(idx) if LANE in i]
+        if (guard is None and self.vec > 1 and len(lanes) == 1
+                and idx[lanes[0]].endswith(f" + {LANE})") and strides[lanes[0]] == 1
+                and all(s % self.vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
+            a = lanes[0]
+            base_i = idx[a][1:-len(f" + {LANE})")]
+            base = tuple(base_i if k == a else i for k, i in enumerate(idx))
+            reg = f"o_{tensor}"
+            st = cuda.storage(d)
+            self.decls.append(f"fc_vec<{st}, {self.vec}> {reg};")
+            self.em.lines.append(f"{reg}.v[{LANE}] = {cuda.to_storage(expr, d)};")
+            self.post.append(f"*reinterpret_cast<fc_vec<{st}, {self.vec}>*>(out_{tensor} + "
+                             f"{address(base, strides)}) = {reg};")
+            self.aligned[tensor] = self.vec * d.itemsize
+            return
+        where = address(idx, strides)
         line = f"out_{tensor}[{where}] = {cuda.to_storage(expr, d)};"
         self.em.lines.append(f"if ({guard}) {line}" if guard else line)
+
+    def lane_block(self, prefix: list[str]) -> list[str]:
+        """``prefix``, the hoisted loads, then the per-lane statements in a lane loop, then the
+        vector stores."""
+        self.finish()
+        lines = prefix + self.pre + self.decls + lane_loop(self.vec, self.em.lines) + self.post
+        return lines
 
     def finish(self) -> list[str]:
         for p in self.em.params:

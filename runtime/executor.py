@@ -81,57 +81,79 @@ def expand_compact(tensor: torch.Tensor, shape: tuple[int, ...],
     return tensor.reshape(view).expand(shape)
 
 
-def _lifetimes(plan: Plan) -> tuple[dict[str, int], set[str]]:
-    """The last segment reading each tensor, and the tensors never freed (computed once)."""
-    cached = getattr(plan, "_lifetimes", None)
-    if cached is None:
-        last_read: dict[str, int] = {}
-        for seg in plan.segments:
-            for t in seg.schedule.inputs:
-                last_read[t] = seg.index
-        cached = (last_read, set(plan.fusion.outputs) | set(plan.fusion.inputs))
-        plan._lifetimes = cached  # type: ignore[attr-defined]
-    return cached
+@dataclass
+class _Steps:
+    """What executing a plan needs, derived once per plan: for each segment its argument
+    sources (original name, is a tensor), the names of what it returns, and the tensors whose
+    last reader it is; for each fusion output whether it comes back compact."""
+
+    segments: list[tuple[Segment, list[tuple[str, bool]], list[str], list[str]]]
+    expand: list[tuple[int, tuple[int, ...], tuple[bool, ...]] | None]
+
+
+def _steps(plan: Plan) -> _Steps:
+    cached = getattr(plan, "_steps", None)
+    if cached is not None:
+        return cached
+    fusion, bound = plan.fusion, plan.bound
+    last_read: dict[str, int] = {}
+    for seg in plan.segments:
+        for t in seg.schedule.inputs:
+            last_read[t] = seg.index
+    keep = set(fusion.outputs) | set(fusion.inputs)
+    segments = []
+    for seg in plan.segments:
+        sub = seg.sub
+        sources = [(sub.input_map[n], sub.input_map[n] in fusion.tensors)
+                   for n in sub.fusion.inputs]
+        returned = [sub.output_map[n] for n in sub.fusion.outputs]
+        frees = [t for t in seg.schedule.inputs if last_read[t] == seg.index and t not in keep]
+        segments.append((seg, sources, returned, frees))
+    expand = []
+    for t in fusion.outputs:
+        compact = tuple(bound.compact_shape(t)) != tuple(bound.shapes[t])
+        expand.append((0, bound.shapes[t], bound.broadcast[t]) if compact else None)
+    steps = _Steps(segments, expand)
+    plan._steps = steps  # type: ignore[attr-defined]
+    return steps
 
 
 def execute_plan(plan: Plan, args: list[Any], runner: SegmentRunner = reference_runner,
                  backend: str = "reference", timed: bool = False) -> Execution:
+    """Run the plan on ``args``; with ``timed``, measure each segment (CUDA events on a GPU,
+    which synchronises after each segment)."""
     scalars = check_matches_plan(plan, args)
-    fusion, bound = plan.fusion, plan.bound
+    fusion = plan.fusion
+    steps = _steps(plan)
     env: dict[str, Any] = dict(zip(fusion.inputs, args))
-    last_read, keep = _lifetimes(plan)
     timings = []
-    cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-    for seg in plan.segments:
-        sub = seg.sub
-        seg_args = []
-        for name in sub.fusion.inputs:
-            original = sub.input_map[name]
-            seg_args.append(env[original] if original in fusion.tensors else scalars[original])
-        start = time.perf_counter()
-        if timed and cuda:
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
+    cuda = timed and any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    for seg, sources, returned, frees in steps.segments:
+        seg_args = [env[name] if is_tensor else scalars[name] for name, is_tensor in sources]
+        if timed:
+            start = time.perf_counter()
+            if cuda:
+                begin = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                begin.record()
         outs = runner(plan, seg, seg_args, scalars)
-        if timed and cuda:
-            end.record()
-            end.synchronize()
-            seconds = begin.elapsed_time(end) / 1e3
-        else:
-            seconds = time.perf_counter() - start
-        timings.append(SegmentTiming(seg.index, seg.kind.value, seconds,
-                                     seg.read_bytes + seg.write_bytes, backend))
-        for name, value in zip(sub.fusion.outputs, outs):
-            env[sub.output_map[name]] = value
-        for t in seg.schedule.inputs:  # free boundary tensors after their last reader
-            if last_read.get(t) == seg.index and t not in keep:
-                env.pop(t, None)
+        if timed:
+            if cuda:
+                end.record()
+                end.synchronize()
+                seconds = begin.elapsed_time(end) / 1e3
+            else:
+                seconds = time.perf_counter() - start
+            timings.append(SegmentTiming(seg.index, seg.kind.value, seconds,
+                                         seg.read_bytes + seg.write_bytes, backend))
+        for name, value in zip(returned, outs):
+            env[name] = value
+        for t in frees:  # boundary tensors die after their last reader
+            del env[t]
     outputs = []
-    for t in fusion.outputs:
+    for t, how in zip(fusion.outputs, steps.expand):
         value = env[t]
-        if value.shape != bound.shapes[t]:
-            value = expand_compact(value, bound.shapes[t], bound.broadcast[t])
-        outputs.append(value)
+        outputs.append(value if how is None else expand_compact(value, how[1], how[2]))
     for out, inp in fusion.aliases.items():
         env[inp].copy_(outputs[fusion.outputs.index(out)])
     return Execution(outputs, timings)

@@ -104,18 +104,45 @@ def _sub_bound(plan: Plan, segment: Segment):
     return _bounds[key]
 
 
+class _Args:
+    """Kernel-argument storage reused across launches: one ctypes value per parameter and the
+    ``void*`` array pointing at them, whose address cuLaunchKernel takes as is."""
+
+    def __init__(self, types: list[Any]):
+        self.values = [t() for t in types]
+        self.array = (ctypes.c_void_p * max(len(types), 1))(
+            *[ctypes.addressof(v) for v in self.values])
+        self.address = ctypes.addressof(self.array)
+
+
+@dataclass
+class Launch:
+    function: Any
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    # per parameter: (source, index or name, ctype); source is "arg" (the segment's argument
+    # list), "out" (its outputs), "ws" (workspaces) or "scalar" (a host scalar by name)
+    sources: list[tuple[str, Any, Any]]
+    args: _Args
+
+
 @dataclass
 class Prepared:
     """A segment ready to launch: its kernels and where each kernel argument comes from."""
 
     loaded: Loaded
-    inputs: list[tuple[str, bool]]  # per sub-fusion input: original name, is a boundary tensor
-    outputs: list[tuple[str, tuple[int, ...], torch.dtype]]  # tensors to allocate
-    returned: list[str]  # original names, in the sub-fusion's output order
-    launches: list[tuple[Any, tuple, tuple, int, list[tuple[str, str, Any]]]]
+    boundary: list[int]  # argument positions that must be dense (boundary tensors)
+    aligned: list[tuple[int, int]]  # (argument position, bytes) its vector loads need
+    outputs: list[tuple[tuple[int, ...], torch.dtype]]  # allocation of each written tensor
+    returned: list[int]  # output positions, in the sub-fusion's output order
+    workspaces: list[int]  # bytes of each scratch buffer
+    launches: list[Launch]
+    device_arg: int | None  # an argument that is a tensor (its device runs the segment)
 
 
 _prepared: dict[tuple, Prepared] = {}
+_streams: dict[int, Any] = {}
 
 
 def prepare(plan: Plan, segment: Segment, vector: int | None = None) -> Prepared:
@@ -125,18 +152,36 @@ def prepare(plan: Plan, segment: Segment, vector: int | None = None) -> Prepared
         return hit
     loaded = load_segment(plan, segment, vector)
     sub, bound = segment.sub, plan.bound
-    inputs = [(sub.input_map[n], sub.input_map[n] not in bound.inputs
-               and sub.input_map[n] in bound.fusion.tensors) for n in sub.fusion.inputs]
-    outputs = [(t, tuple(bound.compact_shape(t)), TORCH_DTYPE[bound.fusion.tensors[t].dtype])
-               for t in segment.schedule.outputs]
+    originals = [sub.input_map[n] for n in sub.fusion.inputs]
+    arg_of = {name: i for i, name in enumerate(originals)}
+    boundary = [i for i, name in enumerate(originals)
+                if name in bound.fusion.tensors and name not in bound.inputs]
+    outputs = list(segment.schedule.outputs)
+    out_of = {t: i for i, t in enumerate(outputs)}
+    ws_of = {w.name: i for i, w in enumerate(loaded.kernels.workspaces)}
     ctypes_of = {"double": ctypes.c_double, "bool": ctypes.c_bool}
     launches = []
     for kernel, fn in zip(loaded.kernels.kernels, loaded.functions):
-        spec = [(p.kind, p.name, ctypes.c_void_p if p.kind != "scalar"
-                 else ctypes_of.get(p.ctype, ctypes.c_longlong)) for p in kernel.params]
-        launches.append((fn, kernel.grid, kernel.block, kernel.smem, spec))
-    prepared = Prepared(loaded, inputs, outputs,
-                        [sub.output_map[n] for n in sub.fusion.outputs], launches)
+        sources = []
+        for p in kernel.params:
+            if p.kind == "in":
+                sources.append(("arg", arg_of[p.name], ctypes.c_void_p))
+            elif p.kind == "out":
+                sources.append(("out", out_of[p.name], ctypes.c_void_p))
+            elif p.kind == "ws":
+                sources.append(("ws", ws_of[p.name], ctypes.c_void_p))
+            else:
+                sources.append(("scalar", p.name, ctypes_of.get(p.ctype, ctypes.c_longlong)))
+        launches.append(Launch(fn, kernel.grid, kernel.block, kernel.smem, sources,
+                               _Args([c for _, _, c in sources])))
+    prepared = Prepared(
+        loaded, boundary,
+        [(arg_of[t], a) for t, a in loaded.kernels.vector_aligned.items() if t in arg_of],
+        [(tuple(bound.compact_shape(t)), TORCH_DTYPE[bound.fusion.tensors[t].dtype])
+         for t in outputs],
+        [out_of[sub.output_map[n]] for n in sub.fusion.outputs],
+        [w.nbytes for w in loaded.kernels.workspaces], launches,
+        next((i for i, n in enumerate(originals) if n in bound.fusion.tensors), None))
     _prepared[key] = prepared
     return prepared
 
@@ -147,46 +192,54 @@ def cuda_runner(plan: Plan, segment: Segment, args: list[Any],
     if segment.kind in (Kind.LIBRARY, Kind.FALLBACK):
         return run_reference(segment.sub.fusion, args, _sub_bound(plan, segment))
     prep = prepare(plan, segment)
-    values: dict[str, Any] = {}
-    device = None
-    for (name, boundary), value in zip(prep.inputs, args):
-        if isinstance(value, torch.Tensor):
-            device = value.device
-            if boundary and not value.is_contiguous():
-                value = value.contiguous()  # boundary tensors: compact and dense
-        values[name] = value
-    if not all(values[t].data_ptr() % a == 0
-               for t, a in prep.loaded.kernels.vector_aligned.items() if t in values):
-        prep = prepare(plan, segment, vector=1)
-    if device is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    outputs = {t: torch.empty(shape, dtype=dtype, device=device)
-               for t, shape, dtype in prep.outputs}
+    for i in prep.boundary:
+        if not args[i].is_contiguous():  # boundary tensors: compact and dense
+            args = list(args)
+            args[i] = args[i].contiguous()
+    for i, alignment in prep.aligned:
+        if args[i].data_ptr() % alignment:
+            prep = prepare(plan, segment, vector=1)
+            break
+    device = args[prep.device_arg].device if prep.device_arg is not None else \
+        torch.device("cuda", torch.cuda.current_device())
+    outputs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in prep.outputs]
     if prep.launches:
-        _launch(prep, values, scalars, outputs, device)
-    return [outputs[t] for t in prep.returned]
+        _launch(prep, args, scalars, outputs, device)
+    return [outputs[i] for i in prep.returned]
 
 
-def _launch(prep: Prepared, values: dict[str, Any], scalars: dict[str, Any],
-            outputs: dict[str, torch.Tensor], device: torch.device) -> None:
+def _stream(device: torch.device):
     from cuda.bindings import driver
 
-    workspaces = {w.name: torch.empty(max(w.nbytes, 1), dtype=torch.uint8, device=device)
-                  for w in prep.loaded.kernels.workspaces}
-    stream = driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
-    for fn, grid, block, smem, spec in prep.launches:
-        vals, types = [], []
-        for kind, name, ctype in spec:
-            if kind == "in":
-                vals.append(values[name].data_ptr())
-            elif kind == "out":
-                vals.append(outputs[name].data_ptr())
-            elif kind == "ws":
-                vals.append(workspaces[name].data_ptr())
-            else:
-                v = scalars[name]
-                vals.append(float(v) if ctype is ctypes.c_double else
-                            bool(v) if ctype is ctypes.c_bool else int(v))
-            types.append(ctype)
-        _check(driver.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1],
-                                     block[2], smem, stream, (tuple(vals), tuple(types)), 0))
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # skips building a Stream
+    handle = raw(device.index) if raw is not None and device.index is not None else \
+        torch.cuda.current_stream(device).cuda_stream
+    stream = _streams.get(handle)
+    if stream is None:
+        stream = _streams[handle] = driver.CUstream(handle)
+    return stream
+
+
+def _launch(prep: Prepared, args: list[Any], scalars: dict[str, Any],
+            outputs: list[torch.Tensor], device: torch.device) -> None:
+    from cuda.bindings import driver
+
+    workspaces = [torch.empty(max(n, 1), dtype=torch.uint8, device=device)
+                  for n in prep.workspaces]
+    stream = _stream(device)
+    with _lock:  # the argument buffers are shared by every caller of this segment
+        for launch in prep.launches:
+            for slot, (source, key, ctype) in zip(launch.args.values, launch.sources):
+                if source == "arg":
+                    slot.value = args[key].data_ptr()
+                elif source == "out":
+                    slot.value = outputs[key].data_ptr()
+                elif source == "ws":
+                    slot.value = workspaces[key].data_ptr()
+                else:
+                    v = scalars[key]
+                    slot.value = float(v) if ctype is ctypes.c_double else \
+                        bool(v) if ctype is ctypes.c_bool else int(v)
+            g, b = launch.grid, launch.block
+            _check(driver.cuLaunchKernel(launch.function, g[0], g[1], g[2], b[0], b[1], b[2],
+                                         launch.smem, stream, launch.args.address, 0))

@@ -5,7 +5,8 @@ reduction; stage s+1 can use the results of reduction s, broadcast back over the
 evaluated in the stages that need it:
 - a row or column reduction accumulates in the stage its input becomes available;
 - an op that depends on a row reduction runs once, in the stage its operands are ready, and its
-  result is kept on chip ("persisted") if a later stage needs it;
+  result is kept on chip ("persisted") if a later stage needs it, unless recomputing it from the
+  row's inputs and reduction results is cheap (then each stage that needs it recomputes it);
 - an op that depends on the row's inputs alone is recomputed in every stage that needs it
   (nvFuser's "projection to inputs"); the inputs it reads are kept on chip, in their own narrow
   dtype, when more than one stage reads them, and streamed from memory otherwise.
@@ -21,8 +22,10 @@ import math
 from dataclasses import dataclass
 
 from optimizer.analysis.shapes import Bound
+from optimizer.ir.opspec import get_spec
 
 COLUMN = 1 << 20  # the stage of column-reduction results: after every row is done
+RECOMPUTE_LIMIT = 8  # arithmetic (simple-op units) under which a later stage recomputes a value
 
 
 @dataclass(frozen=True)
@@ -64,17 +67,31 @@ def analyze_persistence(bound: Bound, ops, inputs, outputs, axis_map, row_axes, 
     for i in ops:
         for n in dict.fromkeys(fusion.ops[i].inputs):
             consumers.setdefault(n, []).append(i)
+    # what recomputing a value from the row's inputs and reduction results costs
+    chain: dict[str, float] = {}
+    cheap: set[int] = set()
+    for i in ops:
+        op = fusion.ops[i]
+        if i in rows or i in cols or in_stage[i] == 0:
+            cost = 0.0
+        else:
+            cost = get_spec(op.name).cost + sum(chain.get(n, 0.0) for n in op.inputs)
+            if cost <= RECOMPUTE_LIMIT and in_stage[i] < COLUMN:
+                cheap.add(i)
+        for o in op.outputs:
+            chain[o] = cost
     written = set(outputs)
     evals: dict[int, frozenset[int]] = {}
     for i in reversed(ops):
         op = fusion.ops[i]
-        if i in rows or i in cols or in_stage[i] > 0:
+        if i in rows or i in cols or (in_stage[i] > 0 and i not in cheap):
             evals[i] = frozenset({min(in_stage[i], COLUMN)})
             continue
         need = {s for o in op.outputs for c in consumers.get(o, ()) for s in evals[c]}
         if any(o in written for o in op.outputs) or not need:
-            need.add(0)
+            need.add(in_stage[i])
         evals[i] = frozenset(need)
+    cheap_values = {o for i in cheap for o in fusion.ops[i].outputs}
     persisted = []
     for t in stage:
         if not is_row_tensor(axis_map, row_axes, t) or stage[t] >= COLUMN:
@@ -83,7 +100,7 @@ def analyze_persistence(bound: Bound, ops, inputs, outputs, axis_map, row_axes, 
         if t in inputs:
             keep = len(use) > 1  # read once, used in several stages
         else:
-            keep = stage[t] > 0 and any(s > stage[t] for s in use)
+            keep = stage[t] > 0 and t not in cheap_values and any(s > stage[t] for s in use)
         if keep:
             persisted.append(t)
     row_bytes = 0
