@@ -93,8 +93,21 @@ def _f(name: str, d: DType) -> str:
     return name if d is DType.float64 else f"{name}f"
 
 
-def unary(op: str, x: str, d: DType) -> str:
-    """``op`` applied to ``x``, a value of compute type ``d`` (the op's compute type)."""
+FAST_UNARY = {
+    "exp": "__expf({x})",
+    "tanh": "fc_tanh_approx({x})",
+    "log": "__logf({x})",
+    "sigmoid": "__fdividef(1.0f, 1.0f + __expf(-({x})))",
+    "silu": "__fdividef(({x}), 1.0f + __expf(-({x})))",
+    "reciprocal": "__fdividef(1.0f, ({x}))",
+}
+
+
+def unary(op: str, x: str, d: DType, fast: bool = False) -> str:
+    """``op`` applied to ``x``, a value of compute type ``d`` (the op's compute type); ``fast``
+    allows an approximate float32 version (see ``codegen.precision``)."""
+    if fast and d is DType.float32 and op in FAST_UNARY:
+        return FAST_UNARY[op].format(x=x)
     if d.is_float:
         simple = {"exp": "exp", "exp2": "exp2", "expm1": "expm1", "log": "log", "log2": "log2",
                   "log10": "log10", "log1p": "log1p", "sin": "sin", "cos": "cos", "tan": "tan",
@@ -140,9 +153,11 @@ def unary(op: str, x: str, d: DType) -> str:
     raise PlanError(f"no CUDA code for {op} on {d.value}")
 
 
-def binary(op: str, a: str, b: str, d: DType) -> str:
+def binary(op: str, a: str, b: str, d: DType, fast: bool = False) -> str:
     """``op`` over ``a`` and ``b`` of compute type ``d`` (the comparison's operand type for
-    comparisons)."""
+    comparisons); ``fast`` allows an approximate float32 division."""
+    if fast and d is DType.float32 and op in ("div", "truediv"):
+        return f"__fdividef({a}, {b})"
     common = {"add": f"({a} + {b})", "sub": f"({a} - {b})", "mul": f"({a} * {b})",
               "eq": f"({a} == {b})", "ne": f"({a} != {b})", "lt": f"({a} < {b})",
               "le": f"({a} <= {b})", "gt": f"({a} > {b})", "ge": f"({a} >= {b})",
@@ -226,6 +241,11 @@ template <typename T> __device__ __forceinline__ T fc_lshr(T a, T b) {
   const int bits = 8 * sizeof(T);
   if (b >= bits) return 0;
   return (T)(((unsigned long long)a & (bits == 64 ? ~0ULL : ((1ULL << bits) - 1))) >> b);
+}
+__device__ __forceinline__ float fc_tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 template <typename T> __device__ __forceinline__ T fc_clampi(T i, T hi) {
   return i < 0 ? 0 : (i > hi ? hi : i);

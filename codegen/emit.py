@@ -61,6 +61,7 @@ class Emitter:
         # 16-bit results are computed in float; consumers get them rounded, stores take the
         # unrounded value (storing rounds it the same way): one conversion instead of three
         self._unrounded: set[str] = set()
+        self.fast: frozenset[str] = frozenset()  # tensors whose op may use fast math
         self._raw: dict[tuple[str, Index], str] = {}
         self._counter = counter if counter is not None else itertools.count(1)
 
@@ -181,10 +182,11 @@ class Emitter:
                 [self.operand(n, idx, ct) for n in operands[1:]]
         else:
             args = [self.operand(n, idx, ct) for n in operands]
+        fast = tensor in self.fast
         if len(args) == 1:
-            expr = cuda.unary(op.name, args[0], ct)
+            expr = cuda.unary(op.name, args[0], ct, fast)
         elif len(args) == 2:
-            expr = cuda.binary(op.name, args[0], args[1], ct)
+            expr = cuda.binary(op.name, args[0], args[1], ct, fast)
         elif op.name == "addcmul":
             expr = f"({args[0]} + {args[3]} * {args[1]} * {args[2]})"
         else:

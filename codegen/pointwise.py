@@ -14,6 +14,7 @@ from codegen import cuda
 from codegen.emit import Emitter
 from codegen.kernel import Kernel, SegmentKernels, assemble, indent, signature, tensor_params
 from codegen.layout import address, compact_strides, decompose, index_type, numel, tensor_strides
+from codegen.precision import fast_math_tensors
 from optimizer.analysis.shapes import Bound
 from optimizer.schedulers.kinds import Schedule
 from optimizer.schedulers.profiles import DeviceProfile
@@ -88,6 +89,7 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
         return em.let(ct, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d), "l")
 
     em = Emitter(bound, schedule.ops, set(schedule.inputs), load, itype)
+    em.fast = fast_math_tensors(bound, schedule)
     stores_after: list[str] = []
     vec_outputs: list[str] = []
     for t in schedule.outputs:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from codegen import cuda
 from codegen.emit import Emitter
 from codegen.layout import address, compact_strides, tensor_strides
+from codegen.precision import fast_math_tensors
 from optimizer.analysis.shapes import Bound
 from optimizer.schedulers.kinds import Schedule
 
@@ -34,6 +35,7 @@ class Region:
         self.post: list[str] = []  # the vector stores (after the lane loop)
         self._vec_loads: dict[tuple, str] = {}
         self.em = Emitter(bound, schedule.ops, set(schedule.inputs), self._load, itype, counter)
+        self.em.fast = fast_math_tensors(bound, schedule)
 
     def index_of(self, tensor: str) -> tuple[str, ...]:
         """The tensor's index in this region, through its axis map onto the domain."""
