@@ -116,5 +116,31 @@ def test_generated_source_is_readable():
     plan = make_plan(parsed.fusion, parsed.inputs)
     src = generate_segment(plan, plan.segments[0]).source
     assert "// segment 0: pointwise over [8192, 16384]" in src
-    assert "fc_vec<__nv_bfloat16, 8>" in src and "tanhf(" in src  # 16-byte vectors
+    assert "fc_vec<__nv_bfloat16, 8>" in src  # 16-byte vectors
+    assert "fc_tanh_approx(" in src  # the tanh only reaches a bf16 output: fast math is safe
     assert "#pragma unroll" in src
+
+
+FAST = """
+T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.BFloat16)
+T1 = fd.ops.cast(T0, dtype=DataType.Float)
+T2 = fd.ops.exp(T1)
+T3 = fd.ops.tanh(T1)
+T4 = fd.ops.exp(fd.ops.neg(T1))
+T5 = fd.ops.where(fd.ops.gt(T4, T1), T1, T3)
+fd.add_output(fd.ops.cast(T2, dtype=DataType.BFloat16))
+fd.add_output(fd.ops.cast(T5, dtype=DataType.BFloat16))
+fd.add_output(fd.ops.sqrt(T3))
+"""
+
+
+def test_fast_math_only_where_it_cannot_show():
+    from codegen.precision import fast_math_tensors
+
+    f = fusion(FAST)
+    plan = make_plan(f, [tensor_meta((64,), DType.bfloat16)])
+    (seg,) = plan.segments
+    fast = fast_math_tensors(plan.bound, seg.schedule)
+    assert "T2" in fast  # exp -> bf16 output
+    assert "T4" not in fast  # exp -> comparison: a last-bit change could flip the select
+    assert "T3" not in fast  # tanh -> a float32 output (sqrt) would show the error
