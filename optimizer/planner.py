@@ -57,6 +57,8 @@ class PlanOptions:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["kinds"] = sorted(self.kinds)
+        for name in ("time_limit_s", "launch_weight", "compute_weight"):  # 5 and 5.0: one key
+            data[name] = float(data[name])
         return data
 
 

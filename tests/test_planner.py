@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
+import fusecut
 from benchmarks.fusiongen import generate
 from optimizer.analysis.shapes import bind
 from optimizer.errors import PlanError
@@ -213,3 +214,23 @@ def test_bad_options_are_plan_errors():
         make_plan(p.fusion, p.inputs, PlanOptions(device_overrides={"warp_speed": 9}))
     tiny = make_plan(p.fusion, p.inputs, PlanOptions(device_overrides={"persistent_budget": 1024}))
     assert "normalization" not in {s.kind.value for s in tiny.segments}
+
+
+def test_restore_plan_rebuilds_the_same_plan_and_refuses_foreign_ones(corpus_file):
+    from optimizer.plan.restore import restore_plan
+
+    parsed = fusecut.load(corpus_file)
+    if parsed.inputs is None:
+        pytest.skip("no inputs list")
+    plan = make_plan(parsed.fusion, parsed.inputs, PlanOptions(time_limit_s=2))
+    data = json.loads(json.dumps(plan.to_json()))
+    assert restore_plan(parsed.fusion, parsed.inputs, data).to_json() == plan.to_json()
+    other = fusecut.load(CORPUS / "softmax_fwd.py")
+    if corpus_file.name != "softmax_fwd.py":
+        with pytest.raises(PlanError, match="made for fusion"):
+            restore_plan(other.fusion, other.inputs, data)
+    if data["boundaries"]:  # segments in reverse order: a consumer before its producer
+        broken = json.loads(json.dumps(data))
+        broken["segments"].reverse()
+        with pytest.raises(PlanError):
+            restore_plan(parsed.fusion, parsed.inputs, broken)

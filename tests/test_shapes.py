@@ -76,7 +76,7 @@ fd.add_output(T10)
 def test_reshape_and_broadcast_mismatches_are_input_errors():
     f = fusion("T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
                "T1 = fd.ops.reshape(T0, new_shape=[4, 4])\nfd.add_output(T1)")
-    with pytest.raises(InputError, match=r"op #0 reshape \(T1\): cannot reshape"):
+    with pytest.raises(InputError, match=r"op #0 reshape\(T0\) -> T1: cannot reshape"):
         bind(f, [tensor_meta((15,), F32)])
     g = fusion("T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], "
                "dtype=DataType.Float)\nT1 = fd.define_tensor(shape=[-1, -1], contiguity=[True,"

@@ -115,6 +115,11 @@ def check_inputs(fusion: Fusion, metas: list[InputMeta]) -> dict[str, InputMeta]
     return out
 
 
+def _describe(index: int, op) -> str:
+    """``op #3 broadcast_in_dim(T1) -> T4``: where a binding error happened, by tensor names."""
+    return f"op #{index} {op.name}({', '.join(op.inputs)}) -> {', '.join(op.outputs)}"
+
+
 def bind(fusion: Fusion, metas: list[InputMeta]) -> Bound:
     inputs = check_inputs(fusion, metas)
     shapes: dict[str, tuple[int, ...]] = {}
@@ -135,11 +140,11 @@ def bind(fusion: Fusion, metas: list[InputMeta]) -> Bound:
         try:
             _bind_op(fusion, op, shapes, bcast, scalars)
         except (InputError, DefinitionError) as e:
-            raise type(e)(f"op #{index} {op.name} ({', '.join(op.outputs)}): {e}") from None
+            raise type(e)(f"{_describe(index, op)}: {e}") from None
         except FusecutError:
             raise
         except (ValueError, OverflowError, ZeroDivisionError, TypeError) as e:
-            raise InputError(f"op #{index} {op.name}: {e}") from None
+            raise InputError(f"{_describe(index, op)}: {e}") from None
     return Bound(fusion, shapes, bcast, scalars, inputs)
 
 
