@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 run: venv
-	$(VENV)/bin/fusecut check tests/corpus/seed_2146_rmsnorm_bwd.py
+	$(VENV)/bin/fusecut serve --host $(HOST) --port $(PORT)
 
 test: venv
 	$(PY) -m ruff check .

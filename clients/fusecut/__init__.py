@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fusecut.client import AsyncClient, Client, RemoteExecution, ServiceError
 from fusecut.definition import DataType, FusionDefinition, ParallelType
+from fusecut.plan import Plan
 from optimizer.errors import DefinitionError, FusecutError, InputError, PlanError
 from optimizer.ir.nvtext import ParsedDefinition, parse_text
 
 __all__ = [
-    "DataType", "DefinitionError", "FusecutError", "FusionDefinition", "InputError",
-    "ParallelType", "ParsedDefinition", "PlanError", "load",
+    "AsyncClient", "Client", "DataType", "DefinitionError", "FusecutError", "FusionDefinition",
+    "InputError", "ParallelType", "ParsedDefinition", "Plan", "PlanError", "RemoteExecution",
+    "ServiceError", "load",
 ]
 __version__ = "0.1.0"
 

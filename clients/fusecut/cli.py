@@ -274,6 +274,34 @@ def execute(file: str = typer.Argument(..., help="nvFuser repro with an inputs l
         out.print(f"largest difference from the torch reference: {worst:.3g}")
 
 
+@app.command()
+def serve(host: str = typer.Option("127.0.0.1", help="address to bind (loopback by default)"),
+          port: int = typer.Option(8000, help="TCP port"),
+          workers: int = typer.Option(1, help="uvicorn worker processes"),
+          db: str = typer.Option(None, help="plan cache file (SQLite); default "
+                                            "~/.local/share/fusecut/plans.sqlite"),
+          api_key: str = typer.Option(None, envvar="FUSECUT_API_KEY",
+                                      help="require 'Authorization: Bearer KEY' for executions"),
+          log_level: str = typer.Option("info", help="uvicorn log level"),
+          access_log: bool = typer.Option(False, help="log every request (metrics count them "
+                                                      "either way)")):
+    """Run the HTTP service (settings from FUSECUT_* environment variables and these options)."""
+    import os
+    import tempfile
+
+    import uvicorn
+
+    # Settings reach every uvicorn worker process through the environment.
+    for name, value in (("FUSECUT_DB_PATH", db), ("FUSECUT_API_KEY", api_key)):
+        if value is not None:
+            os.environ[name] = value
+    if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # Each process writes its samples here; /metrics adds them up.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="fusecut-metrics-")
+    uvicorn.run("service.app:create_app", factory=True, host=host, port=port, workers=workers,
+                log_level=log_level, access_log=access_log)
+
+
 def main() -> None:
     app()
 

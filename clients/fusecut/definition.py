@@ -139,8 +139,14 @@ class FusionDefinition:
     def segment(self, inputs: list[Any], **options: Any) -> list[SegmentDefinition]:
         """The plan's segments as standalone definitions with maps to this one (seed 001)."""
         planned = self.plan(inputs, **options)
+        internal = planned._internal
+        if internal is None:  # planned by a service: rebuild it here from its JSON
+            from fusecut.local import as_metadata
+            from optimizer.plan.restore import restore_plan
+
+            internal = restore_plan(self.fusion, as_metadata(inputs), planned.json)
         out = []
-        for seg in planned._internal.segments:
+        for seg in internal.segments:
             out.append(SegmentDefinition(seg.index, seg.kind.value,
                                          FusionDefinition.from_fusion(seg.sub.fusion),
                                          dict(seg.sub.input_map), dict(seg.sub.output_map)))

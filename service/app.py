@@ -1,0 +1,232 @@
+"""The fusecut HTTP service (FastAPI): plan without tensors, execute with tensors.
+
+    uvicorn --factory service.app:create_app      # or: fusecut serve
+
+Routes: POST /v1/plan, GET /v1/plans/{plan_id}, POST /v1/execute, GET /metrics, GET /healthz,
+GET /readyz, GET /dashboard. Errors are problem+json (RFC 9457) naming the field, op or tensor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from optimizer.ir.wire import FusionJSON, meta_from_json
+from optimizer.plan.plan import Plan
+from runtime.tensor_wire import dump_safetensors, from_json, load_safetensors, to_json
+from service import metrics, problems
+from service.core import Service
+from service.dashboard import render
+from service.models import ExecuteRequest, PlanOptionsModel, PlanRequest
+from service.problems import Problem, validation_problem
+from service.settings import Settings
+
+JSON = "application/json"
+SAFETENSORS = "application/octet-stream"
+M = TypeVar("M", bound=BaseModel)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings.from_env()
+    service = Service(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.worker.start()
+        yield
+        service.worker.stop()
+        service.store.close()
+
+    app = FastAPI(title="fusecut", version="0.1.0", lifespan=lifespan,
+                  summary="Segmentation and rematerialization optimizer for GPU fusions")
+    app.state.service = service
+    problems.install(app)
+    app.add_middleware(problems.BodyLimit, limit=settings.max_body_bytes)
+
+    app.add_middleware(metrics.CountRequests)
+
+    def authorize(request: Request) -> None:
+        if settings.api_key is None:
+            return
+        if request.headers.get("authorization", "") != f"Bearer {settings.api_key}":
+            raise Problem(401, "unauthorized", "executions need 'Authorization: Bearer "
+                                               "<api key>'")
+
+    # ---- planning ------------------------------------------------------------------------------
+
+    plan_body = {"required": True, "content": {JSON: {"schema": PlanRequest.model_json_schema(
+        ref_template="#/components/schemas/{model}")}}}
+
+    @app.post("/v1/plan", summary="Plan a fusion (no tensors)", openapi_extra={
+        "requestBody": plan_body}, responses={200: {"description": "the Plan JSON"}})
+    async def post_plan(request: Request) -> Response:
+        # A repeated request is answered from the hash of its bytes, before any parsing; an
+        # equivalent one (other spacing or key order) from the hash of its validated form.
+        raw = await request.body()
+        raw_key = "raw:" + hashlib.sha256(raw).hexdigest()
+        cached = service.store.by_request(raw_key)
+        if cached is None:
+            body = parse_model(PlanRequest, raw)
+            request_key = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
+            cached = service.store.by_request(request_key)
+            if cached is not None:
+                service.store.link(raw_key, cached.plan_id)
+        if cached is not None:
+            metrics.PLANS.labels(cached.segmenter, "hit").inc()
+            return Response(cached.body, media_type=JSON, headers={"X-Fusecut-Cache": "hit"})
+        fusion, text_inputs = service.parse(body.definition)
+        if body.inputs is not None:
+            metas = [meta_from_json(m) for m in body.inputs]
+        elif text_inputs is not None:
+            metas = text_inputs
+        else:
+            raise Problem(422, "no input metadata",
+                          "pass `inputs` (shape, dtype, strides per fusion input) or a "
+                          "definition text with an `inputs = [...]` list")
+        stored, outcome = await service.plan(fusion, metas, service.options(body.options),
+                                             request_key)
+        service.store.link(raw_key, stored.plan_id)
+        return Response(stored.body, media_type=JSON, headers={"X-Fusecut-Cache": outcome})
+
+    @app.get("/v1/plans/{plan_id}", summary="A plan made before")
+    async def get_plan(plan_id: str) -> Response:
+        if len(plan_id) > 128 or not plan_id.isalnum():
+            raise Problem(422, "invalid plan id", f"{plan_id[:40]!r} is not a plan id")
+        stored = service.store.get(plan_id)
+        if stored is None:
+            raise Problem(404, "unknown plan", f"no plan has id {plan_id!r}")
+        return Response(stored.body, media_type=JSON)
+
+    # ---- execution -----------------------------------------------------------------------------
+
+    async def resolve(definition: str | FusionJSON | None, plan_id: str | None,
+                      options: PlanOptionsModel, tensors: dict[str, Any]) -> Plan:
+        service.check_size(tensors)
+        if plan_id is not None and definition is not None:
+            raise Problem(422, "ambiguous request", "give a definition or a plan_id, not both")
+        if plan_id is not None:
+            return await service.plan_object(plan_id)
+        if definition is None:
+            raise Problem(422, "no definition", "give a definition or a plan_id")
+        return await service.plan_for_tensors(definition, options, tensors)
+
+    execute_body = {"required": True, "content": {
+        JSON: {"schema": ExecuteRequest.model_json_schema(
+            ref_template="#/components/schemas/{model}")},
+        "multipart/form-data": {"schema": {"type": "object", "properties": {
+            "definition": {"type": "string"}, "plan_id": {"type": "string"},
+            "options": {"type": "string"}, "tensors": {"type": "string", "format": "binary"}}}},
+        SAFETENSORS: {"schema": {"type": "string", "format": "binary"}}}}
+
+    @app.post("/v1/execute", summary="Run a fusion on tensors", dependencies=[Depends(authorize)],
+              openapi_extra={"requestBody": execute_body})
+    async def post_execute(request: Request) -> Response:
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type == JSON:
+            return await execute_json(request)
+        if content_type in ("multipart/form-data", SAFETENSORS):
+            return await execute_safetensors(request, content_type)
+        raise Problem(415, "unsupported media type",
+                      f"send application/json (KServe-v2 tensors), multipart/form-data or "
+                      f"application/octet-stream (safetensors), not {content_type or 'nothing'}")
+
+    async def execute_json(request: Request) -> Response:
+        body = parse_model(ExecuteRequest, await request.body())
+        names = [t.name for t in body.inputs]
+        if len(set(names)) != len(names):
+            raise Problem(422, "inputs do not match", f"input names repeat: {names}")
+        limit = settings.max_tensor_bytes // 8
+        tensors = {t.name: from_json(t.model_dump(), limit) for t in body.inputs}
+        plan = await resolve(body.definition, body.plan_id, body.options, tensors)
+        response = await service.execute(plan, tensors)
+        outputs = [to_json(name, t) for name, t in zip(plan.fusion.outputs, response["outputs"])]
+        return JSONResponse({"plan_id": plan.plan_id, "backend": response["backend"],
+                             "outputs": outputs, "segments": response["timings"]})
+
+    async def execute_safetensors(request: Request, content_type: str) -> Response:
+        definition: Any = None
+        options = PlanOptionsModel()
+        plan_id = request.headers.get("x-fusecut-plan-id")
+        if content_type == SAFETENSORS:
+            raw = await request.body()
+            if plan_id is None:
+                raise Problem(422, "no plan", "an application/octet-stream body needs the "
+                                              "X-Fusecut-Plan-Id header (make the plan with "
+                                              "POST /v1/plan), or send multipart/form-data "
+                                              "with a definition part")
+        else:
+            form = await request.form()
+            part = form.get("tensors")
+            if part is None or isinstance(part, str):
+                raise Problem(422, "no tensors", "the multipart body needs a 'tensors' file "
+                                                 "part (safetensors)")
+            raw = await part.read()
+            plan_id = text_part(form, "plan_id") or plan_id
+            definition = text_part(form, "definition")
+            if definition is not None and definition.lstrip().startswith("{"):
+                definition = parse_model(FusionJSON, definition)
+            if text_part(form, "options"):
+                options = parse_model(PlanOptionsModel, text_part(form, "options"))
+        tensors = load_safetensors(raw)
+        plan = await resolve(definition, plan_id, options, tensors)
+        response = await service.execute(plan, tensors)
+        outputs = dict(zip(plan.fusion.outputs, response["outputs"]))
+        return Response(dump_safetensors(outputs), media_type=SAFETENSORS,
+                        headers={"X-Fusecut-Plan-Id": plan.plan_id,
+                                 "X-Fusecut-Backend": response["backend"],
+                                 "X-Fusecut-Segments": json.dumps(response["timings"])})
+
+    # ---- operations ----------------------------------------------------------------------------
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def get_metrics() -> Response:
+        metrics.WORKER_UP.set(1 if service.worker.ready else 0)
+        content, media_type = metrics.exposition()
+        return Response(content, media_type=media_type)
+
+    @app.get("/healthz", summary="The service answers")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", summary="The worker is up")
+    async def readyz() -> JSONResponse:
+        w = service.worker
+        body = {"status": "ready" if w.ready else "not ready",
+                "worker": "up" if w.ready else "down", "device": w.device,
+                "worker_pid": w.pid, "worker_restarts": w.restarts,
+                "plans_stored": service.store.count()}
+        return JSONResponse(body, status_code=200 if w.ready else 503)
+
+    @app.get("/dashboard", response_class=HTMLResponse, summary="Recent plans")
+    async def dashboard() -> HTMLResponse:
+        plans = service.store.recent(settings.recent_plans)
+        return HTMLResponse(render(plans, {"device": service.worker.device,
+                                           "up": service.worker.ready}))
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> dict[str, Any]:
+        return {"service": "fusecut", "docs": "/docs", "dashboard": "/dashboard",
+                "routes": ["/v1/plan", "/v1/plans/{plan_id}", "/v1/execute", "/metrics",
+                           "/healthz", "/readyz"]}
+
+    return app
+
+
+def parse_model(model: type[M], raw: bytes | str) -> M:
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        raise validation_problem(list(e.errors())) from None
+
+
+def text_part(form, name: str) -> str | None:
+    value = form.get(name)
+    if value is not None and not isinstance(value, str):
+        raise Problem(422, "invalid request", f"multipart part {name!r} must be text, not a file")
+    return value

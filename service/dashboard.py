@@ -1,0 +1,52 @@
+"""The dashboard page: recent plans with their bytes against greedy and the lower bound, and a
+picture of their segments. Self-contained HTML (inline CSS and SVG, no CDN, no script)."""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from optimizer.plan.render import human_bytes, to_svg
+
+STYLE = """
+body { font-family: Helvetica, Arial, sans-serif; margin: 24px; color: #222; }
+h1 { font-size: 20px; } h2 { font-size: 15px; margin-bottom: 4px; }
+.plan { border: 1px solid #ccc; border-radius: 6px; padding: 12px; margin: 12px 0; }
+.bars { width: 480px; } .bar { height: 14px; margin: 3px 0; font-size: 11px; color: #fff;
+  padding-left: 4px; white-space: nowrap; }
+.fusecut { background: #2c7be5; } .greedy { background: #e5632c; } .floor { background: #39a845; }
+.meta { font-size: 12px; color: #555; } .svg { overflow-x: auto; }
+"""
+
+
+def render(plans: list[dict[str, Any]], worker: dict[str, Any]) -> str:
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>fusecut</title>",
+             f"<style>{STYLE}</style></head><body>", "<h1>fusecut: recent plans</h1>",
+             f"<p class='meta'>worker: {escape(str(worker.get('device')))}, "
+             f"{'up' if worker.get('up') else 'down'}; {len(plans)} plan(s) shown</p>"]
+    if not plans:
+        parts.append("<p>No plans yet: POST a definition to /v1/plan.</p>")
+    for plan in plans:
+        tot, base = plan["totals"], plan["baseline"]
+        top = max(base["io_bytes"], tot["io_bytes"], tot["lower_bound_bytes"], 1)
+
+        kinds = ", ".join(s["kind"] for s in plan["segments"])
+        parts += ["<div class='plan'>",
+                  f"<h2>plan {escape(plan['plan_id'])}</h2>",
+                  f"<div class='meta'>fusion {escape(plan['fusion_id'][:16])}&hellip;, "
+                  f"{escape(plan['segmenter'])} ({escape(plan['solver']['status'])}), "
+                  f"{len(plan['segments'])} segment(s): {escape(kinds)}; io_ratio "
+                  f"{tot['io_ratio']:.3f}; saved {human_bytes(base['io_bytes'] - tot['io_bytes'])}"
+                  f" against greedy</div>",
+                  "<div class='bars'>", _bar("fusecut", "fusecut", tot["io_bytes"], top),
+                  _bar("greedy", "greedy", base["io_bytes"], top),
+                  _bar("floor", "lower bound", tot["lower_bound_bytes"], top), "</div>",
+                  f"<div class='svg'>{to_svg(plan)}</div>", "</div>"]
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _bar(cls: str, label: str, value: int, top: int) -> str:
+    width = max(2.0, 100.0 * value / top)
+    return (f"<div class='bar {cls}' style='width:{width:.1f}%'>{escape(label)} "
+            f"{human_bytes(value)}</div>")

@@ -1,0 +1,119 @@
+"""Prometheus metrics of the service (prometheus-client, Prometheus naming).
+
+Labels are bounded: segmenter, kind, backend, cache outcome, route template and status class;
+never a fusion or plan id. With ``PROMETHEUS_MULTIPROC_DIR`` set (``fusecut serve --workers N``
+sets it), every uvicorn worker process writes its samples there and ``/metrics`` aggregates them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    multiprocess,
+)
+
+disable_created_metrics()  # the *_created series add nothing a dashboard uses
+
+PLANS = Counter("fusecut_plans_total", "Plans served", ["segmenter", "cache"])
+PLANNED_BYTES = Counter("fusecut_planned_io_bytes_total",
+                        "Global-memory bytes of the plans made", ["segmenter"])
+LOWER_BOUND_BYTES = Counter("fusecut_lower_bound_io_bytes_total",
+                            "Lower-bound bytes of the fusions planned")
+BASELINE_BYTES = Counter("fusecut_greedy_baseline_io_bytes_total",
+                         "Bytes the greedy (nvFuser-style) plan would have moved")
+SAVED_BYTES = Counter("fusecut_saved_io_bytes_total", "Greedy bytes minus planned bytes",
+                      ["segmenter"])
+SEGMENTS = Counter("fusecut_segments_total", "Segments planned", ["kind"])
+SOLVER_SECONDS = Histogram("fusecut_solver_seconds", "Wall time of planning", ["segmenter"],
+                           buckets=(0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30,
+                                    60))
+COMPILE_SECONDS = Counter("fusecut_compile_seconds_total", "NVRTC compile time")
+COMPILES = Counter("fusecut_kernel_compiles_total", "Kernels compiled by NVRTC")
+COMPILE_CACHE_HITS = Counter("fusecut_kernel_cache_hits_total",
+                             "Kernel binaries found in the memory or disk cache")
+EXECUTE_SECONDS = Histogram("fusecut_execute_seconds", "Device time of executions",
+                            ["backend"], buckets=(1e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1,
+                                                  0.5, 1, 5, 30))
+EXECUTE_BYTES = Counter("fusecut_execute_io_bytes_total", "Bytes moved by executed segments",
+                        ["backend"])
+BANDWIDTH = Histogram("fusecut_achieved_bandwidth_bytes_per_second",
+                      "Bytes moved per second of device time, per execution", ["backend"],
+                      buckets=(1e9, 1e10, 1e11, 5e11, 1e12, 2e12, 3e12, 4e12, 5e12))
+WORKER_RESTARTS = Counter("fusecut_worker_restarts_total", "GPU worker restarts")
+HTTP = Counter("fusecut_http_requests_total", "HTTP requests", ["route", "status"])
+HTTP_SECONDS = Histogram("fusecut_http_request_seconds", "Time to answer an HTTP request",
+                         ["route"], buckets=(5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.025, 0.05, 0.1,
+                                             0.25, 0.5, 1, 2.5, 5, 10, 30))
+WORKER_UP = Gauge("fusecut_worker_up", "1 while the GPU worker runs", multiprocess_mode="max")
+
+
+class CountRequests:
+    """Pure ASGI middleware: count requests by route template and status class, and time them."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            HTTP.labels(route, f"{status // 100}xx").inc()
+            HTTP_SECONDS.labels(route).observe(time.perf_counter() - start)
+
+
+def exposition() -> tuple[bytes, str]:
+    """The metrics in Prometheus text format (aggregated over processes if configured)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(), CONTENT_TYPE_LATEST
+
+
+def record_plan(plan: dict, cache: str) -> None:
+    segmenter = plan["segmenter"]
+    PLANS.labels(segmenter, cache).inc()
+    if cache != "miss":
+        return
+    totals, base = plan["totals"], plan["baseline"]
+    PLANNED_BYTES.labels(segmenter).inc(totals["io_bytes"])
+    LOWER_BOUND_BYTES.inc(totals["lower_bound_bytes"])
+    BASELINE_BYTES.inc(base["io_bytes"])
+    SAVED_BYTES.labels(segmenter).inc(max(base["io_bytes"] - totals["io_bytes"], 0))
+    SOLVER_SECONDS.labels(segmenter).observe(plan["solver"]["wall_s"])
+    for seg in plan["segments"]:
+        SEGMENTS.labels(seg["kind"]).inc()
+
+
+def record_execution(response: dict) -> None:
+    backend = response["backend"]
+    seconds = sum(t["seconds"] for t in response["timings"])
+    moved = sum(t["bytes"] for t in response["timings"])
+    EXECUTE_SECONDS.labels(backend).observe(seconds)
+    EXECUTE_BYTES.labels(backend).inc(moved)
+    if seconds > 0:
+        BANDWIDTH.labels(backend).observe(moved / seconds)
+    COMPILES.inc(response.get("compiles", 0))
+    COMPILE_SECONDS.inc(response.get("compile_seconds", 0.0))
+    COMPILE_CACHE_HITS.inc(response.get("cache_hits", 0))

@@ -1,0 +1,122 @@
+"""Errors as problem+json (RFC 9457): every failure the service answers names what was wrong.
+
+``Problem`` is raised by the routes; ``install`` maps it, fusecut's own errors, request
+validation errors and anything unexpected to problem+json responses. ``BodyLimit`` refuses a body
+over the size limit before it is read whole.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from optimizer.errors import DefinitionError, FusecutError, InputError, PlanError
+
+log = logging.getLogger("fusecut.service")
+PROBLEM = "application/problem+json"
+TITLES = {DefinitionError: "invalid definition", InputError: "inputs do not match",
+          PlanError: "cannot plan"}
+
+
+class Problem(Exception):
+    """An error answered as problem+json."""
+
+    def __init__(self, status: int, title: str, detail: str, **extra: Any):
+        super().__init__(detail)
+        self.status, self.title, self.detail, self.extra = status, title, detail, extra
+
+
+def problem_response(status: int, title: str, detail: str, instance: str | None = None,
+                     **extra: Any) -> JSONResponse:
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
+    if instance:
+        body["instance"] = instance
+    body.update(extra)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM)
+
+
+def validation_problem(errors: list[dict[str, Any]]) -> Problem:
+    """A 422 naming the first invalid field (pydantic's ``loc``), listing up to 20."""
+    listed = [{"loc": [str(x) for x in err.get("loc", ())], "msg": err.get("msg", "")}
+              for err in errors][:20]
+    first = listed[0] if listed else {"loc": [], "msg": "invalid body"}
+    where = ".".join(x for x in first["loc"] if x != "body") or "body"
+    return Problem(422, "invalid request", f"{where}: {first['msg']}", errors=listed)
+
+
+def install(app: FastAPI) -> None:
+    """Answer every error of ``app`` as problem+json."""
+
+    @app.exception_handler(Problem)
+    async def on_problem(request: Request, e: Problem):
+        return problem_response(e.status, e.title, e.detail, request.url.path, **e.extra)
+
+    @app.exception_handler(FusecutError)
+    async def on_fusecut_error(request: Request, e: FusecutError):
+        title = next((t for cls, t in TITLES.items() if isinstance(e, cls)), "invalid request")
+        return problem_response(422, title, str(e), request.url.path)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, e: RequestValidationError):
+        p = validation_problem(list(e.errors()))
+        return problem_response(p.status, p.title, p.detail, request.url.path, **p.extra)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, e: StarletteHTTPException):
+        return problem_response(e.status_code, str(e.detail), str(e.detail), request.url.path)
+
+    @app.exception_handler(Exception)
+    async def on_crash(request: Request, e: Exception):  # a fusecut bug: say so, stay up
+        log.exception("unhandled error on %s", request.url.path)
+        return problem_response(500, "internal error", f"{type(e).__name__}: {e}",
+                                request.url.path)
+
+
+class BodyLimit:
+    """Pure ASGI middleware: refuse bodies over ``limit`` bytes, by header or as they stream."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        detail = f"the body is over the limit of {self.limit} bytes"
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await problem_response(413, "request too large", detail,
+                                          scope.get("path"))(scope, receive, send)
+        seen = 0
+        started = refused = False
+
+        async def counted_receive():
+            # Over the limit: answer 413 now, tell the app the client left, drop what it sends.
+            nonlocal seen, refused
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit and not refused:
+                    refused = True
+                    if not started:
+                        await problem_response(413, "request too large", detail,
+                                               scope.get("path"))(scope, receive, send)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def tracked_send(message):
+            nonlocal started
+            if refused:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, tracked_send)
+        except Exception:
+            if not refused:  # errors after a refusal are the app noticing the "disconnect"
+                raise

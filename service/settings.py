@@ -1,0 +1,46 @@
+"""Service settings: embedded defaults, overridable by FUSECUT_* environment variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+
+def _default_db() -> str:
+    root = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return str(Path(root) / "fusecut" / "plans.sqlite")
+
+
+@dataclass(frozen=True)
+class Settings:
+    db_path: str = field(default_factory=_default_db)  # the plan cache (SQLite)
+    max_body_bytes: int = 256 * 1024 * 1024
+    max_ops: int = 20_000
+    max_tensor_bytes: int = 2 * 1024**3  # per execute request, inputs together
+    max_solver_seconds: float = 60.0
+    default_time_limit_s: float = 5.0
+    max_concurrent_executions: int = 2
+    max_concurrent_plans: int = 4
+    execute_timeout_s: float = 120.0
+    api_key: str | None = None  # when set, /v1/execute needs "Authorization: Bearer <key>"
+    worker: bool = True  # run executions in a separate worker process
+    recent_plans: int = 20  # shown on the dashboard
+
+    @classmethod
+    def from_env(cls, **overrides) -> Settings:
+        values = {}
+        for f in fields(cls):
+            raw = os.environ.get(f"FUSECUT_{f.name.upper()}")
+            if raw is None:
+                continue
+            if f.type in ("int",):
+                values[f.name] = int(raw)
+            elif f.type in ("float",):
+                values[f.name] = float(raw)
+            elif f.type in ("bool",):
+                values[f.name] = raw.lower() not in ("0", "false", "no", "")
+            else:
+                values[f.name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

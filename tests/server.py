@@ -1,0 +1,76 @@
+"""A real fusecut service for tests: ``fusecut serve`` in a subprocess on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """Start with ``start()``; ``url`` is its base URL; ``stop()`` shuts it down gracefully."""
+
+    def __init__(self, db_path: Path, workers: int = 1, **settings: object):
+        self.db_path = db_path
+        self.workers = workers
+        self.env = dict(os.environ)
+        self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "clients"),
+                                                  self.env.get("PYTHONPATH", "")])
+        self.env["FUSECUT_DEFAULT_TIME_LIMIT_S"] = "2"
+        for key, value in settings.items():
+            self.env[f"FUSECUT_{key.upper()}"] = str(value)
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+        self.log = db_path.parent / f"server-{id(self)}.log"
+
+    def start(self, timeout: float = 90.0) -> Server:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        command = [sys.executable, "-m", "fusecut.cli", "serve", "--port", str(port),
+                   "--db", str(self.db_path), "--workers", str(self.workers),
+                   "--log-level", "warning"]
+        self.proc = subprocess.Popen(command, env=self.env, stdout=open(self.log, "wb"),
+                                     stderr=subprocess.STDOUT, cwd=ROOT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited: {self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the server did not become ready: {self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
