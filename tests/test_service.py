@@ -449,13 +449,15 @@ def test_fuzzed_bodies_never_cause_a_server_error(http):
     assert http.get("/healthz").json() == {"status": "ok"}
 
 
-HEAVY = """
-def heavy(fd):
-    T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)
-""" + "".join(f"    T{i + 1} = fd.ops.sin(fd.ops.exp(T{i}))\n" for i in range(120)) + """
-    T200 = fd.ops.sum(T120, dims=[0], keepdim=False)
-    fd.add_output(T200)
-"""
+def heavy_definition() -> str:
+    """A long chain: seconds of work on the CPU path; on a GPU, a kernel never compiled before
+    (the constant differs every run), so NVRTC is busy when the worker is killed."""
+    body = "".join(f"    T{i + 1} = fd.ops.sin(fd.ops.exp(T{i}))\n" for i in range(120))
+    return (f"def heavy(fd):\n"
+            f"    T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+            f"{body}    T121 = fd.ops.mul(T120, {time.time_ns() % 10**6 / 7:.6f})\n"
+            f"    T122 = fd.ops.sum(T121, dims=[0], keepdim=False)\n"
+            f"    fd.add_output(T122)\n")
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -468,14 +470,14 @@ def test_worker_killed_mid_request_then_requests_succeed(http):
     pid, restarts = ready["worker_pid"], ready["worker_restarts"]
     x = torch.rand(2_000_000)
     request = {"files": {"tensors": ("t", dump_safetensors({"T0": x}))},
-               "data": {"definition": HEAVY}}
+               "data": {"definition": heavy_definition()}}
     before = _cpu_seconds(pid)
     answer: dict[str, httpx.Response] = {}
     thread = threading.Thread(target=lambda: answer.update(
         r=http.post("/v1/execute", **request)))
     thread.start()
     deadline = time.monotonic() + 60
-    while _cpu_seconds(pid) < before + 0.3:  # the worker is busy with this request
+    while _cpu_seconds(pid) < before + 0.15:  # the worker is busy with this request
         assert time.monotonic() < deadline and thread.is_alive()
         time.sleep(0.02)
     os.kill(pid, signal.SIGKILL)
@@ -533,7 +535,8 @@ def test_metrics_count_what_happened(tmp_path):
     assert s[("fusecut_planned_io_bytes_total", (("segmenter", "cpsat"),))] >= planned
     assert s[("fusecut_lower_bound_io_bytes_total", ())] > 0
     assert s[("fusecut_greedy_baseline_io_bytes_total", ())] >= planned
-    assert s[("fusecut_execute_io_bytes_total", (("backend", "reference"),))] > 0
+    assert count(s, "fusecut_execute_io_bytes_total") > 0
+    assert count(s, "fusecut_execute_seconds_count") == 1
     assert s[("fusecut_http_requests_total", (("route", "/v1/plan"), ("status", "4xx")))] == 1
     assert s[("fusecut_http_requests_total", (("route", "/v1/plan"), ("status", "2xx")))] == 6
     assert s[("fusecut_worker_up", ())] == 1
