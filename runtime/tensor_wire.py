@@ -100,3 +100,15 @@ def expand_declared_broadcasts(fusion, tensors: dict[str, torch.Tensor]) -> dict
             value = first.expand_as(value)
         out[name] = value
     return out
+
+
+def to_device(value: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """``value`` on ``device`` with its stride-0 (expanded) axes kept: ``Tensor.to`` would
+    materialise them, and a plan made for stride 0 then refuses the copy."""
+    expanded = [axis for axis in range(value.dim()) if value.stride(axis) == 0]
+    if not expanded or value.device == torch.device(device):
+        return value.to(device)
+    base = value
+    for axis in expanded:
+        base = base.narrow(axis, 0, 1)
+    return base.to(device).expand(value.shape)

@@ -8,6 +8,7 @@ GET /readyz, GET /dashboard. Errors are problem+json (RFC 9457) naming the field
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 from contextlib import asynccontextmanager
@@ -39,6 +40,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         service.worker.start()
+        # Everything imported so far (torch, OR-Tools, pydantic models) lives as long as the
+        # process: keep it out of the collector's full passes, which would stall requests.
+        gc.collect()
+        gc.freeze()
         yield
         service.worker.stop()
         service.store.close()

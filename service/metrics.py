@@ -57,7 +57,9 @@ WORKER_UP = Gauge("fusecut_worker_up", "1 while the GPU worker runs", multiproce
 
 
 class CountRequests:
-    """Pure ASGI middleware: count requests by route template and status class, and time them."""
+    """Pure ASGI middleware: count requests by route template and status class, and time them;
+    the time also goes back in a ``Server-Timing`` header (W3C), so a client can tell the
+    server's share of a latency from the network's."""
 
     def __init__(self, app):
         self.app = app
@@ -72,6 +74,9 @@ class CountRequests:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                spent = f"app;dur={(time.perf_counter() - start) * 1e3:.3f}".encode()
+                message = {**message, "headers": [*message.get("headers", ()),
+                                                  (b"server-timing", spent)]}
             await send(message)
 
         try:

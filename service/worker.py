@@ -54,6 +54,7 @@ class _Runner:
         from optimizer.errors import FusecutError
         from runtime.backend import runner_for
         from runtime.executor import execute_plan
+        from runtime.tensor_wire import to_device
 
         plan = request.get("plan")
         plan_id = request["plan_id"]
@@ -65,7 +66,7 @@ class _Runner:
         if plan is None:
             return {"ok": False, "kind": "MissingPlan", "message": plan_id}
         try:
-            args = [v.to(self.device) if isinstance(v, self.torch.Tensor) else v
+            args = [to_device(v, self.device) if isinstance(v, self.torch.Tensor) else v
                     for v in request["args"]]
             runner, backend = runner_for(args)
             stats = rc.STATS

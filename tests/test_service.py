@@ -556,7 +556,10 @@ def test_metrics_add_up_over_several_uvicorn_workers(tmp_path):
 
 
 def test_health_readiness_and_dashboard(http):
-    assert http.get("/healthz").json() == {"status": "ok"}
+    health = http.get("/healthz")
+    assert health.json() == {"status": "ok"}
+    timing = health.headers["server-timing"]  # the server's own share of the latency
+    assert timing.startswith("app;dur=") and 0 <= float(timing[len("app;dur="):]) < 1000
     ready = http.get("/readyz").json()
     assert ready["worker"] == "up" and ready["device"] in ("cpu", torch.cuda.get_device_name()
                                                            if torch.cuda.is_available() else "cpu")
