@@ -31,13 +31,15 @@ class Settings:
     def from_env(cls, **overrides) -> Settings:
         values = {}
         for f in fields(cls):
-            raw = os.environ.get(f"FUSECUT_{f.name.upper()}")
-            if raw is None:
-                continue
-            if f.type in ("int",):
-                values[f.name] = int(raw)
-            elif f.type in ("float",):
-                values[f.name] = float(raw)
+            name = f"FUSECUT_{f.name.upper()}"
+            raw = os.environ.get(name)
+            if raw is None or (raw == "" and "None" in str(f.type)):
+                continue  # unset, or set empty for an optional one (compose's ${X:-})
+            if f.type in ("int", "float"):
+                try:
+                    values[f.name] = int(raw) if f.type == "int" else float(raw)
+                except ValueError:
+                    raise ValueError(f"{name} must be a number ({f.type}), got {raw!r}") from None
             elif f.type in ("bool",):
                 values[f.name] = raw.lower() not in ("0", "false", "no", "")
             else:

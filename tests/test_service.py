@@ -220,8 +220,20 @@ def test_sdk_clients_plan_and_execute(server):
             result = client.execute(fd, [x], wire=wire, time_limit_s=3)
             torch.testing.assert_close(result.outputs[0], want)
             assert result.plan_id == plan.plan_id and result.timings
-        by_id = client.execute(plan, [x], fusion=fd.fusion)
+        by_id = client.execute(plan, [x])  # the plan remembers the definition it came from
         torch.testing.assert_close(by_id.outputs[0], want)
+        fetched = client.get_plan(plan.plan_id)
+        with pytest.raises(ValueError, match="fusion="):
+            client.execute(fetched, [x])
+        torch.testing.assert_close(client.execute(fetched, [x], fusion=fd.fusion).outputs[0],
+                                   want)
+        text = (CORPUS / "softmax_fwd.py").read_text()
+        y = torch.randn(64, 256).bfloat16()
+        from_text = client.plan(text, [y])  # then run by plan id
+        ran_text = client.execute(from_text, [y])
+        assert ran_text.plan_id == from_text.plan_id
+        torch.testing.assert_close(ran_text.outputs[0], run_reference(
+            parse_text(text).fusion, [y])[0])
         with pytest.raises(fusecut.ServiceError) as caught:
             client.get_plan("0" * 32)
         assert caught.value.status == 404 and "0" * 32 in caught.value.detail

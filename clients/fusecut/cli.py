@@ -291,10 +291,16 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to bind (loopback 
 
     import uvicorn
 
+    from service.settings import Settings
+
     # Settings reach every uvicorn worker process through the environment.
     for name, value in (("FUSECUT_DB_PATH", db), ("FUSECUT_API_KEY", api_key)):
         if value is not None:
             os.environ[name] = value
+    try:
+        Settings.from_env()  # refuse bad FUSECUT_* values here, not in every worker
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Each process writes its samples here; /metrics adds them up.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="fusecut-metrics-")

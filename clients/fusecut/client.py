@@ -25,7 +25,7 @@ from fusecut.plan import Plan
 from optimizer.errors import FusecutError
 from optimizer.ir.fusion import Fusion
 from optimizer.ir.nvtext import ParsedDefinition, parse_text
-from optimizer.ir.wire import fusion_to_json, meta_to_json
+from optimizer.ir.wire import fusion_from_json, fusion_to_json, meta_to_json
 from runtime.executor import Execution, SegmentTiming
 from runtime.tensor_wire import dump_safetensors, from_json, load_safetensors, to_json
 
@@ -129,8 +129,10 @@ def _checked(response: httpx.Response) -> httpx.Response:
     raise ServiceError(response.status_code, problem)
 
 
-def plan_of(response: httpx.Response) -> Plan:
-    return Plan(_checked(response).json())
+def plan_of(response: httpx.Response, source: Definition | None = None) -> Plan:
+    plan = Plan(_checked(response).json())
+    plan._source = source  # so that the plan can be executed without naming its fusion again
+    return plan
 
 
 def execution_of(response: httpx.Response, fusion: Fusion) -> RemoteExecution:
@@ -165,7 +167,8 @@ class Client:
     def plan(self, definition: Definition, inputs: list[Any] | None = None,
              **options: Any) -> Plan:
         """Plan a definition for inputs (tensors, numbers or metadata); no tensors are sent."""
-        return plan_of(self._http.post("/v1/plan", json=plan_body(definition, inputs, options)))
+        response = self._http.post("/v1/plan", json=plan_body(definition, inputs, options))
+        return plan_of(response, definition)
 
     def get_plan(self, plan_id: str) -> Plan:
         return plan_of(self._http.get(f"/v1/plans/{plan_id}"))
@@ -200,7 +203,7 @@ class AsyncClient:
     async def plan(self, definition: Definition, inputs: list[Any] | None = None,
                    **options: Any) -> Plan:
         body = plan_body(definition, inputs, options)
-        return plan_of(await self._http.post("/v1/plan", json=body))
+        return plan_of(await self._http.post("/v1/plan", json=body), definition)
 
     async def get_plan(self, plan_id: str) -> Plan:
         return plan_of(await self._http.get(f"/v1/plans/{plan_id}"))
@@ -224,10 +227,20 @@ class AsyncClient:
 
 
 def _fusion_of_plan(definition: Any) -> Fusion | None:
-    """A plan carries its ops, not its definition: it needs the fusion passed alongside."""
-    if isinstance(definition, Plan):
-        if definition._internal is not None:
-            return definition._internal.fusion
-        raise ValueError("to execute a plan from the service, pass fusion=<its Fusion> (or "
-                         "execute the definition itself)")
-    return None
+    """A plan carries its ops, not its definition: the fusion comes from where it was made."""
+    if not isinstance(definition, Plan):
+        return None
+    if definition._internal is not None:
+        return definition._internal.fusion
+    source = getattr(definition, "_source", None)
+    if source is not None:
+        if isinstance(source, (str, Path)):
+            text = source.read_text() if isinstance(source, Path) else source
+            if not text.lstrip().startswith("{"):
+                return parse_text(text).fusion
+            source = json.loads(text)
+        if isinstance(source, dict):
+            return fusion_from_json(source)
+        return _wire_definition(source)[1]
+    raise ValueError("this plan came from get_plan(): pass fusion=<its Fusion> to execute it "
+                     "(or execute the definition itself)")

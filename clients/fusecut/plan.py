@@ -53,6 +53,7 @@ class Plan:
     def __init__(self, data: dict[str, Any], internal: Any = None):
         self.json = data
         self._internal = internal  # the optimizer's Plan, when made in this process
+        self._source: Any = None  # the definition a service planned, when this client sent it
 
     @property
     def plan_id(self) -> str:

@@ -1,0 +1,144 @@
+"""The docker/ deployment agrees with the code: images copy every package and start the real CLI,
+compose wires Prometheus to the service, and the Grafana dashboard asks only for metrics (and
+labels) the service exports. Docker itself is not needed to check this."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import typer.main
+import yaml
+from prometheus_client.metrics import MetricWrapperBase
+
+from fusecut.cli import app as cli_app
+from service import metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKER = ROOT / "docker"
+
+
+def dockerfile_stages() -> dict[str, list[str]]:
+    """Instructions (continuation lines joined) of each named stage of docker/Dockerfile."""
+    text = re.sub(r"\\\n\s*", " ", (DOCKER / "Dockerfile").read_text())
+    stages: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("FROM "):
+            current = line.split()[-1]
+            stages[current] = []
+        elif line and not line.startswith("#") and current is not None:
+            stages[current].append(line)
+    return stages
+
+
+def exported_metrics() -> dict[str, tuple[str, ...]]:
+    """Sample names the service can export, each with its labels."""
+    names: dict[str, tuple[str, ...]] = {}
+    for value in vars(metrics).values():
+        if not isinstance(value, MetricWrapperBase):
+            continue
+        labels = tuple(value._labelnames)
+        base = value._name
+        if value._type == "counter":
+            names[base + "_total"] = labels
+        elif value._type == "histogram":
+            for suffix in ("_bucket", "_sum", "_count"):
+                names[base + suffix] = labels + (("le",) if suffix == "_bucket" else ())
+        else:
+            names[base] = labels
+    return names
+
+
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads((DOCKER / "grafana" / "dashboards" / "fusecut.json").read_text())
+    return [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+
+
+def test_dashboard_asks_only_for_exported_metrics_and_labels():
+    exported = exported_metrics()
+    queries = dashboard_queries()
+    used = set()
+    for expr in queries:
+        names = set(re.findall(r"\bfusecut_[a-z_]+", expr))
+        assert names, f"a panel queries no fusecut metric: {expr}"
+        unknown = names - set(exported)
+        assert not unknown, f"{expr} asks for metrics the service does not export: {unknown}"
+        labels = set().union(*(exported[n] for n in names))
+        grouped = {g.strip() for by in re.findall(r"by \(([^)]*)\)", expr) for g in by.split(",")}
+        matched = set(re.findall(r"[{,]\s*([a-z_]+)\s*=", expr))
+        assert grouped | matched <= labels, f"{expr} uses labels {grouped | matched - labels}"
+        used |= names
+    # every family shows up somewhere on the dashboard
+    families = {re.sub(r"_(bucket|sum|count)$", "", n) for n in exported}
+    shown = {re.sub(r"_(bucket|sum|count)$", "", n) for n in used}
+    assert families <= shown, f"metrics missing from the dashboard: {families - shown}"
+
+
+def test_images_copy_every_package_and_start_the_cli():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    roots = {p.split(".")[0] for p in pyproject["tool"]["setuptools"]["packages"]}
+    sources = {pyproject["tool"]["setuptools"]["package-dir"].get(r, r).split("/")[0]
+               for r in roots}
+    ignore = (DOCKER / "Dockerfile.dockerignore").read_text().splitlines()
+    serve = typer.main.get_command(cli_app).commands["serve"]
+    stages = dockerfile_stages()
+    assert {"cpu", "gpu"} <= set(stages)
+    for name in ("cpu", "gpu"):
+        copied = {line.split()[1] for line in stages[name] if line.startswith("COPY ")}
+        assert sources <= copied, f"stage {name} does not copy {sources - copied}"
+        assert {"pyproject.toml"} <= {c.split()[0] for c in copied}
+        assert all(f"!{s}" in ignore for s in sources | {"pyproject.toml"})
+        cmd = json.loads(next(line for line in stages[name] if line.startswith("CMD "))[4:])
+        assert cmd[0] == "fusecut"
+        context = serve.make_context("serve", cmd[2:])  # a bad option raises here
+        assert cmd[1] == "serve" and context.params["port"] == 8000
+        env = " ".join(line for line in stages[name] if line.startswith("ENV "))
+        assert "FUSECUT_DB_PATH=/data/" in env  # the plan cache lives on the volume
+
+
+def test_compose_wires_prometheus_and_grafana_to_the_service():
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    gpu = yaml.safe_load((DOCKER / "compose.gpu.yaml").read_text())
+    service = compose["services"]["fusecut"]
+    stages = dockerfile_stages()
+    assert service["build"]["target"] in stages and gpu["services"]["fusecut"]["build"][
+        "target"] in stages
+    assert (ROOT / service["build"]["dockerfile"]).resolve() == DOCKER / "Dockerfile"
+    published = [p.rsplit(":", 1)[1] for p in service["ports"]]  # the container's port
+    assert all(p.startswith("127.0.0.1:") for s in compose["services"].values()
+               for p in s.get("ports", [])), "publish on the host's loopback only"
+    prometheus = yaml.safe_load((DOCKER / "prometheus.yml").read_text())
+    targets = [t for job in prometheus["scrape_configs"] for c in job["static_configs"]
+               for t in c["targets"]]
+    assert targets == [f"fusecut:{published[0]}"]
+    assert prometheus["scrape_configs"][0]["metrics_path"] == "/metrics"
+    for mount in [*compose["services"]["grafana"]["volumes"],
+                  *compose["services"]["prometheus"]["volumes"]]:
+        source = mount.split(":")[0]
+        assert (DOCKER / source).exists(), f"compose mounts {source}, which does not exist"
+    provider = yaml.safe_load(
+        (DOCKER / "grafana/provisioning/dashboards/fusecut.yaml").read_text())["providers"][0]
+    dashboards_mount = next(m for m in compose["services"]["grafana"]["volumes"]
+                            if "dashboards:" in m and "provisioning" not in m)
+    assert dashboards_mount.split(":")[1] == provider["options"]["path"]
+    datasource = yaml.safe_load(
+        (DOCKER / "grafana/provisioning/datasources/prometheus.yaml").read_text())
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+    uids = {p["datasource"]["uid"] for p in json.loads(
+        (DOCKER / "grafana/dashboards/fusecut.json").read_text())["panels"]}
+    assert uids == {datasource["datasources"][0]["uid"]}
+
+
+def test_empty_optional_settings_mean_unset(monkeypatch):
+    from service.settings import Settings
+
+    monkeypatch.setenv("FUSECUT_API_KEY", "")  # compose passes ${FUSECUT_API_KEY:-}
+    assert Settings.from_env().api_key is None
+    monkeypatch.setenv("FUSECUT_MAX_OPS", "many")
+    with pytest.raises(ValueError, match="FUSECUT_MAX_OPS must be a number"):
+        Settings.from_env()
