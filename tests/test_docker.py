@@ -87,12 +87,13 @@ def test_images_copy_every_package_and_start_the_cli():
     ignore = (DOCKER / "Dockerfile.dockerignore").read_text().splitlines()
     serve = typer.main.get_command(cli_app).commands["serve"]
     stages = dockerfile_stages()
-    assert {"cpu", "gpu"} <= set(stages)
+    assert {"sources", "cpu", "gpu"} <= set(stages)
+    copied = {word for line in stages["sources"] if line.startswith("COPY ")
+              for word in line.split()[1:-1]}
+    assert sources | {"pyproject.toml"} <= copied, f"the images miss {sources - copied}"
+    assert all(f"!{s}" in ignore for s in sources | {"pyproject.toml"})
     for name in ("cpu", "gpu"):
-        copied = {line.split()[1] for line in stages[name] if line.startswith("COPY ")}
-        assert sources <= copied, f"stage {name} does not copy {sources - copied}"
-        assert {"pyproject.toml"} <= {c.split()[0] for c in copied}
-        assert all(f"!{s}" in ignore for s in sources | {"pyproject.toml"})
+        assert "COPY --from=sources /src ./" in stages[name]
         cmd = json.loads(next(line for line in stages[name] if line.startswith("CMD "))[4:])
         assert cmd[0] == "fusecut"
         context = serve.make_context("serve", cmd[2:])  # a bad option raises here
