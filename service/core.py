@@ -7,6 +7,7 @@ without solving, and rebuilt from its JSON (not solved again) when an execution 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections import OrderedDict
 from typing import Any
@@ -39,6 +40,7 @@ from service.store import PlanStore, StoredPlan
 from service.worker import Worker, WorkerCrashed, WorkerTimeout, WorkerUnavailable
 
 HELD_PLANS = 64  # Plan objects kept in memory for executions
+PARSED_TEXTS = 256  # parsed definition texts kept: a client that repeats one skips the parser
 
 
 class Service:
@@ -47,6 +49,7 @@ class Service:
         self.store = PlanStore(settings.db_path)
         self.worker = Worker(process=settings.worker)
         self.held: OrderedDict[str, Plan] = OrderedDict()
+        self.parsed: OrderedDict[str, tuple[Fusion, list[InputMeta] | None]] = OrderedDict()
         self.plan_slots = asyncio.Semaphore(settings.max_concurrent_plans)
         self.exec_slots = asyncio.Semaphore(settings.max_concurrent_executions)
 
@@ -56,8 +59,15 @@ class Service:
         """The fusion, and the input metadata of a text's ``inputs = [...]`` list if it has one."""
         limit = self.settings.max_ops
         if isinstance(definition, str):
-            parsed = parse_text(definition, max_ops=limit)
-            return parsed.fusion, parsed.inputs
+            key = hashlib.sha256(definition.encode()).hexdigest()
+            known = self.parsed.get(key)
+            if known is None:  # fusions are not mutated once parsed, so they can be shared
+                parsed = parse_text(definition, max_ops=limit)
+                known = self.parsed[key] = (parsed.fusion, parsed.inputs)
+                if len(self.parsed) > PARSED_TEXTS:
+                    self.parsed.popitem(last=False)
+            self.parsed.move_to_end(key)
+            return known
         if len(definition.ops) > limit:
             raise Problem(413, "definition too large",
                           f"the definition has {len(definition.ops)} ops; the limit is {limit}")

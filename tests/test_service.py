@@ -287,6 +287,29 @@ def test_plan_refusals_are_problem_json(http):
     assert_problem(http.delete("/v1/plan"), 405)
 
 
+def test_repeated_texts_are_parsed_once(tmp_path, monkeypatch):
+    import service.core as core
+    from service.settings import Settings
+
+    service = core.Service(Settings(db_path=str(tmp_path / "p.sqlite"), worker=False))
+    calls = []
+    real = core.parse_text
+    monkeypatch.setattr(core, "parse_text",
+                        lambda text, **kw: calls.append(text) or real(text, **kw))
+    first, _ = service.parse(SMALL)
+    again, _ = service.parse(SMALL)
+    assert again is first and len(calls) == 1
+    other, _ = service.parse(SMALL + "\n")  # another text: parsed on its own
+    assert other is not first and len(calls) == 2
+    with pytest.raises(Exception, match="frobnicate"):  # refusals are not remembered
+        service.parse(SMALL.replace("fd.ops.exp", "fd.ops.frobnicate"))
+    for i in range(core.PARSED_TEXTS + 1):  # bounded: the oldest text goes first
+        service.parse(SMALL + "\n" * (i + 2))
+    service.parse(SMALL)
+    assert len(calls) == 4 + core.PARSED_TEXTS + 1 and len(service.parsed) == core.PARSED_TEXTS
+    service.store.close()
+
+
 def test_definition_text_is_parsed_never_run(http, tmp_path):
     marker = tmp_path / "pwned"
     evil = SMALL + f"\n    __import__('os').system('touch {marker}')\n"
