@@ -8,7 +8,8 @@ Scenarios (each on loopback, from keep-alive connections driven by asyncio in th
   moment a request was due, so a stalled server cannot hide its queue;
 - cached plans, closed loop: the most requests per second the server answers;
 - uncached plans: a new fusion every request (the planner runs each time);
-- small executes: 64x64 tensors as safetensors through the worker.
+- small executes: 64x64 tensors as safetensors through the worker, with the definition
+  (multipart) and by plan id (an application/octet-stream body).
 """
 
 from __future__ import annotations
@@ -199,11 +200,15 @@ async def run(url: str, duration: float, rate: float, concurrency: int) -> list[
     headers = {"content-type": "application/json"}
     cached = [client.encode("POST", "/v1/plan", content=body, headers=headers)
               for body in plan_bodies()]
-    small = client.encode("POST", "/v1/execute", **execute_request())
+    small_request = execute_request()
+    small = client.encode("POST", "/v1/execute", **small_request)
     for raw in [*cached, small]:  # warm the plan cache and the kernel cache
         reply = await client.send(raw)
         if reply.status != 200:
             raise SystemExit(f"warm-up request failed: {reply.status} {reply.body[:300]!r}")
+    by_id = client.encode("POST", "/v1/execute", content=small_request["files"]["tensors"][1],
+                          headers={"content-type": "application/octet-stream",
+                                   "x-fusecut-plan-id": reply.headers["x-fusecut-plan-id"]})
     seed0 = int(time.time())  # new fusions on every run, so nothing is cached
 
     def cached_plan(i: int) -> bytes:
@@ -226,6 +231,8 @@ async def run(url: str, duration: float, rate: float, concurrency: int) -> list[
                                 uncached_plan, 4, duration),
             lambda: closed_loop("execute 64x64 softmax, 4 clients", client, small_execute, 4,
                                 duration),
+            lambda: closed_loop("execute by plan id (safetensors body), 4 clients", client,
+                                lambda i: by_id, 4, duration),
         ]
         # Unmeasured lead-in at the open-loop rate: connections open and code paths warm first.
         await open_loop("lead-in", client, cached_plan, rate, min(2.0, duration))
