@@ -252,20 +252,38 @@ template <typename T> __device__ __forceinline__ T fc_clampi(T i, T hi) {
 }
 
 // ---- reductions ---------------------------------------------------------------------------
-struct fc_welford_f { float mean, m2, n; };
+// float var/var_mean accumulate shifted data: k is the first value seen, s1 and s2 the sum and
+// sum of squares of x - k. No division per element (a rounded reciprocal costs more than the
+// bandwidth leaves), and no mean rounded to float until the end: combining re-expresses one
+// side's sums around the other's k (k values are samples, so their difference is exact).
+struct fc_welford_f { float k, s1, s2, n; };
 struct fc_welford_d { double mean, m2, n; };
 __device__ __forceinline__ void fc_welford_add(fc_welford_f& w, float x) {
-  w.n += 1.0f; float d = x - w.mean; w.mean += d * __frcp_rn(w.n); w.m2 += d * (x - w.mean);
+  w.k = w.n == 0.0f ? x : w.k; const float d = x - w.k;
+  w.s1 += d; w.s2 = fmaf(d, d, w.s2); w.n += 1.0f;
 }
 __device__ __forceinline__ void fc_welford_add(fc_welford_d& w, double x) {
   w.n += 1.0; double d = x - w.mean; w.mean += d / w.n; w.m2 += d * (x - w.mean);
 }
-template <typename W>
-__device__ __forceinline__ W fc_welford_combine(W a, W b) {
+__device__ __forceinline__ float fc_welford_mean(const fc_welford_f& w) { return w.k + w.s1 / w.n; }
+__device__ __forceinline__ float fc_welford_m2(const fc_welford_f& w) {
+  return fmaxf(w.s2 - w.s1 * (w.s1 / w.n), 0.0f);  // rounding must not make it negative
+}
+__device__ __forceinline__ double fc_welford_mean(const fc_welford_d& w) { return w.mean; }
+__device__ __forceinline__ double fc_welford_m2(const fc_welford_d& w) { return w.m2; }
+__device__ __forceinline__ fc_welford_f fc_welford_combine(fc_welford_f a, fc_welford_f b) {
+  if (b.n == 0.0f) return a;
+  if (a.n == 0.0f) return b;
+  const float shift = b.k - a.k;  // b's values are (x - b.k) = (x - a.k) - shift
+  const float s1 = b.s1 + b.n * shift;
+  const float s2 = b.s2 + shift * (2.0f * b.s1 + b.n * shift);
+  return fc_welford_f{a.k, a.s1 + s1, a.s2 + s2, a.n + b.n};
+}
+__device__ __forceinline__ fc_welford_d fc_welford_combine(fc_welford_d a, fc_welford_d b) {
   if (b.n == 0) return a;
   if (a.n == 0) return b;
-  W r; r.n = a.n + b.n;
-  auto d = b.mean - a.mean;
+  fc_welford_d r; r.n = a.n + b.n;
+  double d = b.mean - a.mean;
   r.mean = a.mean + d * (b.n / r.n);
   r.m2 = a.m2 + b.m2 + d * d * (a.n * b.n / r.n);
   return r;
@@ -273,8 +291,12 @@ __device__ __forceinline__ W fc_welford_combine(W a, W b) {
 template <typename T> __device__ __forceinline__ T fc_shfl(T v, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
 }
-template <typename W> __device__ __forceinline__ W fc_shfl_welford(W v, int lane_mask) {
-  W r; r.mean = fc_shfl(v.mean, lane_mask); r.m2 = fc_shfl(v.m2, lane_mask);
+__device__ __forceinline__ fc_welford_f fc_shfl_welford(fc_welford_f v, int lane_mask) {
+  return fc_welford_f{fc_shfl(v.k, lane_mask), fc_shfl(v.s1, lane_mask),
+                      fc_shfl(v.s2, lane_mask), fc_shfl(v.n, lane_mask)};
+}
+__device__ __forceinline__ fc_welford_d fc_shfl_welford(fc_welford_d v, int lane_mask) {
+  fc_welford_d r; r.mean = fc_shfl(v.mean, lane_mask); r.m2 = fc_shfl(v.m2, lane_mask);
   r.n = fc_shfl(v.n, lane_mask); return r;
 }
 """  # noqa: E501

@@ -154,9 +154,9 @@ class Reducer:
                 zero = cuda.literal(0, self.value_dtype)
                 if k == 0:
                     corr = cuda.literal(self.op.attrs["correction"], self.value_dtype)
-                    raw = f"({acc}.m2 / fc_max({acc}.n - {corr}, {zero}))"
+                    raw = f"(fc_welford_m2({acc}) / fc_max({acc}.n - {corr}, {zero}))"
                 else:
-                    raw = f"({acc}.n == {zero} ? {nan} : {acc}.mean)"
+                    raw = f"({acc}.n == {zero} ? {nan} : fc_welford_mean({acc}))"
                 expr = cuda.convert(raw, self.value_dtype, d)
             else:
                 expr = cuda.convert(acc, self.value_dtype, d)
@@ -173,7 +173,8 @@ def reducer(bound: Bound, op_index: int) -> Reducer:
     if op.name in ("var", "var_mean"):
         vt = DType.float64 if src_dtype is DType.float64 else DType.float32
         acc = "fc_welford_d" if vt is DType.float64 else "fc_welford_f"
-        return Reducer(op_index, op, src, acc, f"{acc}{{0, 0, 0}}", "fc_welfordop()", True, vt)
+        zeros = "0, 0, 0" if vt is DType.float64 else "0, 0, 0, 0"
+        return Reducer(op_index, op, src, acc, f"{acc}{{{zeros}}}", "fc_welfordop()", True, vt)
     if op.name in ("sum", "prod"):
         if out_dtype.is_float:
             vt = DType.float64 if DType.float64 in (out_dtype, src_dtype) else DType.float32

@@ -319,5 +319,5 @@ class _Builder:
 
 def _acc_size(r) -> int:
     if r.welford:
-        return 24 if r.acc_type == "fc_welford_d" else 12
+        return 24 if r.acc_type == "fc_welford_d" else 16
     return {"float": 4, "double": 8, "long long": 8, "int": 4, "bool": 1}[r.acc_type]

@@ -125,6 +125,25 @@ def test_odd_sizes(rows, cols):
     close(got, want, f"pointwise {rows}x{cols}")
 
 
+@pytest.mark.parametrize("rows,cols", [(4096, 4096), (3, 70000), (70000, 3), (9, 1)])
+def test_variance_when_the_mean_dwarfs_the_spread(rows, cols):
+    """var_mean accumulates shifted data: 1000 + 0.01 * noise must give the noise's variance
+    (a naive sum of squares would lose it to cancellation), across rows and across columns."""
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    x = 1000.0 + 0.01 * torch.randn(rows, cols, device=DEV, generator=gen)
+    for body in (REDUCE_ROWS, REDUCE_COLS):
+        f = fusion(body)
+        plan = make_plan(f, [tensor_meta((rows, cols), DType.float32)],
+                         PlanOptions(time_limit_s=2.0))
+        got = execute_plan(plan, [x], cuda_runner, "cuda").outputs
+        dim, correction = (1, 0) if body is REDUCE_ROWS else (0, 1)
+        var, mean = torch.var_mean(x.double(), dim=dim, correction=correction)
+        got_var, got_mean = (got[2], got[3]) if body is REDUCE_ROWS else (got[1], got[2])
+        torch.testing.assert_close(got_mean.double(), mean, rtol=1e-6, atol=1e-4)
+        torch.testing.assert_close(got_var.double(), var, rtol=2e-3, atol=1e-7,
+                                   equal_nan=True)
+
+
 def test_non_contiguous_and_stride_zero_inputs():
     f = fusion(POINTWISE)
     transposed = TensorMeta((64, 48), (1, 64), DType.bfloat16)
