@@ -36,18 +36,31 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
 
 
 def median_time(fn, iters: int = 20, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+    return medians_in_rounds([fn], iters, rounds=1, warmup=warmup)[0]
+
+
+def medians_in_rounds(fns, iters: int, rounds: int = 5, warmup: int = 3) -> list[float]:
+    """Median CUDA-event time of each function over ``iters`` warm runs, taken in ``rounds``
+    blocks whose order rotates (a b c, b c a, c a b...): clock and thermal drift during the
+    measurement falls on every candidate alike, and each block starts warm."""
+    times: list[list[float]] = [[] for _ in fns]
+    per_round = max(1, iters // rounds)
+    for r in range(rounds):
+        order = list(range(len(fns)))
+        order = order[r % len(order):] + order[:r % len(order)]
+        for k in order:
+            for _ in range(warmup):
+                fns[k]()
+            torch.cuda.synchronize()
+            for _ in range(per_round):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fns[k]()
+                end.record()
+                end.synchronize()
+                times[k].append(start.elapsed_time(end) / 1e3)
+    return [statistics.median(spent) for spent in times]
 
 
 def logical_lower_bound(plan) -> int:
@@ -75,10 +88,8 @@ def measure(name: str, iters: int, compile_peers: bool):
     torch.manual_seed(0)
     args = [make_input(m, "cuda") for m in parsed.inputs]
     plan = make_plan(parsed.fusion, parsed.inputs, PlanOptions())
-    t_fc = median_time(lambda: execute_plan(plan, args, cuda_runner, "cuda"), iters)
     eager = eager_function(name, parsed.fusion, args)
-    t_eager = median_time(lambda: eager(*args), iters)
-    t_comp = math.nan
+    calls = [lambda: execute_plan(plan, args, cuda_runner, "cuda"), lambda: eager(*args)]
     if compile_peers:
         try:
             compiled = torch.compile(eager)
@@ -87,9 +98,12 @@ def measure(name: str, iters: int, compile_peers: bool):
             torch.cuda.synchronize()
             print(f"  {name}: torch.compile warm-up {time.perf_counter() - start:.1f} s",
                   flush=True)
-            t_comp = median_time(lambda: compiled(*args), iters)
+            calls.append(lambda: compiled(*args))
         except Exception:
             traceback.print_exc()
+    medians = medians_in_rounds(calls, iters)
+    t_fc, t_eager = medians[0], medians[1]
+    t_comp = medians[2] if len(medians) > 2 else math.nan
     return plan, t_fc, t_eager, t_comp
 
 
@@ -131,8 +145,9 @@ def run(cases: list[str], iters: int, compile_peers: bool) -> tuple[str, str, st
     table = markdown_table(headers, rows)
     notes = (f"Copy bandwidth measured in the same process: {bw / 1e9:.0f} GB/s (bytes read + "
              f"written). Floor = lower-bound bytes / copy bandwidth; 'x / floor' = floor time / "
-             f"measured time (1.0 is the floor). Median of {iters} warm runs, CUDA events, same "
-             f"process, PyTorch {torch.__version__}. Eager runs the hand-written torch code of "
+             f"measured time (1.0 is the floor). Median of {iters} warm runs per candidate, in 5 "
+             f"rounds of rotating order (drift falls on all alike); CUDA events, same process, "
+             f"PyTorch {torch.__version__}. Eager runs the hand-written torch code of "
              f"tests/corpus_torch.py (the torch reference interpreter for the generated cases); "
              f"torch.compile compiles the same function.")
     return device, table + "\n", notes
@@ -141,7 +156,7 @@ def run(cases: list[str], iters: int, compile_peers: bool) -> tuple[str, str, st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cases", default="")
-    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--no-compile", action="store_true")
     args = parser.parse_args()
     cases = args.cases.split(",") if args.cases else sorted(p.stem for p in CORPUS.glob("*.py"))
