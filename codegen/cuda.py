@@ -81,11 +81,7 @@ def convert(expr: str, src: DType, dst: DType) -> str:
 
 def round_half(expr: str, d: DType) -> str:
     """Round a float to ``d``'s precision, staying in float (what storing and reloading does)."""
-    if d is DType.bfloat16:
-        return f"__bfloat162float(__float2bfloat16({expr}))"
-    if d is DType.float16:
-        return f"__half2float(__float2half({expr}))"
-    return expr
+    return to_compute(to_storage(expr, d), d)
 
 
 def _f(name: str, d: DType) -> str:

@@ -42,6 +42,16 @@ def index_type(bound: Bound, tensors, domain_numel: int) -> str:
     return "int" if biggest < limit else "int64"
 
 
+def covering_grid(count: int, per_block: int, itype: str) -> int:
+    """Blocks for one step per thread over ``count`` items, ``per_block`` a block; kernels keep
+    a grid-stride loop, so with a 32-bit index the grid stays small enough that the loop
+    variable plus the stride cannot overflow."""
+    blocks = -(-count // per_block)
+    if itype == "int":
+        blocks = min(blocks, (2**31 - 1 - count) // per_block)
+    return max(1, blocks)
+
+
 def address(idx: tuple[str, ...], strides: tuple[int, ...]) -> str:
     """``sum(idx[a] * stride[a])`` as C, skipping zero strides and zero indices."""
     terms = []

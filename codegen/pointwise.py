@@ -13,7 +13,15 @@ from __future__ import annotations
 from codegen import cuda
 from codegen.emit import Emitter
 from codegen.kernel import Kernel, SegmentKernels, assemble, indent, signature, tensor_params
-from codegen.layout import address, compact_strides, decompose, index_type, numel, tensor_strides
+from codegen.layout import (
+    address,
+    compact_strides,
+    covering_grid,
+    decompose,
+    index_type,
+    numel,
+    tensor_strides,
+)
 from codegen.precision import fast_math_tensors
 from optimizer.analysis.shapes import Bound
 from optimizer.schedulers.kinds import Schedule
@@ -121,12 +129,8 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
     params = tensor_params(bound, schedule.inputs, schedule.outputs, em.params)
     n_vec = total // vec
     # One step per thread over the whole domain (measured on H100: 4-8% faster than a grid of
-    # 8 blocks per SM striding over it); the stride stays for grids that must be smaller.
-    per_block = THREADS * unroll
-    blocks = -(-n_vec // per_block)
-    if itype == "int":  # base + grid stride must not overflow a 32-bit index
-        blocks = min(blocks, (2**31 - 1 - n_vec) // per_block)
-    blocks = max(1, blocks)
+    # 8 blocks per SM striding over it).
+    blocks = covering_grid(n_vec, THREADS * unroll, itype)
     position = ([f"const index_t flat = v * {vec};"] if rank else []) + \
         decompose("flat", domain, xs, "index_t")
     loads = position + pre

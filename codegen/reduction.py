@@ -70,6 +70,7 @@ class _Builder:
         self.epilogue_outputs = [t for t in schedule.outputs if t not in self.loop_outputs]
         self.name = f"fusecut_segment{index}_reduction"
         self.counter = itertools.count(1)
+        self.keep_names = [f"i{a}" for a in keep_axes]
 
     # ---- pieces ---------------------------------------------------------------------------
 
@@ -80,6 +81,19 @@ class _Builder:
             var = next(ri) if a in self.red_axes else next(ki)
             out.append(f"({var} + {LANE})" if a == lane_axis else var)
         return tuple(out)
+
+    def accumulation_loop(self, vec: int, acc_of, flat: str) -> tuple[list[str], list[str]]:
+        """The body of the loop over the reduced axes (their index decomposed from ``flat``):
+        accumulate, store loop outputs. Also the scalar parameters it reads."""
+        red_names = [f"r{a}" for a in self.red_axes]
+        params: list[str] = []
+        lane_axis = len(self.domain) - 1 if vec > 1 else None
+        loop = Region(self.bound, self.schedule, self.itype,
+                      self.p_idx(self.keep_names, red_names, lane_axis), vec, self.aligned,
+                      params, self.counter)
+        self.accumulate(loop, acc_of)
+        red_ext = [self.domain[a] for a in self.red_axes]
+        return loop.lane_block(decompose(flat, red_ext, red_names, "index_t")), params
 
     def accumulate(self, region: Region, acc_of) -> None:
         """Add each reduction's input (at this region's index) to its accumulator; store the
@@ -153,15 +167,9 @@ class _Builder:
             split = min(-(-2 * profile.sm_count // row_blocks), row_vecs // (2 * per_row))
             split = max(split, 1)
         chunk = -(-row_vecs // split) * vec
-        red_ext = [self.domain[a] for a in self.red_axes]
-        keep_names = [f"i{a}" for a in self.keep_axes]
-        red_names = [f"r{a}" for a in self.red_axes]
-        params: list[str] = []
-        loop = Region(self.bound, sched, self.itype,
-                      self.p_idx(keep_names, red_names, len(self.domain) - 1 if vec > 1 else None),
-                      vec, self.aligned, params, self.counter)
-        self.accumulate(loop, lambda r: f"acc{self.reducers.index(r)}")
-        loop_lines = loop.lane_block(decompose("c", red_ext, red_names, "index_t"))
+        keep_names = self.keep_names
+        loop_lines, params = self.accumulation_loop(
+            vec, lambda r: f"acc{self.reducers.index(r)}", "c")
         tid = "(threadIdx.x & 31)" if warp_rows else "threadIdx.x"
         step = per_row * vec
         body = [f"__shared__ {r.acc_type} smem{k}[33];" for k, r in enumerate(self.reducers)]
@@ -247,15 +255,9 @@ class _Builder:
             split = min(-(-4 * profile.sm_count // grid_x), rows_r // (16 * by))
             split = max(split, 1)
         keep_ext = [self.domain[a] for a in self.keep_axes]
-        red_ext = [self.domain[a] for a in self.red_axes]
-        keep_names = [f"i{a}" for a in self.keep_axes]
-        red_names = [f"r{a}" for a in self.red_axes]
-        params: list[str] = []
-        loop = Region(self.bound, sched, self.itype,
-                      self.p_idx(keep_names, red_names, len(self.domain) - 1 if vec > 1 else None),
-                      vec, self.aligned, params, self.counter)
-        self.accumulate(loop, lambda r: f"acc{self.reducers.index(r)}[{LANE}]")
-        loop_lines = loop.lane_block(decompose("r", red_ext, red_names, "index_t"))
+        keep_names = self.keep_names
+        loop_lines, params = self.accumulation_loop(
+            vec, lambda r: f"acc{self.reducers.index(r)}[{LANE}]", "r")
         body = [f"__shared__ {r.acc_type} smem{k}[{by}][{bx * vec}];"
                 for k, r in enumerate(self.reducers)]
         body += [f"const index_t col = ((index_t)blockIdx.x * {bx} + threadIdx.x) * {vec};",

@@ -87,19 +87,20 @@ def test_images_copy_every_package_and_start_the_cli():
     ignore = (DOCKER / "Dockerfile.dockerignore").read_text().splitlines()
     serve = typer.main.get_command(cli_app).commands["serve"]
     stages = dockerfile_stages()
-    assert {"sources", "cpu", "gpu"} <= set(stages)
+    assert {"sources", "base-cpu", "base-gpu", "fusecut"} <= set(stages)
+    assert "FROM base-${VARIANT} AS fusecut" in (DOCKER / "Dockerfile").read_text()
     copied = {word for line in stages["sources"] if line.startswith("COPY ")
               for word in line.split()[1:-1]}
     assert sources | {"pyproject.toml"} <= copied, f"the images miss {sources - copied}"
     assert all(f"!{s}" in ignore for s in sources | {"pyproject.toml"})
-    for name in ("cpu", "gpu"):
-        assert "COPY --from=sources /src ./" in stages[name]
-        cmd = json.loads(next(line for line in stages[name] if line.startswith("CMD "))[4:])
-        assert cmd[0] == "fusecut"
-        context = serve.make_context("serve", cmd[2:])  # a bad option raises here
-        assert cmd[1] == "serve" and context.params["port"] == 8000
-        env = " ".join(line for line in stages[name] if line.startswith("ENV "))
-        assert "FUSECUT_DB_PATH=/data/" in env  # the plan cache lives on the volume
+    final = stages["fusecut"]  # both variants end in this stage
+    assert "COPY --from=sources /src ./" in final
+    cmd = json.loads(next(line for line in final if line.startswith("CMD "))[4:])
+    assert cmd[0] == "fusecut"
+    context = serve.make_context("serve", cmd[2:])  # a bad option raises here
+    assert cmd[1] == "serve" and context.params["port"] == 8000
+    env = " ".join(line for line in final if line.startswith("ENV "))
+    assert "FUSECUT_DB_PATH=/data/" in env  # the plan cache lives on the volume
 
 
 def test_compose_wires_prometheus_and_grafana_to_the_service():
@@ -107,8 +108,9 @@ def test_compose_wires_prometheus_and_grafana_to_the_service():
     gpu = yaml.safe_load((DOCKER / "compose.gpu.yaml").read_text())
     service = compose["services"]["fusecut"]
     stages = dockerfile_stages()
-    assert service["build"]["target"] in stages and gpu["services"]["fusecut"]["build"][
-        "target"] in stages
+    variants = [service["build"]["args"]["VARIANT"],
+                gpu["services"]["fusecut"]["build"]["args"]["VARIANT"]]
+    assert variants == ["cpu", "gpu"] and all(f"base-{v}" in stages for v in variants)
     assert (ROOT / service["build"]["dockerfile"]).resolve() == DOCKER / "Dockerfile"
     published = [p.rsplit(":", 1)[1] for p in service["ports"]]  # the container's port
     assert all(p.startswith("127.0.0.1:") for s in compose["services"].values()

@@ -99,11 +99,7 @@ def execute_request(definition: Definition | None, tensors: list[Any] | dict[str
                     fusion: Fusion | None = None) -> tuple[dict[str, Any], Fusion]:
     """The keyword arguments of the httpx request, and the fusion whose outputs come back."""
     if fusion is None:
-        if isinstance(definition, (str, Path)):
-            text = definition.read_text() if isinstance(definition, Path) else definition
-            fusion = parse_text(text).fusion
-        else:
-            _, fusion = _wire_definition(definition)
+        fusion = fusion_of(definition)
     named = _named_tensors(fusion, tensors)
     sent_definition = None if plan_id else fusion_to_json(fusion)
     if wire == "json":
@@ -226,21 +222,26 @@ class AsyncClient:
         await self.aclose()
 
 
+def fusion_of(definition: Definition | dict[str, Any]) -> Fusion:
+    """The fusion of a definition in any form a client accepts (parsed here, never run)."""
+    if isinstance(definition, Path):
+        definition = definition.read_text()
+    if isinstance(definition, str):
+        if not definition.lstrip().startswith("{"):
+            return parse_text(definition).fusion
+        definition = json.loads(definition)
+    if isinstance(definition, dict):
+        return fusion_from_json(definition)
+    return _wire_definition(definition)[1]
+
+
 def _fusion_of_plan(definition: Any) -> Fusion | None:
     """A plan carries its ops, not its definition: the fusion comes from where it was made."""
     if not isinstance(definition, Plan):
         return None
     if definition._internal is not None:
         return definition._internal.fusion
-    source = getattr(definition, "_source", None)
-    if source is not None:
-        if isinstance(source, (str, Path)):
-            text = source.read_text() if isinstance(source, Path) else source
-            if not text.lstrip().startswith("{"):
-                return parse_text(text).fusion
-            source = json.loads(text)
-        if isinstance(source, dict):
-            return fusion_from_json(source)
-        return _wire_definition(source)[1]
+    if definition._source is not None:
+        return fusion_of(definition._source)
     raise ValueError("this plan came from get_plan(): pass fusion=<its Fusion> to execute it "
                      "(or execute the definition itself)")
