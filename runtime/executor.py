@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from optimizer.analysis.shapes import bind
+from optimizer.analysis.shapes import Bound, bind
 from optimizer.errors import InputError
 from optimizer.ir.inputs import TensorMeta
 from optimizer.plan.plan import Plan, Segment
@@ -40,15 +40,31 @@ class SegmentTiming:
 class Execution:
     outputs: list[torch.Tensor]
     timings: list[SegmentTiming] = field(default_factory=list)
+    backend: str = "reference"  # "cuda" (generated kernels) or "reference" (torch)
 
     @property
     def seconds(self) -> float:
         return sum(t.seconds for t in self.timings)
 
 
+_bounds: dict[tuple[str, int], Bound] = {}
+
+
+def segment_bound(plan: Plan, segment: Segment) -> Bound | None:
+    """A segment's sub-fusion bound to its sizes, once (they are fixed by the plan); None when
+    it has scalar inputs, whose values come with each call."""
+    if segment.sub.fusion.scalar_inputs():
+        return None
+    key = (plan.plan_id, segment.index)
+    bound = _bounds.get(key)
+    if bound is None:
+        bound = _bounds[key] = bind(segment.sub.fusion, segment.sub.inputs)
+    return bound
+
+
 def reference_runner(plan: Plan, segment: Segment, args: list[Any],
                      scalars: dict[str, Any]) -> list[torch.Tensor]:
-    return run_reference(segment.sub.fusion, args)
+    return run_reference(segment.sub.fusion, args, segment_bound(plan, segment))
 
 
 def check_matches_plan(plan: Plan, args: list[Any]) -> dict[str, Any]:
@@ -156,4 +172,4 @@ def execute_plan(plan: Plan, args: list[Any], runner: SegmentRunner = reference_
         outputs.append(value if how is None else expand_compact(value, how[1], how[2]))
     for out, inp in fusion.aliases.items():
         env[inp].copy_(outputs[fusion.outputs.index(out)])
-    return Execution(outputs, timings)
+    return Execution(outputs, timings, backend)

@@ -32,12 +32,12 @@ from optimizer.planner import PlanOptions, make_plan
 from optimizer.schedulers.profiles import get_profile
 from runtime.tensor_wire import expand_declared_broadcasts
 from runtime.tensors import meta_of
+from runtime.worker import Worker, WorkerCrashed, WorkerTimeout, WorkerUnavailable
 from service import metrics
 from service.models import PlanOptionsModel
 from service.problems import Problem
 from service.settings import Settings
 from service.store import PlanStore, StoredPlan
-from service.worker import Worker, WorkerCrashed, WorkerTimeout, WorkerUnavailable
 
 HELD_PLANS = 64  # Plan objects kept in memory for executions
 PARSED_TEXTS = 256  # parsed definition texts kept: a client that repeats one skips the parser

@@ -13,7 +13,7 @@ CORPUS = Path(__file__).parent / "corpus"
 CORPUS_FILES = sorted(CORPUS.glob("*.py"))
 HAS_GPU = torch.cuda.is_available()
 
-settings.register_profile("ci", max_examples=60, deadline=None,
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("gpu", max_examples=200, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -241,9 +241,8 @@ def execute(file: str = typer.Argument(..., help="nvFuser repro with an inputs l
 
     from optimizer.ir.inputs import scale_metas
     from optimizer.planner import make_plan
-    from runtime.backend import runner_for
-    from runtime.executor import execute_plan
     from runtime.reference import run_reference
+    from runtime.run import run_plan
     from runtime.tensors import make_input
 
     parsed = read_definition(file)
@@ -254,11 +253,10 @@ def execute(file: str = typer.Argument(..., help="nvFuser repro with an inputs l
     try:
         plan_ = make_plan(parsed.fusion, metas)
         args = [make_input(m, device) for m in metas]
-        runner, backend = runner_for(args)
-        result = execute_plan(plan_, args, runner, backend, timed=True)
+        result = run_plan(plan_, args, timed=True)
     except FusecutError as e:
         fail(str(e))
-    table = Table(title=f"execution on {device} ({backend})")
+    table = Table(title=f"execution on {device} ({result.backend})")
     for col in ("segment", "kind", "time", "bytes", "bandwidth"):
         table.add_column(col, justify="right")
     for t in result.timings:

@@ -49,7 +49,6 @@ class RemoteExecution(Execution):
     """An execution on the service: outputs, per-segment timings, and which plan ran where."""
 
     plan_id: str = ""
-    backend: str = ""
 
 
 # ---- request building (shared by both clients) -----------------------------------------------
@@ -143,7 +142,7 @@ def execution_of(response: httpx.Response, fusion: Fusion) -> RemoteExecution:
         plan_id = response.headers["x-fusecut-plan-id"]
         backend = response.headers["x-fusecut-backend"]
         segments = json.loads(response.headers["x-fusecut-segments"])
-    return RemoteExecution(outputs, [SegmentTiming(**s) for s in segments], plan_id, backend)
+    return RemoteExecution(outputs, [SegmentTiming(**s) for s in segments], backend, plan_id)
 
 
 def _headers(api_key: str | None) -> dict[str, str]:

@@ -1,8 +1,14 @@
-"""In-process planning and execution: what ``fd.plan``, ``fd.execute`` and the CLI run."""
+"""In-process planning and execution: what ``fd.plan``, ``fd.execute`` and the CLI run.
+
+``Local`` is one definition's state: its plans (per input metadata and options) and its compiled
+programs (per argument signature). ``fd.execute`` first offers its arguments to the last program
+it ran (``warm``: one signature comparison, then allocate and launch); everything else comes here.
+"""
 
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import torch
@@ -12,7 +18,9 @@ from optimizer.ir.fusion import Fusion
 from optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta
 from optimizer.ir.wire import meta_from_json
 from optimizer.planner import PlanOptions, make_plan
-from runtime.executor import Execution, execute_plan
+from runtime.executor import Execution
+from runtime.program import Program, baked_positions, build_program, signature
+from runtime.run import on_gpu, run_plan
 from runtime.tensors import meta_of
 
 
@@ -42,12 +50,44 @@ def plan(fusion: Fusion, inputs: list[Any], cache: dict | None = None, **options
     return result
 
 
-def execute(fusion: Fusion, inputs: list[Any], *, cache: dict | None = None,
-            return_execution: bool = False, **options: Any) -> list[torch.Tensor] | Execution:
-    """Plan (cached per input metadata) and run ``fusion`` on real inputs."""
-    from runtime.backend import runner_for
+class Local:
+    """A definition's plans and compiled programs. Thread-safe: the autograd thread may run a
+    backward definition while the main thread runs others."""
 
-    planned = plan(fusion, inputs, cache, **options)
-    runner, backend = runner_for(inputs)
-    result = execute_plan(planned._internal, list(inputs), runner, backend)
-    return result if return_execution else result.outputs
+    MAX_PROGRAMS = 64
+
+    def __init__(self, fusion: Fusion):
+        self.fusion = fusion
+        self.plans: dict[Any, Plan] = {}
+        self.programs: dict[tuple, Program] = {}
+        self.warm = None  # the last program's warm call (None on another signature)
+        self._baked: frozenset[int] | None = None
+        self._lock = threading.Lock()
+
+    def plan(self, inputs: list[Any], **options: Any) -> Plan:
+        with self._lock:
+            return plan(self.fusion, inputs, self.plans, **options)
+
+    def execute(self, inputs: list[Any], return_execution: bool = False,
+                **options: Any) -> list[torch.Tensor] | Execution:
+        """Plan (cached per input metadata), compile (cached) and run on real inputs."""
+        inputs = list(inputs)
+        if return_execution or not on_gpu(inputs):
+            result = run_plan(self.plan(inputs, **options)._internal, inputs,
+                              timed=return_execution)
+            return result if return_execution else result.outputs
+        if self._baked is None:
+            self._baked = baked_positions(self.fusion)
+        sig = signature(inputs, self._baked)
+        key = (sig, json.dumps(options, sort_keys=True, default=str)) if options else sig
+        program = self.programs.get(key)
+        if program is None:
+            planned = self.plan(inputs, **options)._internal
+            program = build_program(planned, inputs, sig)
+            with self._lock:
+                if len(self.programs) >= self.MAX_PROGRAMS:
+                    self.programs.pop(next(iter(self.programs)))
+                self.programs[key] = program
+        if not options:
+            self.warm = program.call
+        return program.run(inputs)

@@ -118,3 +118,23 @@ def eval_scalar_op(name: str, args: list[Any], attrs: dict[str, Any], out: DType
         args = [args[0]] + [float(a) for a in args[1:]] if name == "where" else \
             [float(a) for a in args]
     return coerce(fn(*args), out)
+
+
+def baked_scalar_inputs(fusion) -> set[str]:
+    """Scalar inputs whose values a plan is built for: sizes, indices, anything other than an
+    operand of elementwise math (which kernels take as a parameter at run time). A call with
+    another value of one of these needs another plan; the others may change freely."""
+    from optimizer.ir.opspec import OpClass, get_spec
+
+    baked: set[str] = set()
+    for op in fusion.ops:
+        scalar_op = all(o in fusion.scalars for o in op.outputs)
+        if scalar_op:
+            continue
+        refs = op.refs()
+        operands = set(op.inputs) if get_spec(op.name).op_class is OpClass.POINTWISE else set()
+        baked.update(n for n in refs if n in fusion.scalars and n not in operands)
+    for op in reversed(fusion.ops):  # what a baked derived scalar is computed from is baked too
+        if any(o in baked for o in op.outputs) and all(o in fusion.scalars for o in op.outputs):
+            baked.update(n for n in op.refs() if n in fusion.scalars)
+    return baked & set(fusion.scalar_inputs())

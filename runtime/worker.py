@@ -52,8 +52,7 @@ class _Runner:
     def execute(self, request: dict[str, Any]) -> dict[str, Any]:
         import runtime.compile as rc
         from optimizer.errors import FusecutError
-        from runtime.backend import runner_for
-        from runtime.executor import execute_plan
+        from runtime.run import run_plan
         from runtime.tensor_wire import to_device
 
         plan = request.get("plan")
@@ -68,14 +67,13 @@ class _Runner:
         try:
             args = [to_device(v, self.device) if isinstance(v, self.torch.Tensor) else v
                     for v in request["args"]]
-            runner, backend = runner_for(args)
             stats = rc.STATS
             before = (stats.compiles, stats.seconds, stats.memory_hits + stats.disk_hits)
-            result = execute_plan(plan, args, runner, backend, timed=True)
+            result = run_plan(plan, args, timed=True)
             outputs = [t.cpu() for t in result.outputs]
         except FusecutError as e:
             return {"ok": False, "kind": type(e).__name__, "message": str(e)}
-        return {"ok": True, "outputs": outputs, "backend": backend,
+        return {"ok": True, "outputs": outputs, "backend": result.backend,
                 "timings": [t.__dict__ for t in result.timings],
                 "compiles": rc.STATS.compiles - before[0],
                 "compile_seconds": rc.STATS.seconds - before[1],
@@ -155,7 +153,7 @@ class Worker:
         # A plain subprocess (not multiprocessing's spawn, which re-imports the caller's
         # __main__) talking over a socket pair.
         ours, theirs = socket.socketpair()
-        proc = subprocess.Popen([sys.executable, "-m", "service.worker", str(theirs.fileno())],
+        proc = subprocess.Popen([sys.executable, "-m", "runtime.worker", str(theirs.fileno())],
                                 pass_fds=[theirs.fileno()], env=_child_env())
         theirs.close()
         conn = Connection(ours.detach())

@@ -1,0 +1,329 @@
+// fusecut's warm-call launcher: one C++ call per fd.execute once a plan is compiled.
+//
+// Python measures about 4-6 us to allocate one tensor and 7-8 us per cuLaunchKernel through
+// cuda-python or ctypes on the H100 box; nvFuser's whole warm call is about 11 us. This module
+// does, in C++, only what a warm call needs: compare the arguments with the program's signature,
+// allocate buffers through torch's caching allocator, fill kernel parameters and launch. It knows
+// nothing about plans: runtime/program.py describes a program as plain tuples (see `make`).
+//
+// cuLaunchKernel is not linked: Python passes its address, so this builds without the CUDA
+// toolkit, and a test can pass a recording stand-in and run programs on the CPU.
+
+#include <Python.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/as_strided.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using LaunchFn = int (*)(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                         unsigned by, unsigned bz, unsigned smem, void* stream, void** params,
+                         void** extra);
+
+// A fusion argument as the program was built for it.
+struct InputSpec {
+  bool tensor = false;
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype = at::ScalarType::Float;
+  int align = 0;               // data_ptr() % 16
+  PyTypeObject* scalar_type = nullptr;  // float, int or bool
+  PyObject* value = nullptr;   // a scalar whose value the plan depends on (owned), else null
+};
+
+struct BufferSpec {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype = at::ScalarType::Float;
+};
+
+enum ParamKind : int {
+  kSlot = 0,        // a tensor's data pointer: inputs first, then buffers
+  kInt = 1,         // a constant long long
+  kDouble = 2,      // a constant double
+  kBool = 3,        // a constant bool
+  kScalarInt = 4,   // a scalar argument, as long long
+  kScalarDouble = 5,
+  kScalarBool = 6,
+};
+
+struct Param {
+  int kind;
+  int64_t index;  // slot or argument position
+  int64_t ivalue;
+  double dvalue;
+};
+
+struct Launch {
+  void* function;
+  unsigned grid[3], block[3], smem;
+  std::vector<Param> params;
+  std::vector<int> allocs;  // slots of the buffers first written by this launch
+  std::vector<int> frees;   // slots of the buffers last read by this launch
+};
+
+struct Output {
+  int slot;
+  bool view;  // a compact buffer seen at its logical shape (stride 0 on broadcast axes)
+  std::vector<int64_t> sizes, strides;
+};
+
+struct Program {
+  LaunchFn launch = nullptr;
+  at::Device device = at::Device(at::kCPU);
+  std::vector<InputSpec> inputs;
+  std::vector<BufferSpec> buffers;
+  std::vector<Launch> launches;
+  std::vector<Output> outputs;
+
+  ~Program() {
+    for (auto& in : inputs) Py_XDECREF(in.value);
+  }
+};
+
+// ---- building a program from Python tuples ----------------------------------------------------
+
+bool int_vector(PyObject* seq, std::vector<int64_t>& out) {
+  PyObject* fast = PySequence_Fast(seq, "expected a sequence of ints");
+  if (!fast) return false;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  out.resize(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+  }
+  Py_DECREF(fast);
+  return !PyErr_Occurred();
+}
+
+bool int_list(PyObject* seq, std::vector<int>& out) {
+  std::vector<int64_t> wide;
+  if (!int_vector(seq, wide)) return false;
+  out.assign(wide.begin(), wide.end());
+  return true;
+}
+
+void destroy(PyObject* capsule) {
+  delete static_cast<Program*>(PyCapsule_GetPointer(capsule, "fusecut.Program"));
+}
+
+// make(launch_fn, device_type, device_index, inputs, buffers, launches, outputs) -> capsule
+//   inputs:   ("tensor", sizes, strides, dtype, align) | ("scalar", type, value-or-None)
+//   buffers:  (sizes, dtype)
+//   launches: (function, grid, block, smem, params, allocs, frees); params: (kind, index, i, d)
+//   outputs:  (slot, sizes-or-None, strides-or-None)
+PyObject* make(PyObject*, PyObject* args) {
+  unsigned long long launch_fn;
+  int device_type, device_index;
+  PyObject *inputs, *buffers, *launches, *outputs;
+  if (!PyArg_ParseTuple(args, "KiiOOOO", &launch_fn, &device_type, &device_index, &inputs,
+                        &buffers, &launches, &outputs)) {
+    return nullptr;
+  }
+  auto* prog = new Program();
+  prog->launch = reinterpret_cast<LaunchFn>(launch_fn);
+  prog->device = at::Device(static_cast<c10::DeviceType>(device_type),
+                            static_cast<c10::DeviceIndex>(device_index));
+  bool ok = true;
+  for (Py_ssize_t i = 0; ok && i < PyList_Size(inputs); ++i) {
+    PyObject* item = PyList_GetItem(inputs, i);
+    InputSpec spec;
+    const char* what;
+    PyObject *a, *b, *c = nullptr;
+    int dtype = 0, align = 0;
+    if (!PyArg_ParseTuple(item, "sOO|ii", &what, &a, &b, &dtype, &align)) { ok = false; break; }
+    if (std::strcmp(what, "tensor") == 0) {
+      spec.tensor = true;
+      ok = int_vector(a, spec.sizes) && int_vector(b, spec.strides);
+      spec.dtype = static_cast<at::ScalarType>(dtype);
+      spec.align = align;
+    } else {
+      spec.scalar_type = reinterpret_cast<PyTypeObject*>(a);
+      c = b == Py_None ? nullptr : b;
+      Py_XINCREF(c);
+      spec.value = c;
+    }
+    prog->inputs.push_back(std::move(spec));
+  }
+  for (Py_ssize_t i = 0; ok && i < PyList_Size(buffers); ++i) {
+    PyObject *sizes;
+    int dtype;
+    if (!PyArg_ParseTuple(PyList_GetItem(buffers, i), "Oi", &sizes, &dtype)) { ok = false; break; }
+    BufferSpec spec;
+    ok = int_vector(sizes, spec.sizes);
+    spec.dtype = static_cast<at::ScalarType>(dtype);
+    prog->buffers.push_back(std::move(spec));
+  }
+  for (Py_ssize_t i = 0; ok && i < PyList_Size(launches); ++i) {
+    Launch l;
+    unsigned long long fn;
+    PyObject *params, *allocs, *frees;
+    if (!PyArg_ParseTuple(PyList_GetItem(launches, i), "K(III)(III)IOOO", &fn, &l.grid[0],
+                          &l.grid[1], &l.grid[2], &l.block[0], &l.block[1], &l.block[2], &l.smem,
+                          &params, &allocs, &frees)) {
+      ok = false;
+      break;
+    }
+    l.function = reinterpret_cast<void*>(fn);
+    for (Py_ssize_t k = 0; ok && k < PyList_Size(params); ++k) {
+      Param p;
+      long long index, ivalue;
+      if (!PyArg_ParseTuple(PyList_GetItem(params, k), "iLLd", &p.kind, &index, &ivalue,
+                            &p.dvalue)) {
+        ok = false;
+        break;
+      }
+      p.index = index;
+      p.ivalue = ivalue;
+      l.params.push_back(p);
+    }
+    ok = ok && int_list(allocs, l.allocs) && int_list(frees, l.frees);
+    prog->launches.push_back(std::move(l));
+  }
+  for (Py_ssize_t i = 0; ok && i < PyList_Size(outputs); ++i) {
+    Output o;
+    PyObject *sizes, *strides;
+    if (!PyArg_ParseTuple(PyList_GetItem(outputs, i), "iOO", &o.slot, &sizes, &strides)) {
+      ok = false;
+      break;
+    }
+    o.view = sizes != Py_None;
+    if (o.view) ok = int_vector(sizes, o.sizes) && int_vector(strides, o.strides);
+    prog->outputs.push_back(std::move(o));
+  }
+  if (!ok) {
+    delete prog;
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "malformed fusecut program");
+    return nullptr;
+  }
+  return PyCapsule_New(prog, "fusecut.Program", destroy);
+}
+
+// ---- running it -----------------------------------------------------------------------------
+
+bool matches(const InputSpec& spec, PyObject* arg, const at::Device& device) {
+  if (spec.tensor) {
+    if (!THPVariable_Check(arg)) return false;
+    const at::Tensor& t = THPVariable_Unpack(arg);
+    return t.scalar_type() == spec.dtype && t.device() == device &&
+           t.sizes() == c10::IntArrayRef(spec.sizes) &&
+           t.strides() == c10::IntArrayRef(spec.strides) &&
+           static_cast<int>(reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == spec.align;
+  }
+  if (Py_TYPE(arg) != spec.scalar_type) return false;
+  return spec.value == nullptr || PyObject_RichCompareBool(arg, spec.value, Py_EQ) == 1;
+}
+
+// run(program, args, stream) -> list of output tensors, or None when the arguments do not
+// match the program's signature (the caller then takes the slow path).
+PyObject* run(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 3) {
+    PyErr_SetString(PyExc_TypeError, "run(program, args, stream)");
+    return nullptr;
+  }
+  auto* prog = static_cast<Program*>(PyCapsule_GetPointer(argv[0], "fusecut.Program"));
+  if (!prog) return nullptr;
+  PyObject* seq = PySequence_Fast(argv[1], "fusion arguments must be a list or tuple");
+  if (!seq) return nullptr;
+  void* stream = PyLong_AsVoidPtr(argv[2]);
+  const Py_ssize_t n_args = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  if (n_args != static_cast<Py_ssize_t>(prog->inputs.size())) {
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+  }
+  for (Py_ssize_t i = 0; i < n_args; ++i) {
+    if (!matches(prog->inputs[i], items[i], prog->device)) {
+      Py_DECREF(seq);
+      Py_RETURN_NONE;
+    }
+  }
+  PyObject* result = nullptr;
+  try {
+    std::vector<at::Tensor> slots(n_args + prog->buffers.size());
+    for (Py_ssize_t i = 0; i < n_args; ++i) {
+      if (prog->inputs[i].tensor) slots[i] = THPVariable_Unpack(items[i]);
+    }
+    std::vector<uint64_t> values;
+    std::vector<void*> pointers;
+    for (const Launch& l : prog->launches) {
+      for (int b : l.allocs) {
+        const BufferSpec& spec = prog->buffers[b - n_args];
+        slots[b] = at::empty(spec.sizes, at::TensorOptions().dtype(spec.dtype)
+                                                      .device(prog->device));
+      }
+      if (l.function == nullptr) continue;  // a segment with nothing to compute
+      values.assign(l.params.size(), 0);
+      pointers.resize(l.params.size());
+      for (size_t k = 0; k < l.params.size(); ++k) {
+        const Param& p = l.params[k];
+        uint64_t& v = values[k];
+        switch (p.kind) {
+          case kSlot:
+            v = reinterpret_cast<uint64_t>(slots[p.index].data_ptr());
+            break;
+          case kInt:
+            v = static_cast<uint64_t>(p.ivalue);
+            break;
+          case kDouble:
+            std::memcpy(&v, &p.dvalue, sizeof(double));
+            break;
+          case kBool:
+            v = p.ivalue != 0;
+            break;
+          case kScalarInt: {
+            long long x = PyLong_AsLongLong(items[p.index]);
+            v = static_cast<uint64_t>(x);
+            break;
+          }
+          case kScalarDouble: {
+            double x = PyFloat_AsDouble(items[p.index]);
+            std::memcpy(&v, &x, sizeof(double));
+            break;
+          }
+          case kScalarBool:
+            v = PyObject_IsTrue(items[p.index]) == 1;
+            break;
+        }
+        pointers[k] = &v;
+      }
+      if (PyErr_Occurred()) throw std::runtime_error("a scalar argument did not convert");
+      int err = prog->launch(l.function, l.grid[0], l.grid[1], l.grid[2], l.block[0],
+                             l.block[1], l.block[2], l.smem, stream, pointers.data(), nullptr);
+      if (err != 0) {
+        throw std::runtime_error("cuLaunchKernel failed with CUDA error " + std::to_string(err));
+      }
+      for (int b : l.frees) slots[b].reset();  // the caching allocator reuses it
+    }
+    result = PyList_New(prog->outputs.size());
+    for (size_t i = 0; i < prog->outputs.size(); ++i) {
+      const Output& o = prog->outputs[i];
+      at::Tensor out = o.view ? at::as_strided(slots[o.slot], o.sizes, o.strides)
+                              : slots[o.slot];
+      PyList_SET_ITEM(result, i, THPVariable_Wrap(std::move(out)));
+    }
+  } catch (const std::exception& e) {
+    Py_XDECREF(result);
+    result = nullptr;
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  Py_DECREF(seq);
+  return result;
+}
+
+PyMethodDef methods[] = {
+    {"make", make, METH_VARARGS, "Build a program from its description."},
+    {"run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run)), METH_FASTCALL,
+     "Run a program: its outputs, or None when the arguments do not match."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "fusecut_launcher", nullptr, -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit_fusecut_launcher() { return PyModule_Create(&module); }

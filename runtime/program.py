@@ -1,0 +1,319 @@
+"""A plan compiled for one argument signature: what a warm call runs.
+
+The first call with a new signature (each tensor's shape, strides, dtype, device and 16-byte
+alignment class; each scalar's type, and the value of scalars the plan is built for) plans,
+compiles and builds a ``Program``: every kernel of every segment in plan order, each parameter
+resolved to a slot (the fusion's arguments first, then the buffers the segments write) or a
+constant, the buffers' sizes and the launches that allocate and free them, and how the fusion's
+outputs are read from the slots. A warm call then only allocates, fills pointers and launches on
+torch's current stream: in C++ (``runtime.launcher``) when it is built and the program has only
+kernels, in Python otherwise (library and fallback segments run through torch). It does no
+planning, no compilation, no metadata objects and no per-segment timing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from codegen.emit import dynamic_scalars
+from optimizer.analysis.scalars import baked_scalar_inputs, eval_scalar_op
+from optimizer.plan.plan import Plan
+from optimizer.schedulers.kinds import Kind
+from runtime.executor import expand_compact, segment_bound
+from runtime.kernels import (
+    KernelLaunch,
+    code_for_alignment,
+    current_stream,
+    launch_kernel,
+    scalar_value,
+)
+from runtime.reference import run_reference
+
+# Parameter kinds, as runtime/native/launcher.cpp reads them.
+SLOT, INT, DOUBLE, BOOL, SCALAR_INT, SCALAR_DOUBLE, SCALAR_BOOL = range(7)
+_CONSTANT = {ctypes.c_double: DOUBLE, ctypes.c_bool: BOOL}
+_DYNAMIC = {ctypes.c_double: SCALAR_DOUBLE, ctypes.c_bool: SCALAR_BOOL}
+# torch dtype -> c10::ScalarType code (stable across torch versions)
+SCALAR_TYPE = {torch.uint8: 0, torch.int32: 3, torch.int64: 4, torch.float16: 5,
+               torch.float32: 6, torch.float64: 7, torch.bool: 11, torch.bfloat16: 15}
+
+
+def signature(args: list[Any], baked: frozenset[int] = frozenset()) -> tuple:
+    """What a program is built for: per tensor (shape, strides, dtype, device, address mod 16);
+    per scalar its type, and its value where the plan depends on it (positions in ``baked``)."""
+    return tuple([(a.shape, a.stride(), a.dtype, a.get_device(), a.data_ptr() & 15)
+                  if isinstance(a, torch.Tensor) else (type(a), a) if i in baked else type(a)
+                  for i, a in enumerate(args)])
+
+
+def baked_positions(fusion) -> frozenset[int]:
+    baked = baked_scalar_inputs(fusion)
+    return frozenset(i for i, name in enumerate(fusion.inputs) if name in baked)
+
+
+@dataclass
+class Launch:
+    """One kernel launch of a program. ``params``: (kind, index, int value, float value) per
+    kernel parameter, kinds as above; SLOT and SCALAR_* index slots and arguments."""
+
+    kernel: KernelLaunch | None  # None: a segment with nothing to launch allocates only
+    params: list[tuple[int, int, int, float]]
+    allocs: tuple[int, ...]  # buffers this launch writes first
+    frees: tuple[int, ...]  # buffers this launch reads last
+
+
+@dataclass
+class TorchCall:
+    """A library or fallback segment, run through torch: arguments by slot (or a scalar name),
+    results into slots."""
+
+    fusion: Any
+    bound: Any
+    args: list[tuple[int | None, str | None]]
+    results: list[int]
+    dense: list[bool]  # results other segments' kernels read: made contiguous
+    frees: tuple[int, ...]
+
+
+@dataclass
+class Program:
+    signature: tuple
+    device: torch.device
+    n_args: int
+    buffers: list[tuple[tuple[int, ...], torch.dtype]]  # slot n_args + i
+    steps: list[Launch | TorchCall]
+    outputs: list[tuple[int, tuple[int, ...] | None, tuple[bool, ...] | None]]
+    aliases: list[tuple[int, int]]  # (output position, argument position) updated in place
+    scalar_ops: list[tuple[str, str, list[str], dict, Any]]  # derived run-time scalars
+    scalar_args: dict[str, int]  # run-time scalar inputs -> argument position
+    static_scalars: dict[str, Any]
+    baked: frozenset[int] = frozenset()  # argument positions whose value is in the signature
+    native: Any = None  # (launcher run function, C++ program), when C++ runs this program
+    native_ready: Any = None  # while the launcher builds: says when it is there
+
+    # ---- the Python path -----------------------------------------------------------------------
+
+    def scalars(self, args: list[Any]) -> dict[str, Any]:
+        if not self.scalar_ops and not self.scalar_args:
+            return self.static_scalars
+        values = dict(self.static_scalars)
+        for name, pos in self.scalar_args.items():
+            values[name] = args[pos]
+        for out, op, inputs, attrs, dtype in self.scalar_ops:
+            values[out] = eval_scalar_op(op, [values[n] for n in inputs], attrs, dtype)
+        return values
+
+    def call(self, args: list[Any]) -> list[torch.Tensor] | None:
+        """The warm call: the outputs, or None when ``args`` do not match the signature."""
+        native = self.native
+        if native is not None:
+            return native[0](native[1], args, current_stream(self.device.index))
+        if signature(args, self.baked) != self.signature:
+            return None
+        if self.native_ready is not None and self.native_ready():  # built since: use it
+            self.native, self.native_ready = _native_program(self), None
+        return self.run_python(args)
+
+    def run(self, args: list[Any]) -> list[torch.Tensor]:
+        """Run on arguments known to match (the caller looked the program up by them)."""
+        outs = self.call(args)
+        return outs if outs is not None else self.run_python(args)
+
+    @staticmethod
+    def _values(step: Launch, slots: list[Any], scalars: dict[str, Any]) -> list[Any]:
+        values = []
+        for (kind, i, ivalue, dvalue), (_, name), ctype in zip(
+                step.params, step.kernel.params, step.kernel.ctypes):
+            if kind == SLOT:
+                values.append(slots[i].data_ptr())
+            elif kind >= SCALAR_INT:
+                values.append(scalar_value(ctype, scalars[name]))
+            else:
+                values.append(dvalue if kind == DOUBLE else ivalue)
+        return values
+
+    def run_python(self, args: list[Any]) -> list[torch.Tensor]:
+        slots: list[Any] = list(args) + [None] * len(self.buffers)
+        scalars = self.scalars(args)
+        device = self.device
+        stream = current_stream(device.index) if device.type == "cuda" else 0
+        for step in self.steps:
+            if isinstance(step, Launch):
+                for b in step.allocs:
+                    shape, dtype = self.buffers[b - self.n_args]
+                    slots[b] = torch.empty(shape, dtype=dtype, device=device)
+                if step.kernel is not None:
+                    launch_kernel(step.kernel, self._values(step, slots, scalars), stream)
+            else:
+                call_args = [slots[i] if i is not None else scalars[name]
+                             for i, name in step.args]
+                results = run_reference(step.fusion, call_args, step.bound)
+                for slot, value, dense in zip(step.results, results, step.dense):
+                    slots[slot] = value.contiguous() if dense else value
+            for b in step.frees:
+                slots[b] = None
+        outputs = [slots[i] if shape is None else expand_compact(slots[i], shape, broadcast)
+                   for i, shape, broadcast in self.outputs]
+        for out, arg in self.aliases:
+            args[arg].copy_(outputs[out])
+        return outputs
+
+
+def build_program(plan: Plan, args: list[Any], sig: tuple | None = None) -> Program:
+    """Compile every kernel of ``plan`` for these arguments and lay out the warm call."""
+    fusion, bound = plan.fusion, plan.bound
+    n_args = len(args)
+    tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    device = tensor.device if tensor is not None else \
+        torch.device("cuda", torch.cuda.current_device())
+    slot_of = {name: i for i, name in enumerate(fusion.inputs)}
+    buffers: list[tuple[tuple[int, ...], torch.dtype]] = []
+    steps: list[Launch | TorchCall] = []
+    reads: dict[int, int] = {}  # slot -> last step reading it
+    dynamic = dynamic_scalars(bound)
+    scalar_args = {n: slot_of[n] for n in fusion.scalar_inputs() if n in dynamic}
+
+    def new_buffer(shape, dtype) -> int:
+        buffers.append((shape, dtype))
+        return n_args + len(buffers) - 1
+
+    for seg in plan.segments:
+        sub = seg.sub
+        arg_slots = [slot_of.get(sub.input_map[n]) for n in sub.fusion.inputs]
+        if seg.kind in (Kind.LIBRARY, Kind.FALLBACK):
+            results = [new_buffer(None, None) for _ in sub.fusion.outputs]
+            for name, slot in zip(sub.fusion.outputs, results):
+                slot_of[sub.output_map[name]] = slot
+            call_args = [(s, None) if s is not None or sub.input_map[n] not in fusion.scalars
+                         else (None, sub.input_map[n])
+                         for n, s in zip(sub.fusion.inputs, arg_slots)]
+            kept = set(fusion.outputs)
+            steps.append(TorchCall(sub.fusion, segment_bound(plan, seg), call_args, results,
+                                   [sub.output_map[n] not in kept for n in sub.fusion.outputs],
+                                   ()))
+            for s in arg_slots:
+                if s is not None:
+                    reads[s] = len(steps) - 1
+            continue
+        code = code_for_alignment(plan, seg, [
+            args[s].data_ptr() if s is not None and s < n_args
+            and isinstance(args[s], torch.Tensor) else 0
+            for s in arg_slots],
+            device.index if device.type == "cuda" else -1)
+        written = [new_buffer(shape, dtype) for shape, dtype in code.outputs]
+        workspaces = [new_buffer((max(n, 1),), torch.uint8) for n in code.workspaces]
+        for name, i in zip(sub.fusion.outputs, code.returned):
+            slot_of[sub.output_map[name]] = written[i]
+        pools = {"arg": arg_slots, "out": written, "ws": workspaces}
+        first = len(steps)
+        for launch in code.launches:
+            params = []
+            for (source, key), ctype in zip(launch.params, launch.ctypes):
+                if source != "scalar":
+                    slot = pools[source][key]
+                    params.append((SLOT, slot, 0, 0.0))
+                    reads[slot] = len(steps)
+                elif key in scalar_args:
+                    params.append((_DYNAMIC.get(ctype, SCALAR_INT), scalar_args[key], 0, 0.0))
+                elif key in dynamic:
+                    params.append((_DYNAMIC.get(ctype, SCALAR_INT), -1, 0, 0.0))
+                else:
+                    value = scalar_value(ctype, bound.scalars[key])
+                    kind = _CONSTANT.get(ctype, INT)
+                    params.append((kind, 0, 0 if kind == DOUBLE else int(value),
+                                   float(value) if kind == DOUBLE else 0.0))
+            steps.append(Launch(launch, params, (), ()))
+        if len(steps) == first:  # nothing to compute (empty tensors): allocate the outputs
+            steps.append(Launch(None, [], (), ()))
+        steps[first].allocs = tuple(written + workspaces)
+        for w in workspaces:
+            reads[w] = len(steps) - 1
+    keep = {slot_of[t] for t in fusion.outputs}
+    frees: dict[int, list[int]] = {}
+    for slot, step in reads.items():
+        if slot >= n_args and slot not in keep:
+            frees.setdefault(step, []).append(slot)
+    for i, step in enumerate(steps):
+        step.frees = tuple(sorted(frees.get(i, ())))
+    outputs = []
+    for t in fusion.outputs:
+        compact = tuple(bound.compact_shape(t)) != tuple(bound.shapes[t])
+        outputs.append((slot_of[t], bound.shapes[t] if compact else None,
+                        bound.broadcast[t] if compact else None))
+    aliases = [(fusion.outputs.index(o), slot_of[i]) for o, i in fusion.aliases.items()]
+    derived = [(o, op.name, list(op.inputs), op.attrs, fusion.scalars[o].dtype)
+               for op in fusion.ops for o in op.outputs
+               if o in dynamic and o in fusion.scalars and o not in scalar_args]
+    static = {k: v for k, v in bound.scalars.items() if k not in dynamic}
+    baked = baked_positions(fusion)
+    program = Program(sig if sig is not None else signature(args, baked), device, n_args,
+                      buffers, steps, outputs, aliases, derived, scalar_args, static, baked)
+    if native_eligible(program):
+        from runtime import launcher
+
+        if launcher.native() is not None:
+            program.native = _native_program(program)
+        elif launcher.failure() is None and launcher.enabled():
+            program.native_ready = launcher.native
+    return program
+
+
+def native_eligible(program: Program) -> bool:
+    """Whether the C++ launcher can run the program: kernels only, on a GPU, no in-place
+    outputs, run-time scalars only straight from the arguments."""
+    return (program.device.type == "cuda" and not program.aliases and not program.scalar_ops
+            and all(isinstance(s, Launch) for s in program.steps))
+
+
+def _native_program(program: Program) -> Any:
+    from runtime.launcher import native
+
+    module = native()
+    return module.run, native_capsule(module, program, cuda_launch_address(), 1)
+
+
+def native_capsule(module, program: Program, launch_address: int, device_type: int) -> Any:
+    """Describe ``program`` to the C++ launcher (``device_type``: c10's, 0 CPU, 1 CUDA)."""
+    inputs = []
+    for key in program.signature:
+        if isinstance(key, tuple) and len(key) == 5:
+            shape, strides, dtype, _, align = key
+            inputs.append(("tensor", tuple(shape), tuple(strides), SCALAR_TYPE[dtype], align))
+        elif isinstance(key, tuple):
+            inputs.append(("scalar", key[0], key[1]))
+        else:
+            inputs.append(("scalar", key, None))
+    buffers = [(shape, SCALAR_TYPE[dtype]) for shape, dtype in program.buffers]
+    launches = []
+    for s in program.steps:
+        k = s.kernel
+        shape = (k.address, tuple(k.grid), tuple(k.block), k.smem) if k is not None else \
+            (0, (0, 0, 0), (0, 0, 0), 0)
+        launches.append((*shape, list(s.params), list(s.allocs), list(s.frees)))
+    outputs = []
+    for slot, shape, broadcast in program.outputs:
+        if shape is None:
+            outputs.append((slot, None, None))
+        else:
+            outputs.append((slot, tuple(shape), expanded_strides(shape, broadcast)))
+    index = program.device.index if program.device.index is not None else -1
+    return module.make(launch_address, device_type, index, inputs, buffers, launches, outputs)
+
+
+def expanded_strides(shape, broadcast) -> tuple[int, ...]:
+    """Strides that view a dense compact tensor at ``shape``: 0 on broadcast axes."""
+    strides, acc = [], 1
+    for extent, b in zip(reversed(shape), reversed(broadcast)):
+        strides.append(0 if b else acc)
+        acc *= 1 if b else extent
+    return tuple(reversed(strides))
+
+
+def cuda_launch_address() -> int:
+    """cuLaunchKernel's address in the driver library that cuda-python uses."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    return ctypes.cast(lib.cuLaunchKernel, ctypes.c_void_p).value

@@ -1,0 +1,193 @@
+"""Compiled programs (runtime/program.py) and the native launcher, on the CPU.
+
+Kernels cannot run here, so the kernel functions are stand-ins: the code generator and the
+program layout are real, and a recording function takes cuLaunchKernel's place. The C++ launcher
+is really compiled and run: it must launch exactly what the Python path launches, with the same
+parameters resolved to the same tensors, and refuse arguments that do not match its signature.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import struct
+
+import pytest
+import torch
+
+from optimizer.ir import parse_text
+from optimizer.ir.inputs import scale_metas
+from optimizer.planner import make_plan
+from runtime import kernels, launcher
+from runtime import program as programs
+from runtime.tensors import make_input
+from tests.conftest import CORPUS
+
+LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint,
+                          ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                          ctypes.c_uint, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                          ctypes.c_void_p)
+
+
+@pytest.fixture(scope="module")
+def native():
+    return launcher.build()  # a real compile with the system compiler and torch's headers
+
+
+@pytest.fixture
+def fake_kernels(monkeypatch):
+    """Kernel handles are numbers; Python-path launches are recorded."""
+    handles = itertools.count(0x1000, 0x10)
+    monkeypatch.setattr(kernels, "_functions", lambda k: [next(handles) for _ in k.kernels])
+    launched = []
+    monkeypatch.setattr(programs, "launch_kernel",
+                        lambda launch, values, stream: launched.append((launch, list(values))))
+    return launched
+
+
+def corpus_program(name: str, max_numel: int = 4096):
+    parsed = parse_text((CORPUS / f"{name}.py").read_text())
+    metas = scale_metas(parsed.inputs, max_numel)
+    plan = make_plan(parsed.fusion, metas)
+    torch.manual_seed(0)
+    args = [make_input(m) for m in metas]
+    return plan, args, programs.build_program(plan, args)
+
+
+def _as_value(raw: int, kind: int):
+    if kind in (programs.DOUBLE, programs.SCALAR_DOUBLE):
+        return struct.unpack("<d", struct.pack("<Q", raw))[0]
+    if kind in (programs.BOOL, programs.SCALAR_BOOL):
+        return bool(raw & 0xFF)
+    return raw
+
+
+def _normalise(launches, args, outputs):
+    """Launches with pointers named by what they point at: an argument, an output, or the n-th
+    other buffer met."""
+    names = {a.data_ptr(): f"arg{i}" for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    names.update({o.data_ptr(): f"out{i}" for i, o in enumerate(outputs)})
+    others = itertools.count()
+    out = []
+    for function, values, kinds in launches:
+        row = [function]
+        for v, kind in zip(values, kinds):
+            if kind == programs.SLOT:
+                if v not in names:
+                    names[v] = f"buffer{next(others)}"
+                row.append(names[v])
+            else:
+                row.append(_as_value(v, kind) if isinstance(v, int) else v)
+        out.append(tuple(row))
+    return out
+
+
+def run_native(module, program, args):
+    recorded = []
+
+    steps = [s for s in program.steps if s.kernel is not None]
+
+    def record(fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        n = len(steps[len(recorded) % len(steps)].params)  # launches come in program order
+        raw = [ctypes.cast(params[k], ctypes.POINTER(ctypes.c_uint64))[0] for k in range(n)]
+        recorded.append((fn, (gx, gy, gz), (bx, by, bz), raw))
+        return 0
+
+    callback = LAUNCH(record)
+    address = ctypes.cast(callback, ctypes.c_void_p).value
+    capsule = programs.native_capsule(module, program, address, 0)
+    run_native.keep.append(callback)  # the launcher calls it for as long as the test runs
+    return module.run(capsule, args, 0), recorded, capsule
+
+
+run_native.keep = []
+
+
+@pytest.mark.parametrize("name", ["softmax_fwd", "adam_step", "layernorm_bwd",
+                                  "seed_4269_forward_full", "seed_3366_neg_broadcast_mul"])
+def test_native_launches_what_python_launches(name, native, fake_kernels):
+    plan, args, program = corpus_program(name)
+    python_outputs = program.run_python(args)
+    python = [(launch.address, values, [p[0] for p in step.params])
+              for (launch, values), step in zip(fake_kernels, [s for s in program.steps
+                                                               if s.kernel is not None])]
+    outputs, recorded, _ = run_native(native, program, args)
+    assert outputs is not None
+    steps = [s for s in program.steps if s.kernel is not None]
+    assert len(recorded) == len(steps) == sum(
+        len(kernels.generate_segment(plan, seg).kernels) for seg in plan.segments)
+    for (fn, grid, block, _), step in zip(recorded, steps):
+        assert fn == step.kernel.address
+        assert grid == tuple(step.kernel.grid) and block == tuple(step.kernel.block)
+    native_launches = [(fn, raw, [p[0] for p in step.params])
+                       for (fn, _, _, raw), step in zip(recorded, steps)]
+    python_named = _normalise(python, args, python_outputs)
+    native_named = _normalise(native_launches, args, outputs)
+    assert native_named == python_named
+    bound = plan.bound
+    for out, t in zip(outputs, plan.fusion.outputs):  # logical shapes, broadcast axes stride 0
+        assert tuple(out.shape) == tuple(bound.shapes[t])
+        assert out.dtype == python_outputs[plan.fusion.outputs.index(t)].dtype
+        for extent, stride, b in zip(out.shape, out.stride(), bound.broadcast[t]):
+            assert not b or stride == 0 or extent == 1
+
+
+def test_native_refuses_other_arguments(native, fake_kernels):
+    plan, args, program = corpus_program("layernorm_fwd")
+    _, _, capsule = run_native(native, program, args)
+    assert native.run(capsule, args, 0) is not None
+    x = args[0]
+    bigger = torch.empty(x.shape[0] + 1, x.shape[1], dtype=x.dtype)
+    other_dtype = x.float()
+    strided = torch.empty(x.shape[1], x.shape[0], dtype=x.dtype).t()
+    misaligned = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)
+    for wrong in (bigger, other_dtype, strided, misaligned):
+        assert native.run(capsule, [wrong, *args[1:]], 0) is None
+    assert native.run(capsule, args[:-1], 0) is None
+    assert native.run(capsule, [1.0, *args[1:]], 0) is None
+
+
+def test_scalar_arguments_are_parameters_not_plans(native, fake_kernels):
+    parsed = parse_text(
+        "from nvfuser import FusionDefinition, DataType\n"
+        "def f(fd):\n"
+        "    T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)\n"
+        "    S1 = fd.define_scalar(dtype=DataType.Double)\n"
+        "    T2 = fd.ops.mul(T0, S1)\n"
+        "    T3 = fd.ops.sum(T2, dims=[1], keepdim=False, dtype=DataType.Null)\n"
+        "    fd.add_output(T3)\n")
+    x = torch.randn(8, 32)
+    from runtime.tensors import meta_of
+
+    plan = make_plan(parsed.fusion, [meta_of(x), meta_of(2.5)])
+    program = programs.build_program(plan, [x, 2.5])
+    assert program.baked == frozenset()  # the value may change without a new plan
+    assert programs.signature([x, 7.0]) == program.signature
+    _, recorded, capsule = run_native(native, program, [x, 7.0])
+    kinds = [p[0] for p in program.steps[0].params]
+    assert programs.SCALAR_DOUBLE in kinds
+    raw = recorded[0][3][kinds.index(programs.SCALAR_DOUBLE)]
+    assert struct.unpack("<d", struct.pack("<Q", raw))[0] == 7.0
+    assert native.run(capsule, [x, 7], 0) is None  # an int is another signature
+
+
+def test_shape_scalars_are_part_of_the_signature():
+    parsed = parse_text(
+        "from nvfuser import FusionDefinition, DataType\n"
+        "def f(fd):\n"
+        "    T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+        "    S1 = fd.define_scalar(dtype=DataType.Int)\n"
+        "    S2 = fd.define_scalar(dtype=DataType.Double)\n"
+        "    T3 = fd.ops.reshape(T0, new_shape=[S1, -1])\n"
+        "    T4 = fd.ops.mul(T3, S2)\n"
+        "    fd.add_output(T4)\n")
+    baked = programs.baked_positions(parsed.fusion)
+    assert baked == frozenset({1})  # the reshape's size; the factor is a kernel parameter
+    x = torch.randn(12)
+    assert programs.signature([x, 3, 1.0], baked) != programs.signature([x, 4, 1.0], baked)
+    assert programs.signature([x, 3, 1.0], baked) == programs.signature([x, 3, 2.0], baked)
+
+
+def test_expanded_strides():
+    assert programs.expanded_strides((4, 3, 5), (False, True, False)) == (5, 0, 1)
+    assert programs.expanded_strides((2, 6), (True, False)) == (0, 1)
