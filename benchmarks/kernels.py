@@ -6,6 +6,9 @@ logical size, as the corpus README counts it) over the copy bandwidth measured h
 CUDA-event medians of warm runs. Prints the table and writes it to benchmarks/results/.
 
     python -m benchmarks.kernels [--cases a,b] [--iters 20] [--no-compile]
+
+benchmarks.e2e goes further: fusecut's public fd.execute and its kernels alone against the real
+nvFuser, and host latency on tiny inputs.
 """
 
 from __future__ import annotations
