@@ -491,8 +491,12 @@ def main(argv: list[str] | None = None) -> None:
     else:
         peer = Peer(*load_nvfuser())
     systems = Systems(nvfuser=peer.nvfuser is not None, compile=opts.compile)
+    from runtime import launcher
+
+    launcher.native(wait=True)  # warm calls are timed on the path users get once it is built
     clock.log(f"{torch.cuda.get_device_name()}; nvFuser: "
-              f"{peer.nvfuser.version if peer.nvfuser else peer.reason}")
+              f"{peer.nvfuser.version if peer.nvfuser else peer.reason}; native launcher: "
+              f"{'built' if launcher.native() else launcher.failure()}")
     rows: list[Row] = []
     cases: dict[str, Case] = {}
     bandwidth = None
