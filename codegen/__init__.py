@@ -19,10 +19,12 @@ def generate_segment(plan: Plan, segment: Segment, vector: int | None = None) ->
     from codegen.reduction import generate_reduction
 
     s = segment.schedule
+    recomputed = frozenset(segment.recomputed_ops)
     if s.kind is Kind.POINTWISE:
-        return generate_pointwise(plan.bound, s, plan.profile, segment.index, vector)
+        return generate_pointwise(plan.bound, s, plan.profile, segment.index, vector, recomputed)
     if s.kind is Kind.REDUCTION:
-        return generate_reduction(plan.bound, s, plan.profile, segment.index, vector)
+        return generate_reduction(plan.bound, s, plan.profile, segment.index, vector, recomputed)
     if s.kind in (Kind.NORMALIZATION, Kind.INNER_OUTER):
-        return generate_persistent(plan.bound, s, plan.profile, segment.index, vector)
+        return generate_persistent(plan.bound, s, plan.profile, segment.index, vector,
+                                   recomputed)
     return SegmentKernels(segment.index, s.kind.value, "", [])

@@ -75,7 +75,7 @@ def convert(expr: str, src: DType, dst: DType) -> str:
     if dst.is_bool:
         return f"({expr} != 0)"
     if dst.is_half:
-        return round_half(f"(float)({expr})", dst)
+        return round_half(expr if src is DType.float32 else f"(float)({expr})", dst)
     return f"({compute(dst)})({expr})"
 
 
@@ -198,101 +198,3 @@ def ternary(op: str, a: str, b: str, c: str, d: DType) -> str:
         return f"(({a}) > ({b}) ? ({a}) : ({c}))"
     raise PlanError(f"no CUDA code for {op}")
 
-
-PREAMBLE = r"""
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-
-typedef long long int64;
-
-template <typename T, int N>
-struct alignas(sizeof(T) * N) fc_vec { T v[N]; };
-
-__device__ __forceinline__ float fc_max(float a, float b) { return (a > b || a != a) ? a : b; }
-__device__ __forceinline__ float fc_min(float a, float b) { return (a < b || a != a) ? a : b; }
-__device__ __forceinline__ double fc_max(double a, double b) { return (a > b || a != a) ? a : b; }
-__device__ __forceinline__ double fc_min(double a, double b) { return (a < b || a != a) ? a : b; }
-__device__ __forceinline__ float fc_remainder(float a, float b) {
-  float r = fmodf(a, b);
-  return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
-}
-__device__ __forceinline__ double fc_remainder(double a, double b) {
-  double r = fmod(a, b);
-  return (r != 0.0 && ((r < 0.0) != (b < 0.0))) ? r + b : r;
-}
-template <typename T> __device__ __forceinline__ T fc_div(T a, T b) { return b == 0 ? 0 : a / b; }
-template <typename T> __device__ __forceinline__ T fc_div_rem(T a, T b) { return b == 0 ? 0 : a % b; }
-template <typename T> __device__ __forceinline__ T fc_remainder_int(T a, T b) {
-  if (b == 0) return 0;
-  T r = a % b;
-  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
-}
-template <typename T> __device__ __forceinline__ T fc_ipow(T a, T b) {
-  if (b < 0) return (a == 1) ? 1 : ((a == -1) ? ((b & 1) ? -1 : 1) : 0);
-  T r = 1;
-  while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
-  return r;
-}
-template <typename T> __device__ __forceinline__ T fc_lshr(T a, T b) {
-  const int bits = 8 * sizeof(T);
-  if (b >= bits) return 0;
-  return (T)(((unsigned long long)a & (bits == 64 ? ~0ULL : ((1ULL << bits) - 1))) >> b);
-}
-__device__ __forceinline__ float fc_tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-template <typename T> __device__ __forceinline__ T fc_clampi(T i, T hi) {
-  return i < 0 ? 0 : (i > hi ? hi : i);
-}
-
-// ---- reductions ---------------------------------------------------------------------------
-// float var/var_mean accumulate shifted data: k is the first value seen, s1 and s2 the sum and
-// sum of squares of x - k. No division per element (a rounded reciprocal costs more than the
-// bandwidth leaves), and no mean rounded to float until the end: combining re-expresses one
-// side's sums around the other's k (k values are samples, so their difference is exact).
-struct fc_welford_f { float k, s1, s2, n; };
-struct fc_welford_d { double mean, m2, n; };
-__device__ __forceinline__ void fc_welford_add(fc_welford_f& w, float x) {
-  w.k = w.n == 0.0f ? x : w.k; const float d = x - w.k;
-  w.s1 += d; w.s2 = fmaf(d, d, w.s2); w.n += 1.0f;
-}
-__device__ __forceinline__ void fc_welford_add(fc_welford_d& w, double x) {
-  w.n += 1.0; double d = x - w.mean; w.mean += d / w.n; w.m2 += d * (x - w.mean);
-}
-__device__ __forceinline__ float fc_welford_mean(const fc_welford_f& w) { return w.k + w.s1 / w.n; }
-__device__ __forceinline__ float fc_welford_m2(const fc_welford_f& w) {
-  return fmaxf(w.s2 - w.s1 * (w.s1 / w.n), 0.0f);  // rounding must not make it negative
-}
-__device__ __forceinline__ double fc_welford_mean(const fc_welford_d& w) { return w.mean; }
-__device__ __forceinline__ double fc_welford_m2(const fc_welford_d& w) { return w.m2; }
-__device__ __forceinline__ fc_welford_f fc_welford_combine(fc_welford_f a, fc_welford_f b) {
-  if (b.n == 0.0f) return a;
-  if (a.n == 0.0f) return b;
-  const float shift = b.k - a.k;  // b's values are (x - b.k) = (x - a.k) - shift
-  const float s1 = b.s1 + b.n * shift;
-  const float s2 = b.s2 + shift * (2.0f * b.s1 + b.n * shift);
-  return fc_welford_f{a.k, a.s1 + s1, a.s2 + s2, a.n + b.n};
-}
-__device__ __forceinline__ fc_welford_d fc_welford_combine(fc_welford_d a, fc_welford_d b) {
-  if (b.n == 0) return a;
-  if (a.n == 0) return b;
-  fc_welford_d r; r.n = a.n + b.n;
-  double d = b.mean - a.mean;
-  r.mean = a.mean + d * (b.n / r.n);
-  r.m2 = a.m2 + b.m2 + d * d * (a.n * b.n / r.n);
-  return r;
-}
-template <typename T> __device__ __forceinline__ T fc_shfl(T v, int lane_mask) {
-  return __shfl_xor_sync(0xffffffffu, v, lane_mask);
-}
-__device__ __forceinline__ fc_welford_f fc_shfl_welford(fc_welford_f v, int lane_mask) {
-  return fc_welford_f{fc_shfl(v.k, lane_mask), fc_shfl(v.s1, lane_mask),
-                      fc_shfl(v.s2, lane_mask), fc_shfl(v.n, lane_mask)};
-}
-__device__ __forceinline__ fc_welford_d fc_shfl_welford(fc_welford_d v, int lane_mask) {
-  fc_welford_d r; r.mean = fc_shfl(v.mean, lane_mask); r.m2 = fc_shfl(v.m2, lane_mask);
-  r.n = fc_shfl(v.n, lane_mask); return r;
-}
-"""  # noqa: E501

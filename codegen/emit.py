@@ -10,12 +10,19 @@ kernel computes itself (reduction results, on-chip buffers) are seeded into ``me
 
 Indices are C expressions (strings) of the kernel's index type; values are C expressions of the
 value's compute type (float for 16-bit floats).
+
+Generated code is meant to be read: the value of tensor T7 is declared as ``T7`` (``T7_1``... where
+T7 is evaluated again at another index, lane or stage of the same kernel), with a comment giving
+its op over IR names (``// T7 = sub(T3, T6)``), marked ``[recomputed]`` where the op also runs
+in another segment. A cast to the value's own compute type emits nothing (the value is reused);
+values nothing reads (a 16-bit result only stored, an unused reduction result) are dropped when
+the source is assembled (``kernel.drop_unread``).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
+import re
 from collections.abc import Callable
 
 from codegen import cuda
@@ -28,6 +35,7 @@ from optimizer.ir.ops_misc import reduction_axes
 from optimizer.ir.ops_shape import pad_widths_by_axis, slice_bounds
 
 Index = tuple[str, ...]
+_SIMPLE = re.compile(r"[A-Za-z_]\w*(\[\w+\]|\.\w+)*")  # a name, maybe indexed: no work to repeat
 BOOL_OPS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"}
 
 
@@ -42,9 +50,39 @@ def dynamic_scalars(bound: Bound) -> set[str]:
     return dyn
 
 
+def value_name(tensor: str) -> str:
+    """The C name of a tensor's value: the IR name where it cannot clash with a C or kernel
+    name (nvFuser's T7, S3), else prefixed."""
+    return tensor if re.fullmatch(r"[A-Z]\d+", tensor) else f"t_{tensor}"
+
+
+class Names:
+    """The declared names of one kernel source, each unique (a value evaluated again gets
+    ``T7_1``, ``T7_2``...), and the ops the segment recomputes (their values are marked)."""
+
+    def __init__(self, recomputed: frozenset[int] | tuple[int, ...] = frozenset()):
+        self.used: set[str] = set()
+        self.recomputed = frozenset(recomputed)
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.used:
+            k += 1
+            name = f"{base}_{k}"
+        self.used.add(name)
+        return name
+
+
+class _Unrounded(str):
+    """A 16-bit op's result, still in float (what a store takes); ``value`` declares its rounded
+    value next. ``described``: the float's declaration already carries the op's comment."""
+
+    described = False
+
+
 class Emitter:
     def __init__(self, bound: Bound, ops: tuple[int, ...], inputs: set[str],
-                 load: Callable[[str, Index], str], itype: str, counter=None):
+                 load: Callable[[str, Index], str], itype: str, names: Names | None = None):
         self.bound = bound
         self.fusion = bound.fusion
         self.producer = {o: i for i in ops for o in self.fusion.ops[i].outputs}
@@ -60,20 +98,44 @@ class Emitter:
         self.delegate: Callable[[str, Index], str | None] | None = None
         # 16-bit results are computed in float; consumers get them rounded, stores take the
         # unrounded value (storing rounds it the same way): one conversion instead of three
-        self._unrounded: set[str] = set()
-        self.fast: frozenset[str] = frozenset()  # tensors whose op may use fast math
         self._raw: dict[tuple[str, Index], str] = {}
-        self._counter = counter if counter is not None else itertools.count(1)
+        self.fast: frozenset[str] = frozenset()  # tensors whose op may use fast math
+        self.names = names if names is not None else Names()
 
     # ---- helpers ------------------------------------------------------------------------------
 
-    def fresh(self, prefix: str) -> str:
-        return f"{prefix}{next(self._counter)}"
-
-    def let(self, ctype: str, expr: str, prefix: str = "v") -> str:
-        name = self.fresh(prefix)
-        self.lines.append(f"const {ctype} {name} = {expr};")
+    def let(self, ctype: str, expr: str, base: str, comment: str = "") -> str:
+        """Declare ``expr`` under a fresh name made from ``base``."""
+        name = self.names.fresh(base)
+        self.lines.append(_declaration(ctype, name, expr, comment))
         return name
+
+    def let_value(self, tensor: str, expr: str, suffix: str = "", note: str = "") -> str:
+        """Declare ``expr`` as the value of ``tensor`` (of its compute type), commented with
+        its op."""
+        return self.let(cuda.compute(self.dtype(tensor)), expr, value_name(tensor) + suffix,
+                        self.describe(tensor, note))
+
+    def let_load(self, tensor: str, expr: str) -> str:
+        return self.let(cuda.compute(self.dtype(tensor)), expr, value_name(tensor))
+
+    def describe(self, tensor: str, note: str = "") -> str:
+        """``T7 = sub(T3, T6)``: the op producing ``tensor`` over IR names."""
+        i = self.producer.get(tensor)
+        if i is None:
+            return tensor + note
+        op = self.fusion.ops[i]
+        text = f"{tensor} = {describe_op(op)}"
+        if len(op.outputs) > 1:
+            text += f"[{op.outputs.index(tensor)}]"
+        return text + note + ("  [recomputed]" if i in self.names.recomputed else "")
+
+    def result(self, tensor: str, idx: Index, expr: str) -> str:
+        """Declare a value the kernel computed itself (a reduction result); returns the line,
+        for the caller to place."""
+        name = self.names.fresh(value_name(tensor))
+        self.memo[(tensor, idx)] = name
+        return _declaration(cuda.compute(self.dtype(tensor)), name, expr, self.describe(tensor))
 
     def dtype(self, name: str) -> DType:
         return self.fusion.value_dtype(name)
@@ -127,10 +189,16 @@ class Emitter:
             if i is None:
                 raise PlanError(f"{tensor} is neither computed by nor read by this kernel")
             out = self._op(self.fusion.ops[i], tensor, idx)
-            if out in self._unrounded:
+            if isinstance(out, _Unrounded):
+                # Rounded right here even if only stores read it (they take the raw value): an
+                # unread rounding is dropped from the source at the end (kernel.drop_unread),
+                # while rounding at its first reader instead would move these conversions
+                # (inline asm) between guarded stores and change the compiled branches.
                 d = self.dtype(tensor)
-                self._raw[key] = out
-                out = self.let(cuda.compute(d), cuda.round_half(out, d))
+                self._raw[key] = str(out)
+                note = f"{tensor} rounded to {d.value}" if out.described else \
+                    self.describe(tensor)
+                out = self.let(cuda.compute(d), cuda.round_half(out, d), value_name(tensor), note)
         self.memo[key] = out
         return out
 
@@ -139,15 +207,15 @@ class Emitter:
         rounded = self.value(tensor, idx)
         return self._raw.get((tensor, idx), rounded)
 
-    def _unrounded_let(self, expr: str) -> str:
-        name = self.let("float", expr)
-        self._unrounded.add(name)
-        return name
+    def _unrounded_let(self, tensor: str, expr: str) -> _Unrounded:
+        """A 16-bit op's result before rounding, declared as ``T7_f32``."""
+        out = _Unrounded(self.let_value(tensor, expr, "_f32", " (in float)"))
+        out.described = True
+        return out
 
     def _op(self, op: Op, tensor: str, idx: Index) -> str:
         name = op.name
         out_dtype = self.dtype(tensor)
-        ctype = cuda.compute(out_dtype)
         if role(op, self.bound) is Role.REDUCTION:
             raise PlanError(f"reduction {tensor} must be computed by the kernel, not pulled")
         method = getattr(self, f"_op_{name}", None)
@@ -159,8 +227,14 @@ class Emitter:
             src = self.dtype(op.inputs[0])
             x = self.operand(op.inputs[0], idx)
             if out_dtype.is_half and src.compute is not DType.bool:
-                return self._unrounded_let(f"(float)({x})")
-            return self.let(ctype, cuda.convert(x, src.compute, out_dtype))
+                if src.compute is DType.float32 and _SIMPLE.fullmatch(x):
+                    return _Unrounded(x)  # already a float: rounding it is the whole cast
+                return self._unrounded_let(
+                    tensor, x if src.compute is DType.float32 else f"(float)({x})")
+            converted = cuda.convert(x, src.compute, out_dtype)
+            if converted == x and _SIMPLE.fullmatch(x):
+                return x  # the same compute type: the operand's value is this one
+            return self.let_value(tensor, converted)
         if name in ("sum", "max", "min", "prod", "var", "var_mean"):
             return self._trivial_reduction(op, tensor, idx)
         return self._elementwise(op, tensor, idx)
@@ -192,10 +266,10 @@ class Emitter:
         else:
             expr = cuda.ternary(op.name, *args, ct)
         if out_dtype.is_half:
-            return self._unrounded_let(expr)
+            return self._unrounded_let(tensor, expr)
         if cuda.compute(out_dtype) != cuda.compute(ct) and not out_dtype.is_bool:
             expr = f"({cuda.compute(out_dtype)})({expr})"
-        return self.let(cuda.compute(out_dtype), expr)
+        return self.let_value(tensor, expr)
 
     def _trivial_reduction(self, op: Op, tensor: str, idx: Index) -> str:
         """A reduction over broadcast axes only: a squeeze, times the expanded extent for sum."""
@@ -223,7 +297,7 @@ class Emitter:
                 f"{'pow' if out_dtype is DType.float64 else 'powf'}({x}, {count})"
         if out_dtype.is_half:
             x = cuda.round_half(x, out_dtype)
-        return self.let(cuda.compute(out_dtype), x)
+        return x if _SIMPLE.fullmatch(x) else self.let_value(tensor, x)  # a squeeze is a name
 
     # ---- index-mapping ops ----------------------------------------------------------------------
 
@@ -285,8 +359,11 @@ class Emitter:
         ctype = cuda.compute(out_dtype)
         pad = self.scalar(op.inputs[1]) if op.attrs.get("has_value") else \
             cuda.literal(0, out_dtype.compute)
+        pad_type = cuda.compute(self.dtype(op.inputs[1])) if op.attrs.get("has_value") else ctype
+        if pad_type != ctype:
+            pad = f"({ctype})({pad})"
         if math.prod(shape) == 0:
-            return self.let(ctype, f"({ctype})({pad})")
+            return self.let_value(tensor, pad)
         conds, src_idx = [], []
         for a, (lo, _) in enumerate(pad_widths_by_axis(len(shape), widths)):
             if lo == 0 and shape[a] == self.bound.shapes[tensor][a]:
@@ -299,11 +376,10 @@ class Emitter:
         inner = self.value(src, tuple(src_idx))
         if not conds:
             return inner
-        return self.let(ctype, f"({' && '.join(conds)}) ? {inner} : ({ctype})({pad})")
+        return self.let_value(tensor, f"({' && '.join(conds)}) ? {inner} : {pad}")
 
     def _op_cat(self, op, tensor, idx):
         dim = op.attrs["dim"] % len(self.bound.shapes[tensor])
-        ctype = cuda.compute(self.dtype(tensor))
         pieces = []
         offset = 0
         for name in op.inputs:
@@ -321,7 +397,7 @@ class Emitter:
         expr = pieces[-1][1]
         for end, val in reversed(pieces[:-1]):
             expr = f"({idx[dim]} < {end} ? {val} : {expr})"
-        return self.let(ctype, expr)
+        return self.let_value(tensor, expr)
 
     def _gather_index(self, index_tensor: str, idx: Index, extent: int) -> str:
         raw = self.value(index_tensor, idx)
@@ -357,8 +433,8 @@ class Emitter:
 
     def _op_full(self, op, tensor, idx):
         d = self.dtype(tensor)
-        return self.let(cuda.compute(d), cuda.convert(self.scalar(op.inputs[0]),
-                                                      self.dtype(op.inputs[0]).compute, d))
+        return self.let_value(tensor, cuda.convert(self.scalar(op.inputs[0]),
+                                                   self.dtype(op.inputs[0]).compute, d))
 
     def _op_iota(self, op, tensor, idx):
         d = self.dtype(tensor)
@@ -366,7 +442,9 @@ class Emitter:
         rest = iter(op.inputs[1:])
         start = self.scalar(next(rest)) if op.attrs.get("has_start") else "0"
         step = self.scalar(next(rest)) if op.attrs.get("has_step") else "1"
-        return self.let(ct, f"({ct})({start}) + ({ct})({idx[0]}) * ({ct})({step})")
+        pos = idx[0] if ct == {"int": "int", "int64": "long long"}.get(self.itype) else \
+            f"({ct})({idx[0]})"
+        return self.let_value(tensor, f"({ct})({start}) + {pos} * ({ct})({step})")
 
 
 def _linearize(idx: Index, shape) -> str:
@@ -391,3 +469,19 @@ def _delinearize(flat: str, shape, flags) -> Index:
         else:
             out.append(f"(({flat} / {stride}) % {e})")
     return tuple(out)
+
+
+def _declaration(ctype: str, name: str, expr: str, comment: str = "") -> str:
+    return f"const {ctype} {name} = {expr};" + (f"  // {comment}" if comment else "")
+
+
+def describe_op(op: Op) -> str:
+    """An op over IR names, as in the comments of generated code: ``sub(T3, T6)``,
+    ``cast(T18, bfloat16)``, ``sum(T4, dims=[1])``."""
+    args = list(op.inputs)
+    if op.name == "cast":
+        args.append(op.attrs["dtype"].value)
+    dims = op.attrs.get("dims")
+    if dims is not None and op.name in ("sum", "max", "min", "prod", "var", "var_mean"):
+        args.append(f"dims={list(dims)}")
+    return f"{op.name}({', '.join(args)})"

@@ -1,11 +1,15 @@
 """Generated kernels: their source, parameters and launch configuration, and the reduction
-machinery (accumulator types, identities, warp and block reductions) they share."""
+accumulators (types, identities, combine functors) they share. The device helpers they call
+are in ``codegen.preamble``."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from codegen import cuda
+from codegen.emit import describe_op
+from codegen.preamble import preamble
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.dtypes import DType
 from optimizer.ir.fusion import Op
@@ -47,83 +51,6 @@ class SegmentKernels:
     notes: dict[str, object] = field(default_factory=dict)
 
 
-REDUCE_PREAMBLE = r"""
-struct fc_add { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
-struct fc_mul { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a * b; } };
-struct fc_maxop {
-  __device__ __forceinline__ float operator()(float a, float b) const { return fc_max(a, b); }
-  __device__ __forceinline__ double operator()(double a, double b) const { return fc_max(a, b); }
-  template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a > b ? a : b; }
-};
-struct fc_minop {
-  __device__ __forceinline__ float operator()(float a, float b) const { return fc_min(a, b); }
-  __device__ __forceinline__ double operator()(double a, double b) const { return fc_min(a, b); }
-  template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a < b ? a : b; }
-};
-struct fc_welfordop {
-  template <typename W> __device__ __forceinline__ W operator()(W a, W b) const { return fc_welford_combine(a, b); }
-};
-template <typename T> __device__ __forceinline__ T fc_shfl_any(T v, int m) { return fc_shfl(v, m); }
-__device__ __forceinline__ fc_welford_f fc_shfl_any(fc_welford_f v, int m) { return fc_shfl_welford(v, m); }
-__device__ __forceinline__ fc_welford_d fc_shfl_any(fc_welford_d v, int m) { return fc_shfl_welford(v, m); }
-
-// Reduce over a warp: every lane gets the result.
-template <typename T, typename Op>
-__device__ __forceinline__ T fc_warp_reduce(T v, Op op) {
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) v = op(v, fc_shfl_any(v, m));
-  return v;
-}
-
-// Reduce over a 1-D block: every thread gets the result. smem holds 33 values of T.
-template <typename T, typename Op>
-__device__ __forceinline__ T fc_block_reduce(T v, Op op, T identity, T* smem) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int warps = (blockDim.x + 31) >> 5;
-  v = fc_warp_reduce(v, op);
-  if (warps == 1) return v;
-  __syncthreads();  // the previous reduction's readers are done with smem
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    T w = lane < warps ? smem[lane] : identity;
-    w = fc_warp_reduce(w, op);
-    if (lane == 0) smem[32] = w;
-  }
-  __syncthreads();
-  return smem[32];
-}
-
-// Reduce N values of one type and operation over a 1-D block in one pass (one set of barriers
-// for several reductions of a stage). smem holds 33 * N values of T.
-template <int N, typename T, typename Op>
-__device__ __forceinline__ void fc_block_reduce_n(T (&v)[N], Op op, T identity, T* smem) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int warps = (blockDim.x + 31) >> 5;
-#pragma unroll
-  for (int i = 0; i < N; ++i) v[i] = fc_warp_reduce(v[i], op);
-  if (warps == 1) return;
-  __syncthreads();
-  if (lane == 0) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) smem[i * 33 + warp] = v[i];
-  }
-  __syncthreads();
-  if (warp == 0) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      T w = lane < warps ? smem[i * 33 + lane] : identity;
-      w = fc_warp_reduce(w, op);
-      if (lane == 0) smem[i * 33 + 32] = w;
-    }
-  }
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < N; ++i) v[i] = smem[i * 33 + 32];
-}
-"""  # noqa: E501
-
-
 @dataclass
 class Reducer:
     """How one reduction op accumulates: accumulator type, identity, combine functor, and the
@@ -137,6 +64,10 @@ class Reducer:
     functor: str
     welford: bool
     value_dtype: DType  # the type values are accumulated in
+
+    def describe(self) -> str:
+        """``T4, T5 = var_mean(T3, dims=[1])``: what the accumulator computes."""
+        return f"{', '.join(self.op.outputs)} = {describe_op(self.op)}"
 
     def add(self, acc: str, x: str) -> str:
         if self.welford:
@@ -203,7 +134,35 @@ def reducer(bound: Bound, op_index: int) -> Reducer:
 
 
 def assemble(body: list[str]) -> str:
-    return cuda.PREAMBLE + REDUCE_PREAMBLE + "\n" + "\n".join(body) + "\n"
+    """The source of a segment's kernels: the helpers they use, then their code."""
+    code = "\n".join(drop_unread(body)) + "\n"
+    return preamble(code) + "\n" + code
+
+
+_DECLARATION = re.compile(r"\s*const [\w<>, :]+? (\w+) = [^;]*;(\s*//.*)?")
+_WORD = re.compile(r"[A-Za-z_]\w*")
+
+
+def drop_unread(lines: list[str]) -> list[str]:
+    """``lines`` without the ``const`` declarations nothing reads (a reduction result or 16-bit
+    rounding no consumer took), repeated until none is left. Exact: only a name declared once
+    in the source counts, and a read is the name as a token outside comments."""
+    lines = list(lines)
+    while True:
+        code = [line.split("//", 1)[0] for line in lines]
+        declared: dict[str, list[int]] = {}
+        for i, line in enumerate(lines):
+            m = _DECLARATION.fullmatch(line)
+            if m:
+                declared.setdefault(m.group(1), []).append(i)
+        reads: dict[str, int] = {}
+        for text in code:
+            for word in _WORD.findall(text):
+                reads[word] = reads.get(word, 0) + 1
+        dead = {at[0] for name, at in declared.items() if len(at) == 1 and reads[name] == 1}
+        if not dead:
+            return lines
+        lines = [line for i, line in enumerate(lines) if i not in dead]
 
 
 def indent(lines: list[str], n: int) -> list[str]:

@@ -16,10 +16,10 @@ blocks' partial sums and runs the column epilogue.
 
 from __future__ import annotations
 
-import itertools
 import math
 
 from codegen import cuda
+from codegen.emit import Names
 from codegen.kernel import (
     Kernel,
     Param,
@@ -33,7 +33,7 @@ from codegen.kernel import (
 )
 from codegen.layout import covering_grid, decompose, index_type
 from codegen.reduction import _acc_size
-from codegen.regions import LANE, Region, pick_vector
+from codegen.regions import LANE, Region, lane_loop, pick_vector
 from optimizer.analysis.shapes import Bound
 from optimizer.schedulers.kinds import Schedule
 from optimizer.schedulers.persistent import COLUMN, is_row_tensor
@@ -41,12 +41,14 @@ from optimizer.schedulers.profiles import DeviceProfile
 
 
 def generate_persistent(bound: Bound, schedule: Schedule, profile: DeviceProfile,
-                        index: int, vector: int | None = None) -> SegmentKernels:
-    return _Persistent(bound, schedule, profile, index, vector or 8).build()
+                        index: int, vector: int | None = None,
+                        recomputed: frozenset[int] = frozenset()) -> SegmentKernels:
+    """``recomputed``: ops of the segment that also run in another one (marked in comments)."""
+    return _Persistent(bound, schedule, profile, index, vector or 8, recomputed).build()
 
 
 class _Persistent:
-    def __init__(self, bound, schedule, profile, index, max_vector):
+    def __init__(self, bound, schedule, profile, index, max_vector, recomputed=frozenset()):
         self.bound, self.schedule, self.profile, self.index = bound, schedule, profile, index
         self.fusion = bound.fusion
         self.domain = list(schedule.domain)
@@ -57,7 +59,7 @@ class _Persistent:
         self.row_len = math.prod(self.domain[a] for a in self.row_axes)
         self.pers = schedule.persistence
         self.kind = schedule.kind
-        self.counter = itertools.count(1)
+        self.names = Names(recomputed)
         self.itype = index_type(bound, list(schedule.inputs) + list(schedule.outputs),
                                 math.prod(self.domain))
         self.aligned: dict[str, int] = {}
@@ -104,7 +106,7 @@ class _Persistent:
 
     def region(self, rows, cols, lane) -> Region:
         return Region(self.bound, self.schedule, self.itype, self.p_idx(rows, cols, lane),
-                      self.vec if lane else 1, self.aligned, self.params, self.counter)
+                      self.vec if lane else 1, self.aligned, self.params, self.names)
 
     # ---- the row kernel -----------------------------------------------------------------------
 
@@ -155,7 +157,7 @@ class _Persistent:
             main += [f"__shared__ {r.acc_type} smem{k}[33];"
                      for k, r in enumerate(self.row_reducers)]
         for k, r in enumerate(self.col_reducers):
-            main += [f"{r.acc_type} colacc{k}[{slots}][{vec}];",
+            main += [f"{r.acc_type} colacc{k}[{slots}][{vec}];  // {r.describe()}",
                      f"for (int k = 0; k < {slots}; ++k)",
                      f"  for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) colacc{k}[k][{LANE}] = "
                      f"{r.identity};"]
@@ -262,14 +264,15 @@ class _Persistent:
         code = [f"// stage {s}: " + ("read the row" if s == 0 else
                                      f"with the results of stage {s - 1}")]
         code += row_region.pre[pre_mark:] + row_region.em.lines[mark:]
-        code += [f"{r.acc_type} acc{self.row_reducers.index(r)} = {r.identity};" for r in mine]
+        code += [f"{r.acc_type} acc{self.row_reducers.index(r)} = {r.identity};  "
+                 f"// {r.describe()}" for r in mine]
         slot = decompose("c", [self.domain[a] for a in self.row_axes], self.cvars, "index_t")
         slot += slot_pre + reg.pre + reg.decls
         if vec > 1:
             slot += ["#pragma unroll", f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) {{"]
             slot += indent(lane_part, 2) + ["}"]
         else:
-            slot += [f"const int {LANE} = 0;"] + lane_part
+            slot += lane_loop(1, lane_part)  # declares the lane only if it is read
         slot += reg.post
         if lane_part or slot_pre or reg.pre or reg.post:
             code += ["#pragma unroll", f"for (int k = 0; k < {slots}; ++k) {{",
@@ -293,12 +296,8 @@ class _Persistent:
                          f"  fc_block_reduce_n<{len(ks)}>(together, {functor}, {identity}, {buf});"]
                 code += [f"  acc{k} = together[{n}];" for n, k in enumerate(ks)] + ["}"]
         for r in mine:
-            k = self.row_reducers.index(r)
-            for out, expr in r.results(self.bound, f"acc{k}"):
-                var = row_region.em.fresh("red")
-                code.append(f"const {cuda.compute(self.fusion.tensors[out].dtype)} {var} = "
-                            f"{expr};")
-                row_region.seed(out, var)
+            for out, expr in r.results(self.bound, f"acc{self.row_reducers.index(r)}"):
+                code.append(row_region.result(out, expr))
         return code
 
     def buffer_load(self, t: str, reg: Region, slot_pre: list[str], lane_first: list[str]):
@@ -330,7 +329,7 @@ class _Persistent:
         names = [f"f_{a}" for a in self.row_axes]
         region = Region(self.bound, sched, self.itype,
                         self.p_idx(["0"] * len(self.rows_axes), names, False), 1, self.aligned,
-                        params, self.counter)
+                        params, self.names)
         reducers = list(enumerate(self.col_reducers))
         lines = [f"__shared__ {r.acc_type} sm{k}[32][33];" for k, r in reducers]
         lines += ["const index_t col = (index_t)blockIdx.x * 32 + threadIdx.x;"]
@@ -346,8 +345,7 @@ class _Persistent:
                     f"sm{k}[y][threadIdx.x]);" for k, r in reducers]
         for k, r in reducers:
             for out, expr in r.results(self.bound, f"acc{k}"):
-                region.seed(out, region.em.let(cuda.compute(self.fusion.tensors[out].dtype),
-                                               expr, "red"))
+                region.em.lines.append(region.result(out, expr))
         col_outputs = [t for t in sched.outputs if self.pers.stage[t] >= COLUMN]
         for t in col_outputs:
             region.store(t, region.raw(t))

@@ -11,7 +11,7 @@ written where their index is in range, once per element.
 from __future__ import annotations
 
 from codegen import cuda
-from codegen.emit import Emitter
+from codegen.emit import Emitter, Names
 from codegen.kernel import Kernel, SegmentKernels, assemble, indent, signature, tensor_params
 from codegen.layout import (
     address,
@@ -50,7 +50,9 @@ def vector_width(bound: Bound, schedule: Schedule, innermost: int) -> int:
 
 
 def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile, index: int,
-                       vector: int | None = None) -> SegmentKernels:
+                       vector: int | None = None,
+                       recomputed: frozenset[int] = frozenset()) -> SegmentKernels:
+    """``recomputed``: ops of the segment that also run in another one (marked in comments)."""
     fusion = bound.fusion
     domain = list(schedule.domain)
     rank = len(domain)
@@ -75,7 +77,7 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
         st, ct = cuda.storage(d), cuda.compute(d)
         invariant = all(LANE not in i for i in idx)
         if invariant:
-            name_ = em.fresh("l")
+            name_ = em.names.fresh(f"ld_{t}")
             decls.append(f"{ct} {name_}[{unroll}];")
             value = cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d)
             pre.append(f"{name_}[u] = {value};")
@@ -87,16 +89,16 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
             base = tuple(xs[-1] if a == lanes[0] else i for a, i in enumerate(idx))
             key = (t, base)
             if key not in vec_loads:
-                vname = em.fresh("vl")
+                vname = em.names.fresh(f"vec_{t}")
                 decls.append(f"fc_vec<{st}, {vec}> {vname}[{unroll}];")
                 pre.append(f"{vname}[u] = *reinterpret_cast<const fc_vec<{st}, {vec}>*>(in_{t} + "
                            f"{address(base, strides)});")
                 vec_loads[key] = vname
                 aligned[t] = vec * d.itemsize
             return cuda.to_compute(f"{vec_loads[key]}[u].v[{LANE}]", d)
-        return em.let(ct, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d), "l")
+        return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
 
-    em = Emitter(bound, schedule.ops, set(schedule.inputs), load, itype)
+    em = Emitter(bound, schedule.ops, set(schedule.inputs), load, itype, Names(recomputed))
     em.fast = fast_math_tensors(bound, schedule)
     stores_after: list[str] = []
     vec_outputs: list[str] = []

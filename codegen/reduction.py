@@ -12,10 +12,10 @@ combines them and runs the epilogue. P-domain outputs of the prologue are writte
 
 from __future__ import annotations
 
-import itertools
 import math
 
 from codegen import cuda
+from codegen.emit import Names
 from codegen.kernel import (
     Kernel,
     Param,
@@ -39,7 +39,9 @@ def _varies_along(schedule: Schedule, tensor: str, axes) -> bool:
 
 
 def generate_reduction(bound: Bound, schedule: Schedule, profile: DeviceProfile,
-                       index: int, vector: int | None = None) -> SegmentKernels:
+                       index: int, vector: int | None = None,
+                       recomputed: frozenset[int] = frozenset()) -> SegmentKernels:
+    """``recomputed``: ops of the segment that also run in another one (marked in comments)."""
     domain = list(schedule.domain)
     rank = len(domain)
     red_axes = list(schedule.reduction_axes)
@@ -49,13 +51,15 @@ def generate_reduction(bound: Bound, schedule: Schedule, profile: DeviceProfile,
     if rows == 0:
         return SegmentKernels(index, "reduction", "", [])
     inner = rank == 0 or (rank - 1) in red_axes
-    builder = _Builder(bound, schedule, profile, index, keep_axes, red_axes, rows, row_len)
+    builder = _Builder(bound, schedule, profile, index, keep_axes, red_axes, rows, row_len,
+                       Names(recomputed))
     builder.max_vector = vector or 8
     return builder.build_inner() if inner else builder.build_outer()
 
 
 class _Builder:
-    def __init__(self, bound, schedule, profile, index, keep_axes, red_axes, rows, row_len):
+    def __init__(self, bound, schedule, profile, index, keep_axes, red_axes, rows, row_len,
+                 names: Names):
         self.bound, self.schedule, self.profile, self.index = bound, schedule, profile, index
         self.keep_axes, self.red_axes = keep_axes, red_axes
         self.rows, self.row_len = rows, row_len
@@ -69,7 +73,7 @@ class _Builder:
                              if _varies_along(schedule, t, red_axes)]
         self.epilogue_outputs = [t for t in schedule.outputs if t not in self.loop_outputs]
         self.name = f"fusecut_segment{index}_reduction"
-        self.counter = itertools.count(1)
+        self.names = names
         self.keep_names = [f"i{a}" for a in keep_axes]
 
     # ---- pieces ---------------------------------------------------------------------------
@@ -90,7 +94,7 @@ class _Builder:
         lane_axis = len(self.domain) - 1 if vec > 1 else None
         loop = Region(self.bound, self.schedule, self.itype,
                       self.p_idx(self.keep_names, red_names, lane_axis), vec, self.aligned,
-                      params, self.counter)
+                      params, self.names)
         self.accumulate(loop, acc_of)
         red_ext = [self.domain[a] for a in self.red_axes]
         return loop.lane_block(decompose(flat, red_ext, red_names, "index_t")), params
@@ -109,8 +113,7 @@ class _Builder:
         """Seed the reduction results and store the reduced-domain outputs."""
         for r in self.reducers:
             for out, expr in r.results(self.bound, result_of(r)):
-                region.seed(out, region.em.let(cuda.compute(self.bound.fusion.tensors[out]
-                                                            .dtype), expr, "red"))
+                region.em.lines.append(region.result(out, expr))
         for t in self.epilogue_outputs:
             region.store(t, region.raw(t), guard)
 
@@ -122,8 +125,9 @@ class _Builder:
         params: list[str] = []
         region = Region(self.bound, self.schedule, self.itype,
                         self.p_idx(names, ["0"] * len(self.red_axes), None), 1,
-                        self.aligned, params, self.counter)
-        lines = [f"{r.acc_type} acc{k} = {r.identity};" for k, r in enumerate(self.reducers)]
+                        self.aligned, params, self.names)
+        lines = [f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}"
+                 for k, r in enumerate(self.reducers)]
         lines += [f"for (int p = 0; p < {parts}; ++p) {{"]
         lines += [f"  acc{k} = {r.functor}(acc{k}, {ws_of(r, k)}[(index_t)p * {self.rows} + o]);"
                   for k, r in enumerate(self.reducers)]
@@ -179,7 +183,8 @@ class _Builder:
                     else "(index_t)gridDim.x")
         body += [f"for (index_t row = {row_expr}; row < {self.rows}; row += {row_step}) {{"]
         inner = decompose("row", [self.domain[a] for a in self.keep_axes], keep_names, "index_t")
-        inner += [f"{r.acc_type} acc{k} = {r.identity};" for k, r in enumerate(self.reducers)]
+        inner += [f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}"
+                  for k, r in enumerate(self.reducers)]
         begin = f"(index_t)blockIdx.y * {chunk}" if split > 1 else "0"
         end = f"min((index_t){self.row_len}, {begin} + {chunk})" if split > 1 else \
             f"(index_t){self.row_len}"
@@ -207,7 +212,7 @@ class _Builder:
             epi_params: list[str] = params
             epi = Region(self.bound, sched, self.itype,
                          self.p_idx(keep_names, ["0"] * len(self.red_axes), None), 1,
-                         self.aligned, epi_params, self.counter)
+                         self.aligned, epi_params, self.names)
             self.epilogue(epi, lambda r: f"acc{self.reducers.index(r)}")
             inner.append(f"if ({tid} == 0) {{")
             inner += indent(epi.finish(), 2)
@@ -264,7 +269,7 @@ class _Builder:
                  f"const bool active = col < {cols};"]
         body += decompose("(active ? col : 0)", keep_ext, keep_names, "index_t")
         for k, r in enumerate(self.reducers):
-            body += [f"{r.acc_type} acc{k}[{vec}];",
+            body += [f"{r.acc_type} acc{k}[{vec}];  // {r.describe()}",
                      f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) acc{k}[{LANE}] = "
                      f"{r.identity};"]
         body += ["if (active) {",
@@ -292,7 +297,7 @@ class _Builder:
             epi = Region(self.bound, sched, self.itype,
                          self.p_idx(keep_names, ["0"] * len(self.red_axes),
                                     len(self.domain) - 1 if vec > 1 else None),
-                         vec, self.aligned, params, self.counter)
+                         vec, self.aligned, params, self.names)
             self.epilogue(epi, lambda r: f"acc{self.reducers.index(r)}[{LANE}]")
             comb += epi.lane_block([])
             out_params = list(sched.outputs)

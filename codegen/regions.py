@@ -10,7 +10,7 @@ kernel itself holds there (reduction results, on-chip buffers).
 from __future__ import annotations
 
 from codegen import cuda
-from codegen.emit import Emitter
+from codegen.emit import Emitter, Names, value_name
 from codegen.layout import address, compact_strides, tensor_strides
 from codegen.precision import fast_math_tensors
 from optimizer.analysis.shapes import Bound
@@ -21,9 +21,11 @@ LANE = "_lane"
 
 class Region:
     def __init__(self, bound: Bound, schedule: Schedule, itype: str, p_idx: tuple[str, ...],
-                 vec: int, aligned: dict[str, int], params: list[str], counter=None):
+                 vec: int, aligned: dict[str, int], params: list[str],
+                 names: Names | None = None):
         """``p_idx``: the index of every domain axis in this region (C expressions); ``vec``:
-        lanes of the innermost axis (its index contains ``_lane``)."""
+        lanes of the innermost axis (its index contains ``_lane``); ``names``: those of the
+        kernel source the region is part of."""
         self.bound = bound
         self.schedule = schedule
         self.p_idx = p_idx
@@ -34,7 +36,7 @@ class Region:
         self.decls: list[str] = []  # registers of vectorised stores (before the lane loop)
         self.post: list[str] = []  # the vector stores (after the lane loop)
         self._vec_loads: dict[tuple, str] = {}
-        self.em = Emitter(bound, schedule.ops, set(schedule.inputs), self._load, itype, counter)
+        self.em = Emitter(bound, schedule.ops, set(schedule.inputs), self._load, itype, names)
         self.em.fast = fast_math_tensors(bound, schedule)
 
     def index_of(self, tensor: str) -> tuple[str, ...]:
@@ -49,8 +51,12 @@ class Region:
         return self.em.raw(tensor, self.index_of(tensor))
 
     def seed(self, tensor: str, expr: str) -> None:
-        """A value the kernel holds itself (a reduction result, an on-chip buffer)."""
+        """A value the kernel holds itself (an on-chip buffer)."""
         self.em.memo[(tensor, self.index_of(tensor))] = expr
+
+    def result(self, tensor: str, expr: str) -> str:
+        """Declare a value the kernel computed itself (a reduction result); returns the line."""
+        return self.em.result(tensor, self.index_of(tensor), expr)
 
     def store(self, tensor: str, expr: str, guard: str | None = None) -> None:
         """Write a value: lane by lane into a register vector stored whole after the lane loop
@@ -96,7 +102,7 @@ class Region:
         strides = tensor_strides(bound, t)
         st, ct = cuda.storage(d), cuda.compute(d)
         if all(LANE not in i for i in idx):
-            name = em.fresh("l")
+            name = em.names.fresh(value_name(t))
             self.pre.append(f"const {ct} {name} = "
                             f"{cuda.to_compute(f'in_{t}[{address(idx, strides)}]', d)};")
             return name
@@ -109,14 +115,14 @@ class Region:
             base = tuple(base_i if k == a else i for k, i in enumerate(idx))
             key = (t, base)
             if key not in self._vec_loads:
-                vname = em.fresh("vl")
+                vname = em.names.fresh(f"vec_{t}")
                 self.pre.append(f"const fc_vec<{st}, {self.vec}> {vname} = *reinterpret_cast<"
                                 f"const fc_vec<{st}, {self.vec}>*>(in_{t} + "
                                 f"{address(base, strides)});")
                 self._vec_loads[key] = vname
                 self.aligned[t] = self.vec * d.itemsize
             return cuda.to_compute(f"{self._vec_loads[key]}.v[{LANE}]", d)
-        return em.let(ct, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d), "l")
+        return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
 
 
 def lane_loop(vec: int, lines: list[str]) -> list[str]:

@@ -16,10 +16,13 @@ from hypothesis import given, settings
 
 from codegen import generate_segment
 from codegen.emit import Emitter
+from codegen.kernel import drop_unread
 from codegen.layout import address, decompose
+from codegen.preamble import HEADER, PIECES, needed, preamble
 from optimizer.analysis.shapes import bind
 from optimizer.ir import parse_text, tensor_meta
 from optimizer.ir.dtypes import DType
+from optimizer.ir.printer import print_fusion
 from optimizer.planner import PlanOptions, make_plan
 from runtime.compile import compile_cubin
 from tests.conftest import CORPUS_FILES
@@ -32,6 +35,8 @@ def compile_plan(plan, arch: str) -> int:
     for seg in plan.segments:
         sk = generate_segment(plan, seg)
         if sk.kernels:
+            assert unread_values(sk.source) == [], sk.source
+            assert same_type_casts(sk.source) == [], sk.source
             cubin = compile_cubin(sk.source, arch, sk.kernels[0].name)
             assert len(cubin) > 0
             for k in sk.kernels:
@@ -144,3 +149,176 @@ def test_fast_math_only_where_it_cannot_show():
     assert "T2" in fast  # exp -> bf16 output
     assert "T4" not in fast  # exp -> comparison: a last-bit change could flip the select
     assert "T3" not in fast  # tanh -> a float32 output (sqrt) would show the error
+
+
+# ---- readable sources: names, comments, only the helpers used, no dead values ----------------
+
+_DECLARED = re.compile(r"^\s*(?:const )?(\w[\w<>, :]*?) (\w+)(?: = |\[|;)", re.M)
+_CAST = re.compile(r"\((float|double|int|long long|bool)\)\((\w+)((?:\[\w+\])*)\)")
+
+
+def _code(source: str) -> str:
+    """The kernels of a source (after the preamble), without comments."""
+    kernels = source[source.index('extern "C"'):] if 'extern "C"' in source else source
+    return "\n".join(line.split("//", 1)[0] for line in kernels.splitlines())
+
+
+def unread_values(source: str) -> list[str]:
+    """``const`` declarations of the kernel code whose name nothing after them reads."""
+    lines = _code(source).splitlines()
+    dead = []
+    for i, line in enumerate(lines):
+        m = re.match(r"\s*const [\w<>, :]+? (\w+) = ", line)
+        if m and not re.search(rf"\b{m.group(1)}\b", "\n".join(lines[i + 1:])):
+            dead.append(line.strip())
+    return dead
+
+
+def same_type_casts(source: str) -> list[str]:
+    """Casts of a declared value (or array element) to the type it already has."""
+    code = _code(source)
+    types: dict[str, set[str]] = {}
+    for ctype, name in _DECLARED.findall(code):
+        types.setdefault(name, set()).add(ctype.strip())
+    return [m.group(0) for m in _CAST.finditer(code) if types.get(m.group(2)) == {m.group(1)}]
+
+
+def test_source_checks_catch_dead_values_and_no_op_casts():
+    old = """extern "C" __global__ void k(float* out) {
+  const float v14 = 1.0f;
+  float acc[2];
+  const float v15 = (float)(v14);
+  const float v16 = __bfloat162float(__float2bfloat16(v15));  // v16: a comment is no read
+  out[0] = (float)(acc[1]) + (double)(v15);
+}"""
+    assert unread_values(old) == ["const float v16 = __bfloat162float(__float2bfloat16(v15));"]
+    assert same_type_casts(old) == ["(float)(v14)", "(float)(acc[1])"]
+
+
+def _plan(case: str):
+    parsed = parse_text((CORPUS_FILES[0].parent / f"{case}.py").read_text())
+    return make_plan(parsed.fusion, parsed.inputs, PlanOptions(time_limit_s=2))
+
+
+def _sources(case: str) -> list[str]:
+    plan = _plan(case)
+    return [generate_segment(plan, s).source for s in plan.segments]
+
+
+def test_values_are_named_after_tensors_with_their_op():
+    (src,) = _sources("layernorm_fwd")
+    assert re.search(r"^\s*const float T7 = \(T3_1 - T5\);  // T7 = sub\(T3, T6\)$", src, re.M)
+    assert re.search(r"const float T10 = rsqrtf\(T9\);  // T10 = rsqrt\(T9\)$", src, re.M)
+    # the bf16 cast of the output is only stored: the store rounds T18, nothing declares T19
+    assert "o_T19.v[_lane] = __float2bfloat16(T18);" in src
+    assert not re.search(r"const float T19\b", src)
+    assert "vec_T1" in src and "p_T0" in src  # input registers are named after their tensor
+    assert "fc_welford_f acc0 = fc_welford_f{0, 0, 0, 0};  // T4, T5 = var_mean(T3, dims=[1])" \
+        in src
+    assert not re.search(r"\b(v|red|l|vl)\d+\b", _code(src))  # no anonymous counters left
+    # T3 is evaluated in both stages: one name per evaluation
+    assert re.search(r"const float T3 = .*  // T3 = cast\(T0, float32\)$", src, re.M)
+    assert re.search(r"const float T3_1 = .*  // T3 = cast\(T0, float32\)$", src, re.M)
+
+
+def test_names_are_unique_within_a_source():
+    for case in ("layernorm_fwd", "layernorm_bwd", "softmax_fwd", "seed_2146_rmsnorm_bwd",
+                 "adam_step", "many_segments_stress"):
+        for src in _sources(case):
+            names = re.findall(r"^\s*const [\w<>, :]+? (\w+) = ", src[src.index('extern "C"'):]
+                               if 'extern "C"' in src else "", re.M)
+            values = [n for n in names if re.fullmatch(r"T\d+(_\d+)?(_f32)?", n)]
+            assert values and len(values) == len(set(values)), (case, values)
+
+
+def test_recomputed_values_are_marked():
+    plan = _plan("seed_2146_rmsnorm_bwd")
+    ops = plan.bound.fusion.ops
+    marked = 0
+    for seg in plan.segments:
+        src = generate_segment(plan, seg).source
+        for tensor, rest in re.findall(r"// (T\d+) = \w+\((.*)$", src, re.M):
+            (i,) = [k for k in seg.schedule.ops if tensor in ops[k].outputs]
+            assert rest.endswith("[recomputed]") == (i in seg.recomputed_ops), (seg.index, tensor)
+            marked += rest.endswith("[recomputed]")
+    assert marked >= 4  # this plan recomputes the normalised input in both segments
+
+
+def test_only_the_helpers_a_kernel_uses():
+    (pointwise,) = _sources("gelu_tanh_fwd")
+    for helper in ("fc_block_reduce", "fc_warp_reduce", "fc_welford", "fc_shfl", "fc_max",
+                   "fc_add", "int64"):
+        assert helper not in pointwise, helper
+    assert "fc_tanh_approx(float x)" in pointwise and "fc_vec { T v[N]; }" in pointwise
+    (norm,) = _sources("layernorm_fwd")
+    assert "struct fc_welford_f" in norm and "T fc_block_reduce(T v" in norm
+    for helper in ("fc_welford_d", "fc_block_reduce_n", "fc_ipow", "fc_remainder", "fc_maxop"):
+        assert helper not in norm, helper
+
+
+@pytest.mark.parametrize("piece", PIECES, ids=[p.name for p in PIECES])
+def test_each_preamble_piece_compiles_with_its_dependencies(piece):
+    body = f"// uses {piece.triggers[0]}\n"
+    assert piece in needed(body)
+    compile_cubin(preamble(body) + 'extern "C" __global__ void k() {}\n', "sm_90", "k")
+
+
+def test_preamble_keeps_declaration_order():
+    src = preamble("fc_block_reduce(acc0, fc_maxop(), x, smem0); fc_welford_f w;")
+    assert src.startswith(HEADER)
+    marks = ["fc_max(float", "T fc_shfl(T v", "struct fc_welford_f", "struct fc_maxop",
+             "T fc_shfl_any(T v", "T fc_warp_reduce(T v", "T fc_block_reduce(T v"]
+    at = [src.index(m) for m in marks]
+    assert at == sorted(at)
+    assert "fc_welford_d" not in src and "fc_min" not in src
+
+
+def test_drop_unread_is_exact():
+    lines = ["const float a = 1.0f;", "const float b = a * 2.0f;  // reads a",
+             "const float c = 3.0f;  // c is also read below", "const index_t x0 = 0;",
+             "{", "const index_t x0 = 1;", "}", "out[0] = c;  // b"]
+    # b is unread, then a is; a name in a comment is no read; x0 is declared in two scopes, so
+    # its name alone cannot tell which is read: both stay
+    assert drop_unread(lines) == lines[2:]
+    assert drop_unread(lines[2:]) == lines[2:]
+
+
+@settings(max_examples=25, deadline=None)
+@given(fusions(max_ops=8, extents=[1, 2, 3, 8, 64]))
+def test_random_fusions_comment_each_value_with_its_op(drawn):
+    plan = make_plan(drawn.fusion, drawn.inputs, PlanOptions(time_limit_s=1))
+    ops = plan.bound.fusion.ops
+    for seg in plan.segments:
+        src = generate_segment(plan, seg).source
+        for tensor, op in re.findall(r"// (\w+) = (\w+)\(", src):
+            assert [o.name for o in ops if tensor in o.outputs] == [op], \
+                (tensor, op, print_fusion(drawn.fusion))
+
+
+# Small fusions through the paths that name, cast and drop values: a bf16 reduction result
+# (rounded from float), an unread var output, an outer reduction, a squeeze, a pad value, a cast.
+SMALL = {
+    "bf16_sum": ("T1 = fd.ops.sum(T0, dims=[1], keepdim=False, dtype=DataType.Null)\n"
+                 "fd.add_output(T1)", (64, 256)),
+    "bf16_max_outer": ("T1 = fd.ops.max(T0, dims=[0], keepdim=False, dtype=DataType.Null)\n"
+                       "fd.add_output(T1)", (256, 64)),
+    "mean_only": ("T1 = fd.ops.cast(T0, dtype=DataType.Float)\n"
+                  "T2, T3 = fd.ops.var_mean(T1, dims=[1], correction=0, keepdim=False)\n"
+                  "T4 = fd.ops.cast(T3, dtype=DataType.BFloat16)\n"
+                  "fd.add_output(T4)", (64, 256)),
+    "squeeze_pad_cast": ("T1 = fd.ops.sum(T0, dims=[1], keepdim=True, dtype=DataType.Null)\n"
+                         "T2 = fd.ops.squeeze(T1, dims=[1])\n"
+                         "S3 = fd.define_scalar(0.5, dtype=DataType.Float)\n"
+                         "T4 = fd.ops.pad(T0, [1, 1], S3)\n"
+                         "T5 = fd.ops.cast(T4, dtype=DataType.Half)\n"
+                         "fd.add_output(T2)\nfd.add_output(T5)", (64, 1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SMALL))
+def test_small_fusions_compile_without_dead_values_or_no_op_casts(case):
+    body, shape = SMALL[case]
+    f = fusion("T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], "
+               "dtype=DataType.BFloat16)\n" + body)
+    plan = make_plan(f, [tensor_meta(shape, DType.bfloat16)], PlanOptions(time_limit_s=1))
+    assert compile_plan(plan, "sm_90") >= 1  # checks unread values and same-type casts too

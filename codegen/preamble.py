@@ -1,0 +1,258 @@
+"""The device helpers generated kernels call, as named pieces; a source carries only the pieces its
+kernels use.
+
+A piece is needed when the kernel body names one of its ``triggers`` (as a whole C token), and
+then so are its ``deps``, transitively. Pieces are emitted in the order of ``PIECES``, which
+defines everything before its first use. ``deps`` must list every piece a piece's text needs; a
+missing one is an NVRTC error, which the CPU tests catch (each piece is also compiled alone with
+its dependencies). Templates that call overloads (``fc_welfordop``, ``fc_warp_reduce`` on a Welford
+accumulator) resolve them where they are instantiated, and the accumulator type named in the body
+brings its overloads.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+HEADER = """
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+"""
+
+
+@dataclass(frozen=True)
+class Piece:
+    name: str
+    triggers: tuple[str, ...]  # tokens of a kernel body that need this piece
+    text: str
+    deps: tuple[str, ...] = ()
+
+
+PIECES: tuple[Piece, ...] = (
+    Piece("int64", ("int64",), "typedef long long int64;\n"),
+    Piece("fc_vec", ("fc_vec",), """\
+template <typename T, int N>
+struct alignas(sizeof(T) * N) fc_vec { T v[N]; };
+"""),
+    Piece("fc_max", ("fc_max",), """\
+__device__ __forceinline__ float fc_max(float a, float b) { return (a > b || a != a) ? a : b; }
+__device__ __forceinline__ double fc_max(double a, double b) { return (a > b || a != a) ? a : b; }
+"""),
+    Piece("fc_min", ("fc_min",), """\
+__device__ __forceinline__ float fc_min(float a, float b) { return (a < b || a != a) ? a : b; }
+__device__ __forceinline__ double fc_min(double a, double b) { return (a < b || a != a) ? a : b; }
+"""),
+    Piece("fc_remainder", ("fc_remainder",), """\
+__device__ __forceinline__ float fc_remainder(float a, float b) {
+  float r = fmodf(a, b);
+  return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
+}
+__device__ __forceinline__ double fc_remainder(double a, double b) {
+  double r = fmod(a, b);
+  return (r != 0.0 && ((r < 0.0) != (b < 0.0))) ? r + b : r;
+}
+"""),
+    Piece("fc_div", ("fc_div",), """\
+template <typename T> __device__ __forceinline__ T fc_div(T a, T b) { return b == 0 ? 0 : a / b; }
+"""),
+    Piece("fc_div_rem", ("fc_div_rem",), """\
+template <typename T> __device__ __forceinline__ T fc_div_rem(T a, T b) { return b == 0 ? 0 : a % b; }
+"""),  # noqa: E501
+    Piece("fc_remainder_int", ("fc_remainder_int",), """\
+template <typename T> __device__ __forceinline__ T fc_remainder_int(T a, T b) {
+  if (b == 0) return 0;
+  T r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+"""),
+    Piece("fc_ipow", ("fc_ipow",), """\
+template <typename T> __device__ __forceinline__ T fc_ipow(T a, T b) {
+  if (b < 0) return (a == 1) ? 1 : ((a == -1) ? ((b & 1) ? -1 : 1) : 0);
+  T r = 1;
+  while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
+  return r;
+}
+"""),
+    Piece("fc_lshr", ("fc_lshr",), """\
+template <typename T> __device__ __forceinline__ T fc_lshr(T a, T b) {
+  const int bits = 8 * sizeof(T);
+  if (b >= bits) return 0;
+  return (T)(((unsigned long long)a & (bits == 64 ? ~0ULL : ((1ULL << bits) - 1))) >> b);
+}
+"""),
+    Piece("fc_tanh_approx", ("fc_tanh_approx",), """\
+__device__ __forceinline__ float fc_tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+"""),
+    Piece("fc_clampi", ("fc_clampi",), """\
+template <typename T> __device__ __forceinline__ T fc_clampi(T i, T hi) {
+  return i < 0 ? 0 : (i > hi ? hi : i);
+}
+"""),
+    Piece("fc_shfl", ("fc_shfl",), """\
+template <typename T> __device__ __forceinline__ T fc_shfl(T v, int lane_mask) {
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+}
+"""),
+    # ---- Welford accumulators (var, var_mean), with their combine and shuffle overloads ----
+    Piece("welford_f", ("fc_welford_f",), """\
+// float var/var_mean accumulate shifted data: k is the first value seen, s1 and s2 the sum and
+// sum of squares of x - k. No division per element (a rounded reciprocal costs more than the
+// bandwidth leaves), and no mean rounded to float until the end: combining re-expresses one
+// side's sums around the other's k (k values are samples, so their difference is exact).
+struct fc_welford_f { float k, s1, s2, n; };
+__device__ __forceinline__ void fc_welford_add(fc_welford_f& w, float x) {
+  w.k = w.n == 0.0f ? x : w.k; const float d = x - w.k;
+  w.s1 += d; w.s2 = fmaf(d, d, w.s2); w.n += 1.0f;
+}
+__device__ __forceinline__ float fc_welford_mean(const fc_welford_f& w) { return w.k + w.s1 / w.n; }
+__device__ __forceinline__ float fc_welford_m2(const fc_welford_f& w) {
+  return fmaxf(w.s2 - w.s1 * (w.s1 / w.n), 0.0f);  // rounding must not make it negative
+}
+__device__ __forceinline__ fc_welford_f fc_welford_combine(fc_welford_f a, fc_welford_f b) {
+  if (b.n == 0.0f) return a;
+  if (a.n == 0.0f) return b;
+  const float shift = b.k - a.k;  // b's values are (x - b.k) = (x - a.k) - shift
+  const float s1 = b.s1 + b.n * shift;
+  const float s2 = b.s2 + shift * (2.0f * b.s1 + b.n * shift);
+  return fc_welford_f{a.k, a.s1 + s1, a.s2 + s2, a.n + b.n};
+}
+__device__ __forceinline__ fc_welford_f fc_shfl_any(fc_welford_f v, int m) {
+  return fc_welford_f{fc_shfl(v.k, m), fc_shfl(v.s1, m), fc_shfl(v.s2, m), fc_shfl(v.n, m)};
+}
+""", ("fc_shfl",)),  # noqa: E501
+    Piece("welford_d", ("fc_welford_d",), """\
+struct fc_welford_d { double mean, m2, n; };
+__device__ __forceinline__ void fc_welford_add(fc_welford_d& w, double x) {
+  w.n += 1.0; double d = x - w.mean; w.mean += d / w.n; w.m2 += d * (x - w.mean);
+}
+__device__ __forceinline__ double fc_welford_mean(const fc_welford_d& w) { return w.mean; }
+__device__ __forceinline__ double fc_welford_m2(const fc_welford_d& w) { return w.m2; }
+__device__ __forceinline__ fc_welford_d fc_welford_combine(fc_welford_d a, fc_welford_d b) {
+  if (b.n == 0) return a;
+  if (a.n == 0) return b;
+  fc_welford_d r; r.n = a.n + b.n;
+  double d = b.mean - a.mean;
+  r.mean = a.mean + d * (b.n / r.n);
+  r.m2 = a.m2 + b.m2 + d * d * (a.n * b.n / r.n);
+  return r;
+}
+__device__ __forceinline__ fc_welford_d fc_shfl_any(fc_welford_d v, int m) {
+  fc_welford_d r; r.mean = fc_shfl(v.mean, m); r.m2 = fc_shfl(v.m2, m);
+  r.n = fc_shfl(v.n, m); return r;
+}
+""", ("fc_shfl",)),
+    # ---- combine functors and block reductions ----
+    Piece("fc_add", ("fc_add",), """\
+struct fc_add { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
+"""),  # noqa: E501
+    Piece("fc_mul", ("fc_mul",), """\
+struct fc_mul { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a * b; } };
+"""),  # noqa: E501
+    Piece("fc_maxop", ("fc_maxop",), """\
+struct fc_maxop {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fc_max(a, b); }
+  __device__ __forceinline__ double operator()(double a, double b) const { return fc_max(a, b); }
+  template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+""", ("fc_max",)),  # noqa: E501
+    Piece("fc_minop", ("fc_minop",), """\
+struct fc_minop {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fc_min(a, b); }
+  __device__ __forceinline__ double operator()(double a, double b) const { return fc_min(a, b); }
+  template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a < b ? a : b; }
+};
+""", ("fc_min",)),  # noqa: E501
+    Piece("fc_welfordop", ("fc_welfordop",), """\
+struct fc_welfordop {
+  template <typename W> __device__ __forceinline__ W operator()(W a, W b) const { return fc_welford_combine(a, b); }
+};
+"""),  # noqa: E501
+    Piece("fc_shfl_any", ("fc_shfl_any",), """\
+template <typename T> __device__ __forceinline__ T fc_shfl_any(T v, int m) { return fc_shfl(v, m); }
+""", ("fc_shfl",)),
+    Piece("fc_warp_reduce", ("fc_warp_reduce",), """\
+// Reduce over a warp: every lane gets the result.
+template <typename T, typename Op>
+__device__ __forceinline__ T fc_warp_reduce(T v, Op op) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v = op(v, fc_shfl_any(v, m));
+  return v;
+}
+""", ("fc_shfl_any",)),
+    Piece("fc_block_reduce", ("fc_block_reduce",), """\
+// Reduce over a 1-D block: every thread gets the result. smem holds 33 values of T.
+template <typename T, typename Op>
+__device__ __forceinline__ T fc_block_reduce(T v, Op op, T identity, T* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = (blockDim.x + 31) >> 5;
+  v = fc_warp_reduce(v, op);
+  if (warps == 1) return v;
+  __syncthreads();  // the previous reduction's readers are done with smem
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    T w = lane < warps ? smem[lane] : identity;
+    w = fc_warp_reduce(w, op);
+    if (lane == 0) smem[32] = w;
+  }
+  __syncthreads();
+  return smem[32];
+}
+""", ("fc_warp_reduce",)),
+    Piece("fc_block_reduce_n", ("fc_block_reduce_n",), """\
+// Reduce N values of one type and operation over a 1-D block in one pass (one set of barriers
+// for several reductions of a stage). smem holds 33 * N values of T.
+template <int N, typename T, typename Op>
+__device__ __forceinline__ void fc_block_reduce_n(T (&v)[N], Op op, T identity, T* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = (blockDim.x + 31) >> 5;
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = fc_warp_reduce(v[i], op);
+  if (warps == 1) return;
+  __syncthreads();
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) smem[i * 33 + warp] = v[i];
+  }
+  __syncthreads();
+  if (warp == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      T w = lane < warps ? smem[i * 33 + lane] : identity;
+      w = fc_warp_reduce(w, op);
+      if (lane == 0) smem[i * 33 + 32] = w;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = smem[i * 33 + 32];
+}
+""", ("fc_warp_reduce",)),
+)
+
+BY_NAME = {p.name: p for p in PIECES}
+_TOKEN = re.compile(r"[A-Za-z_]\w*")
+
+
+def needed(body: str) -> list[Piece]:
+    """The pieces ``body`` uses, with their dependencies, in emission order."""
+    tokens = set(_TOKEN.findall(body))
+    todo = [p.name for p in PIECES if tokens.intersection(p.triggers)]
+    chosen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name not in chosen:
+            chosen.add(name)
+            todo.extend(BY_NAME[name].deps)
+    return [p for p in PIECES if p.name in chosen]
+
+
+def preamble(body: str) -> str:
+    """The includes and the helpers ``body`` uses."""
+    pieces = needed(body)
+    return HEADER + "".join("\n" + p.text for p in pieces)
