@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from codegen.emit import dynamic_scalars
 from optimizer.analysis.scalars import baked_scalar_inputs, eval_scalar_op
@@ -32,6 +33,7 @@ from runtime.kernels import (
     scalar_value,
 )
 from runtime.reference import run_reference
+from runtime.tensors import TORCH_DTYPE
 
 # Parameter kinds, as runtime/native/launcher.cpp reads them.
 SLOT, INT, DOUBLE, BOOL, SCALAR_INT, SCALAR_DOUBLE, SCALAR_BOOL = range(7)
@@ -67,6 +69,25 @@ class Launch:
 
 
 @dataclass
+class LibraryCall:
+    """A linear or matmul segment: one cuBLAS call through torch (ATen, from the launcher)."""
+
+    op: str  # "linear" or "matmul"
+    inputs: list[int]  # slots: a, b[, bias]
+    output: int
+    dtype: torch.dtype
+    frees: tuple[int, ...] = ()
+
+    def run(self, slots: list[Any]) -> None:
+        a, b, *bias = (slots[i] for i in self.inputs)
+        r = F.linear(a, b, *bias) if self.op == "linear" else torch.matmul(a, b)
+        slots[self.output] = r.to(self.dtype).contiguous()
+
+
+LIBRARY_OPS = {"linear": 1, "matmul": 2}
+
+
+@dataclass
 class TorchCall:
     """A library or fallback segment, run through torch: arguments by slot (or a scalar name),
     results into slots."""
@@ -85,7 +106,7 @@ class Program:
     device: torch.device
     n_args: int
     buffers: list[tuple[tuple[int, ...], torch.dtype]]  # slot n_args + i
-    steps: list[Launch | TorchCall]
+    steps: list[Launch | LibraryCall | TorchCall]
     outputs: list[tuple[int, tuple[int, ...] | None, tuple[bool, ...] | None]]
     aliases: list[tuple[int, int]]  # (output position, argument position) updated in place
     scalar_ops: list[tuple[str, str, list[str], dict, Any]]  # derived run-time scalars
@@ -148,6 +169,8 @@ class Program:
                     slots[b] = torch.empty(shape, dtype=dtype, device=device)
                 if step.kernel is not None:
                     launch_kernel(step.kernel, self._values(step, slots, scalars), stream)
+            elif isinstance(step, LibraryCall):
+                step.run(slots)
             else:
                 call_args = [slots[i] if i is not None else scalars[name]
                              for i, name in step.args]
@@ -172,7 +195,7 @@ def build_program(plan: Plan, args: list[Any], sig: tuple | None = None) -> Prog
         torch.device("cuda", torch.cuda.current_device())
     slot_of = {name: i for i, name in enumerate(fusion.inputs)}
     buffers: list[tuple[tuple[int, ...], torch.dtype]] = []
-    steps: list[Launch | TorchCall] = []
+    steps: list[Launch | LibraryCall | TorchCall] = []
     reads: dict[int, int] = {}  # slot -> last step reading it
     dynamic = dynamic_scalars(bound)
     scalar_args = {n: slot_of[n] for n in fusion.scalar_inputs() if n in dynamic}
@@ -184,6 +207,16 @@ def build_program(plan: Plan, args: list[Any], sig: tuple | None = None) -> Prog
     for seg in plan.segments:
         sub = seg.sub
         arg_slots = [slot_of.get(sub.input_map[n]) for n in sub.fusion.inputs]
+        library = library_op(seg)
+        if library is not None:
+            out = new_buffer(None, None)
+            slot_of[sub.output_map[sub.fusion.outputs[0]]] = out
+            steps.append(LibraryCall(library.name, arg_slots, out,
+                                     TORCH_DTYPE[fusion.tensors[sub.output_map[
+                                         sub.fusion.outputs[0]]].dtype]))
+            for s in arg_slots:
+                reads[s] = len(steps) - 1
+            continue
         if seg.kind in (Kind.LIBRARY, Kind.FALLBACK):
             results = [new_buffer(None, None) for _ in sub.fusion.outputs]
             for name, slot in zip(sub.fusion.outputs, results):
@@ -262,11 +295,26 @@ def build_program(plan: Plan, args: list[Any], sig: tuple | None = None) -> Prog
     return program
 
 
+def library_op(segment):
+    """The linear or matmul op a library segment is, when it is exactly that one op on its
+    inputs (anything else runs through the torch reference)."""
+    sub = segment.sub.fusion
+    if segment.kind is not Kind.LIBRARY or len(sub.ops) != 1:
+        return None
+    op = sub.ops[0]
+    if op.name not in LIBRARY_OPS or list(op.inputs) != list(sub.inputs) or \
+            list(op.outputs) != list(sub.outputs):
+        return None
+    if op.name == "linear" and len(op.inputs) != (3 if op.attrs.get("has_bias") else 2):
+        return None
+    return op
+
+
 def native_eligible(program: Program) -> bool:
-    """Whether the C++ launcher can run the program: kernels only, on a GPU, no in-place
-    outputs, run-time scalars only straight from the arguments."""
+    """Whether the C++ launcher can run the program: kernels and library calls only, on a GPU,
+    no in-place outputs, run-time scalars only straight from the arguments."""
     return (program.device.type == "cuda" and not program.aliases and not program.scalar_ops
-            and all(isinstance(s, Launch) for s in program.steps))
+            and all(isinstance(s, (Launch, LibraryCall)) for s in program.steps))
 
 
 def _native_program(program: Program) -> Any:
@@ -287,13 +335,18 @@ def native_capsule(module, program: Program, launch_address: int, device_type: i
             inputs.append(("scalar", key[0], key[1]))
         else:
             inputs.append(("scalar", key, None))
-    buffers = [(shape, SCALAR_TYPE[dtype]) for shape, dtype in program.buffers]
+    buffers = [(shape or (), SCALAR_TYPE.get(dtype, 0)) for shape, dtype in program.buffers]
     launches = []
     for s in program.steps:
+        if isinstance(s, LibraryCall):
+            launches.append((0, (0, 0, 0), (0, 0, 0), 0, [], [], list(s.frees),
+                             (LIBRARY_OPS[s.op], list(s.inputs), s.output,
+                              SCALAR_TYPE[s.dtype])))
+            continue
         k = s.kernel
         shape = (k.address, tuple(k.grid), tuple(k.block), k.smem) if k is not None else \
             (0, (0, 0, 0), (0, 0, 0), 0)
-        launches.append((*shape, list(s.params), list(s.allocs), list(s.frees)))
+        launches.append((*shape, list(s.params), list(s.allocs), list(s.frees), None))
     outputs = []
     for slot, shape, broadcast in program.outputs:
         if shape is None:

@@ -82,10 +82,15 @@ def _normalise(launches, args, outputs):
     return out
 
 
+def kernel_steps(program):
+    return [s for s in program.steps
+            if isinstance(s, programs.Launch) and s.kernel is not None]
+
+
 def run_native(module, program, args):
     recorded = []
 
-    steps = [s for s in program.steps if s.kernel is not None]
+    steps = kernel_steps(program)
 
     def record(fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
         n = len(steps[len(recorded) % len(steps)].params)  # launches come in program order
@@ -104,16 +109,16 @@ run_native.keep = []
 
 
 @pytest.mark.parametrize("name", ["softmax_fwd", "adam_step", "layernorm_bwd",
-                                  "seed_4269_forward_full", "seed_3366_neg_broadcast_mul"])
+                                  "seed_4269_forward_full", "seed_3366_neg_broadcast_mul",
+                                  "mlp_gelu"])
 def test_native_launches_what_python_launches(name, native, fake_kernels):
     plan, args, program = corpus_program(name)
     python_outputs = program.run_python(args)
     python = [(launch.address, values, [p[0] for p in step.params])
-              for (launch, values), step in zip(fake_kernels, [s for s in program.steps
-                                                               if s.kernel is not None])]
+              for (launch, values), step in zip(fake_kernels, kernel_steps(program))]
     outputs, recorded, _ = run_native(native, program, args)
     assert outputs is not None
-    steps = [s for s in program.steps if s.kernel is not None]
+    steps = kernel_steps(program)
     assert len(recorded) == len(steps) == sum(
         len(kernels.generate_segment(plan, seg).kernels) for seg in plan.segments)
     for (fn, grid, block, _), step in zip(recorded, steps):

@@ -14,6 +14,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/as_strided.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/matmul.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
@@ -59,7 +61,16 @@ struct Param {
   double dvalue;
 };
 
+// A library segment: one cuBLAS call through ATen, as torch.nn.functional.linear or torch.matmul.
+struct Library {
+  int op = 0;  // 0: none (a kernel launch), 1: linear, 2: matmul
+  std::vector<int> inputs;  // slots: a, b[, bias]
+  int output = 0;
+  at::ScalarType dtype = at::ScalarType::Float;
+};
+
 struct Launch {
+  Library library;
   void* function;
   unsigned grid[3], block[3], smem;
   std::vector<Param> params;
@@ -114,7 +125,8 @@ void destroy(PyObject* capsule) {
 // make(launch_fn, device_type, device_index, inputs, buffers, launches, outputs) -> capsule
 //   inputs:   ("tensor", sizes, strides, dtype, align) | ("scalar", type, value-or-None)
 //   buffers:  (sizes, dtype)
-//   launches: (function, grid, block, smem, params, allocs, frees); params: (kind, index, i, d)
+//   launches: (function, grid, block, smem, params, allocs, frees, library);
+//             params: (kind, index, i, d); library: None or (op, input slots, output slot, dtype)
 //   outputs:  (slot, sizes-or-None, strides-or-None)
 PyObject* make(PyObject*, PyObject* args) {
   unsigned long long launch_fn;
@@ -161,12 +173,19 @@ PyObject* make(PyObject*, PyObject* args) {
   for (Py_ssize_t i = 0; ok && i < PyList_Size(launches); ++i) {
     Launch l;
     unsigned long long fn;
-    PyObject *params, *allocs, *frees;
-    if (!PyArg_ParseTuple(PyList_GetItem(launches, i), "K(III)(III)IOOO", &fn, &l.grid[0],
+    PyObject *params, *allocs, *frees, *library;
+    if (!PyArg_ParseTuple(PyList_GetItem(launches, i), "K(III)(III)IOOOO", &fn, &l.grid[0],
                           &l.grid[1], &l.grid[2], &l.block[0], &l.block[1], &l.block[2], &l.smem,
-                          &params, &allocs, &frees)) {
+                          &params, &allocs, &frees, &library)) {
       ok = false;
       break;
+    }
+    if (library != Py_None) {
+      PyObject* slots;
+      int dtype;
+      ok = PyArg_ParseTuple(library, "iOii", &l.library.op, &slots, &l.library.output, &dtype) &&
+           int_list(slots, l.library.inputs);
+      l.library.dtype = static_cast<at::ScalarType>(dtype);
     }
     l.function = reinterpret_cast<void*>(fn);
     for (Py_ssize_t k = 0; ok && k < PyList_Size(params); ++k) {
@@ -255,6 +274,19 @@ PyObject* run(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
         const BufferSpec& spec = prog->buffers[b - n_args];
         slots[b] = at::empty(spec.sizes, at::TensorOptions().dtype(spec.dtype)
                                                       .device(prog->device));
+      }
+      if (l.library.op != 0) {
+        const Library& lib = l.library;
+        const at::Tensor& a = slots[lib.inputs[0]];
+        const at::Tensor& b = slots[lib.inputs[1]];
+        at::Tensor r = lib.op == 1
+            ? at::linear(a, b, lib.inputs.size() > 2 ? std::optional<at::Tensor>(
+                                    slots[lib.inputs[2]]) : std::nullopt)
+            : at::matmul(a, b);
+        if (r.scalar_type() != lib.dtype) r = r.to(lib.dtype);
+        slots[lib.output] = r.is_contiguous() ? r : r.contiguous();
+        for (int f : l.frees) slots[f].reset();
+        continue;
       }
       if (l.function == nullptr) continue;  // a segment with nothing to compute
       values.assign(l.params.size(), 0);
