@@ -393,7 +393,7 @@ class Emitter:
                 pieces.append((offset + extent, self.value(name, src_idx)))
             offset += extent
         if not pieces:  # every operand is empty along dim: so is the output, never read
-            return self.let(ctype, cuda.literal(0, self.dtype(tensor)))
+            return self.let_value(tensor, cuda.literal(0, self.dtype(tensor)))
         expr = pieces[-1][1]
         for end, val in reversed(pieces[:-1]):
             expr = f"({idx[dim]} < {end} ? {val} : {expr})"

@@ -170,9 +170,12 @@ def indent(lines: list[str], n: int) -> list[str]:
     return [pad + line if line else line for line in lines]
 
 
-def signature(name: str, params: list[Param], threads: int) -> str:
+def signature(name: str, params: list[Param], threads: int, min_blocks: int = 0) -> str:
+    """The kernel's declaration; ``min_blocks`` (blocks per SM the registers must allow) lets
+    ptxas use up to its share of the register file instead of its own smaller default."""
     args = ",\n    ".join(f"{p.ctype} {_param_name(p)}" for p in params)
-    return (f'extern "C" __global__ void __launch_bounds__({threads}) {name}(\n    {args})')
+    bounds = f"{threads}, {min_blocks}" if min_blocks else f"{threads}"
+    return (f'extern "C" __global__ void __launch_bounds__({bounds}) {name}(\n    {args})')
 
 
 def _param_name(p: Param) -> str:

@@ -40,8 +40,9 @@ def compile_plan(plan, arch: str) -> int:
             cubin = compile_cubin(sk.source, arch, sk.kernels[0].name)
             assert len(cubin) > 0
             for k in sk.kernels:
-                assert re.search(rf'extern "C" __global__ void __launch_bounds__\(\d+\) {k.name}\(',
-                                 sk.source), k.name
+                bounds = r"__launch_bounds__\(\d+(, \d+)?\)"  # threads[, blocks per SM]
+                assert re.search(rf'extern "C" __global__ void {bounds} {k.name}\(', sk.source), \
+                    k.name
             count += len(sk.kernels)
     return count
 
@@ -322,3 +323,76 @@ def test_small_fusions_compile_without_dead_values_or_no_op_casts(case):
                "dtype=DataType.BFloat16)\n" + body)
     plan = make_plan(f, [tensor_meta(shape, DType.bfloat16)], PlanOptions(time_limit_s=1))
     assert compile_plan(plan, "sm_90") >= 1  # checks unread values and same-type casts too
+
+def _inner_outer(plan):
+    segs = [s for s in plan.segments if s.kind.value == "inner_outer"]
+    assert len(segs) == 1, [s.kind.value for s in plan.segments]
+    return generate_segment(plan, segs[0])
+
+
+def test_inner_outer_scheme_of_layernorm_bwd():
+    """Resident blocks (one per SM) of row groups; rows prefetched through shared memory (bulk
+    copies on sm_90, per-thread cp.async otherwise); one partial row per block for the
+    finishing kernel."""
+    from codegen import persistent
+
+    parsed = parse_text((CORPUS_FILES[0].parent / "layernorm_bwd.py").read_text())
+    plan = make_plan(parsed.fusion, parsed.inputs, PlanOptions(time_limit_s=2))
+    sk = _inner_outer(plan)
+    main, finish = sk.kernels
+    blocks = plan.profile.sm_count * persistent.IO_BLOCKS_PER_SM
+    assert main.grid == (blocks, 1, 1) and main.block == (512, 1, 1)
+    assert sk.notes["rows_per_block"] == 2 and sk.notes["threads_per_row"] == 256
+    # T0 and T1 rows in flight by bulk copy, the per-row mean and rstd per thread, the weight
+    # read once; the column sums combine in shared memory, then one partial row per block
+    assert sk.notes["prefetched"] == ["T0", "T1", "T2", "T3"] and sk.notes["read_once"] == ["T4"]
+    stages = sk.notes["prefetch_stages"]
+    assert stages >= 2
+    assert "fc_bulk_copy(sm_T0 + " in sk.source and "fc_bulk_copy(sm_T1 + " in sk.source
+    assert "fc_group_reduce_n<2, 256>(" in sk.source and "fc_cp_async<4>(" in sk.source
+    row = 4096 * 2  # bytes of one bf16 row
+    assert main.smem == sk.notes["smem"] >= stages * 2 * 2 * row + row
+    assert main.smem <= plan.profile.smem_per_block
+    assert [(w.name, w.nbytes) for w in sk.workspaces] == [("c0", blocks * 4096 * 4),
+                                                           ("c1", blocks * 4096 * 4)]
+    assert f"combine {blocks} blocks' partial column sums" in sk.source
+    assert f"for (int p = threadIdx.y; p < {blocks}; p += 32)" in sk.source
+    assert finish.grid == (4096 // 32, 1, 1)
+    for arch in ("sm_80", "sm_90"):  # sm_80 takes the per-thread copies
+        assert compile_cubin(sk.source, arch, main.name)
+
+
+IO_SMALL = """
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+T1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+T2 = fd.ops.mul(T0, T1)
+T3 = fd.ops.sum(T2, dims=[1])
+T4 = fd.ops.broadcast_in_dim(T3, shape=T0.shape(), broadcast_dims=[0])
+T5 = fd.ops.sub(T2, T4)
+T6 = fd.ops.sum(T0, dims=[0])
+T7 = fd.ops.sum(T5, dims=[0])
+fd.add_output(T5)
+fd.add_output(T6)
+fd.add_output(T7)
+"""
+
+
+@pytest.mark.parametrize("shape,smem", [((3, 37), None), ((1000, 300), None),
+                                        ((512, 4096), None), ((512, 4096), 40 * 1024)])
+def test_inner_outer_variants_compile(shape, smem):
+    """Odd row lengths (per-thread copies, no bulk copy), fewer rows than row groups, and a
+    device whose shared memory cannot hold two rows per group (no prefetch) all compile."""
+    f = fusion(IO_SMALL)
+    metas = [tensor_meta(shape, DType.float32)] * 2
+    overrides = {"smem_per_block": smem} if smem else {}
+    plan = make_plan(f, metas, PlanOptions(time_limit_s=2, device_overrides=overrides))
+    sk = _inner_outer(plan)
+    bulk = "fc_bulk_copy(sm_" in sk.source
+    assert bulk == (smem is None and shape[1] * 4 % 16 == 0)
+    if smem:
+        assert sk.notes["prefetch_stages"] == 0 and "fc_cp_async<" not in sk.source
+        groups = sk.notes["rows_per_block"]
+        assert groups * shape[1] * 4 <= smem  # the groups' column sums fit
+    assert sk.kernels[0].smem <= plan.profile.smem_per_block
+    for arch in ("sm_80", "sm_90"):
+        assert compile_cubin(sk.source, arch, sk.kernels[0].name)
