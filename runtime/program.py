@@ -187,7 +187,16 @@ class Program:
 
 
 def build_program(plan: Plan, args: list[Any], sig: tuple | None = None) -> Program:
-    """Compile every kernel of ``plan`` for these arguments and lay out the warm call."""
+    """Compile every kernel of ``plan`` for these arguments and lay out the warm call (kernels
+    are loaded on the arguments' device)."""
+    tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if tensor is not None and tensor.is_cuda:
+        with torch.cuda.device(tensor.device):
+            return _build_program(plan, args, sig)
+    return _build_program(plan, args, sig)
+
+
+def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
     fusion, bound = plan.fusion, plan.bound
     n_args = len(args)
     tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
