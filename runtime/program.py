@@ -27,6 +27,7 @@ from optimizer.schedulers.kinds import Kind
 from runtime.executor import expand_compact, segment_bound
 from runtime.kernels import (
     KernelLaunch,
+    check,
     code_for_alignment,
     current_stream,
     launch_kernel,
@@ -113,6 +114,7 @@ class Program:
     scalar_args: dict[str, int]  # run-time scalar inputs -> argument position
     static_scalars: dict[str, Any]
     baked: frozenset[int] = frozenset()  # argument positions whose value is in the signature
+    context: int = 0  # the driver context the kernels live in (0 on the CPU)
     native: Any = None  # (launcher run function, C++ program), when C++ runs this program
     native_ready: Any = None  # while the launcher builds: says when it is there
 
@@ -161,7 +163,10 @@ class Program:
         slots: list[Any] = list(args) + [None] * len(self.buffers)
         scalars = self.scalars(args)
         device = self.device
-        stream = current_stream(device.index) if device.type == "cuda" else 0
+        stream = 0
+        if device.type == "cuda":
+            stream = current_stream(device.index)
+            ensure_context(self.context)
         for step in self.steps:
             if isinstance(step, Launch):
                 for b in step.allocs:
@@ -293,7 +298,8 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
     static = {k: v for k, v in bound.scalars.items() if k not in dynamic}
     baked = baked_positions(fusion)
     program = Program(sig if sig is not None else signature(args, baked), device, n_args,
-                      buffers, steps, outputs, aliases, derived, scalar_args, static, baked)
+                      buffers, steps, outputs, aliases, derived, scalar_args, static, baked,
+                      current_context() if device.type == "cuda" else 0)
     if native_eligible(program):
         from runtime import launcher
 
@@ -330,11 +336,14 @@ def _native_program(program: Program) -> Any:
     from runtime.launcher import native
 
     module = native()
-    return module.run, native_capsule(module, program, cuda_launch_address(), 1)
+    return module.run, native_capsule(module, program, driver_functions(program.context), 1)
 
 
-def native_capsule(module, program: Program, launch_address: int, device_type: int) -> Any:
-    """Describe ``program`` to the C++ launcher (``device_type``: c10's, 0 CPU, 1 CUDA)."""
+def native_capsule(module, program: Program, driver: tuple[int, int, int, int],
+                   device_type: int) -> Any:
+    """Describe ``program`` to the C++ launcher. ``driver``: the addresses of cuLaunchKernel,
+    cuCtxGetCurrent and cuCtxSetCurrent and the kernels' context (0s: no context handling);
+    ``device_type``: c10's, 0 CPU, 1 CUDA."""
     inputs = []
     for key in program.signature:
         if isinstance(key, tuple) and len(key) == 5:
@@ -363,7 +372,7 @@ def native_capsule(module, program: Program, launch_address: int, device_type: i
         else:
             outputs.append((slot, tuple(shape), expanded_strides(shape, broadcast)))
     index = program.device.index if program.device.index is not None else -1
-    return module.make(launch_address, device_type, index, inputs, buffers, launches, outputs)
+    return module.make(driver, device_type, index, inputs, buffers, launches, outputs)
 
 
 def expanded_strides(shape, broadcast) -> tuple[int, ...]:
@@ -375,7 +384,25 @@ def expanded_strides(shape, broadcast) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def cuda_launch_address() -> int:
-    """cuLaunchKernel's address in the driver library that cuda-python uses."""
+def driver_functions(context: int) -> tuple[int, int, int, int]:
+    """cuLaunchKernel, cuCtxGetCurrent and cuCtxSetCurrent in the driver library that cuda-python
+    uses, and the kernels' context."""
     lib = ctypes.CDLL("libcuda.so.1")
-    return ctypes.cast(lib.cuLaunchKernel, ctypes.c_void_p).value
+    address = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+               for name in ("cuLaunchKernel", "cuCtxGetCurrent", "cuCtxSetCurrent")]
+    return (*address, context)
+
+
+def current_context() -> int:
+    """The driver context current in this thread (torch's primary context after it ran)."""
+    from cuda.bindings import driver
+
+    return int(check(driver.cuCtxGetCurrent()))
+
+
+def ensure_context(context: int) -> None:
+    """Make the kernels' context current in a thread that has none (or another)."""
+    from cuda.bindings import driver
+
+    if int(check(driver.cuCtxGetCurrent())) != context:
+        check(driver.cuCtxSetCurrent(driver.CUcontext(context)))

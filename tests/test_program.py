@@ -100,7 +100,7 @@ def run_native(module, program, args):
 
     callback = LAUNCH(record)
     address = ctypes.cast(callback, ctypes.c_void_p).value
-    capsule = programs.native_capsule(module, program, address, 0)
+    capsule = programs.native_capsule(module, program, (address, 0, 0, 0), 0)
     run_native.keep.append(callback)  # the launcher calls it for as long as the test runs
     return module.run(capsule, args, 0), recorded, capsule
 

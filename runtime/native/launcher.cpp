@@ -28,6 +28,8 @@ namespace {
 using LaunchFn = int (*)(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                          unsigned by, unsigned bz, unsigned smem, void* stream, void** params,
                          void** extra);
+using GetContextFn = int (*)(void** context);
+using SetContextFn = int (*)(void* context);
 
 // A fusion argument as the program was built for it.
 struct InputSpec {
@@ -86,6 +88,11 @@ struct Output {
 
 struct Program {
   LaunchFn launch = nullptr;
+  // The driver context the kernels were loaded in. A thread torch has not used yet (autograd's,
+  // a user's) has none current: it is made current for the call, and the previous one restored.
+  GetContextFn get_context = nullptr;
+  SetContextFn set_context = nullptr;
+  void* context = nullptr;
   at::Device device = at::Device(at::kCPU);
   std::vector<InputSpec> inputs;
   std::vector<BufferSpec> buffers;
@@ -122,22 +129,26 @@ void destroy(PyObject* capsule) {
   delete static_cast<Program*>(PyCapsule_GetPointer(capsule, "fusecut.Program"));
 }
 
-// make(launch_fn, device_type, device_index, inputs, buffers, launches, outputs) -> capsule
+// make((launch_fn, get_context_fn, set_context_fn, context), device_type, device_index, inputs,
+//      buffers, launches, outputs) -> capsule  (context functions 0: no context handling)
 //   inputs:   ("tensor", sizes, strides, dtype, align) | ("scalar", type, value-or-None)
 //   buffers:  (sizes, dtype)
 //   launches: (function, grid, block, smem, params, allocs, frees, library);
 //             params: (kind, index, i, d); library: None or (op, input slots, output slot, dtype)
 //   outputs:  (slot, sizes-or-None, strides-or-None)
 PyObject* make(PyObject*, PyObject* args) {
-  unsigned long long launch_fn;
+  unsigned long long launch_fn, get_fn, set_fn, context;
   int device_type, device_index;
   PyObject *inputs, *buffers, *launches, *outputs;
-  if (!PyArg_ParseTuple(args, "KiiOOOO", &launch_fn, &device_type, &device_index, &inputs,
-                        &buffers, &launches, &outputs)) {
+  if (!PyArg_ParseTuple(args, "(KKKK)iiOOOO", &launch_fn, &get_fn, &set_fn, &context,
+                        &device_type, &device_index, &inputs, &buffers, &launches, &outputs)) {
     return nullptr;
   }
   auto* prog = new Program();
   prog->launch = reinterpret_cast<LaunchFn>(launch_fn);
+  prog->get_context = reinterpret_cast<GetContextFn>(get_fn);
+  prog->set_context = reinterpret_cast<SetContextFn>(set_fn);
+  prog->context = reinterpret_cast<void*>(context);
   prog->device = at::Device(static_cast<c10::DeviceType>(device_type),
                             static_cast<c10::DeviceIndex>(device_index));
   bool ok = true;
@@ -262,6 +273,12 @@ PyObject* run(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
     }
   }
   PyObject* result = nullptr;
+  void* previous = nullptr;
+  bool switched = false;
+  if (prog->get_context != nullptr && prog->get_context(&previous) == 0 &&
+      previous != prog->context) {
+    switched = prog->set_context(prog->context) == 0;
+  }
   try {
     std::vector<at::Tensor> slots(n_args + prog->buffers.size());
     for (Py_ssize_t i = 0; i < n_args; ++i) {
@@ -343,6 +360,7 @@ PyObject* run(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
     result = nullptr;
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, e.what());
   }
+  if (switched && previous != nullptr) prog->set_context(previous);
   Py_DECREF(seq);
   return result;
 }
