@@ -437,8 +437,8 @@ def test_normalization_blocks_of_several_rows(monkeypatch):
 
     monkeypatch.setattr(persistent, "NORM_ROWS_PER_BLOCK", 2)
     sk = _normalization((63, 4096))
-    assert sk.kernels[0].block == (256, 1, 1) and sk.kernels[0].grid == (32, 1, 1)
-    assert "fc_group_reduce_n<1, 128>(together, fc_welfordop()" in sk.source
+    assert sk.kernels[0].block == (512, 1, 1) and sk.kernels[0].grid == (32, 1, 1)
+    assert "fc_group_reduce_n<1, 256>(together, fc_welfordop()" in sk.source
     assert "fc_block_reduce" not in sk.source
     for arch in ("sm_80", "sm_90"):
         assert compile_cubin(sk.source, arch, sk.kernels[0].name)
