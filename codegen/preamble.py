@@ -233,6 +233,30 @@ __device__ __forceinline__ void fc_block_reduce_n(T (&v)[N], Op op, T identity, 
   for (int i = 0; i < N; ++i) v[i] = smem[i * 33 + 32];
 }
 """, ("fc_warp_reduce",)),
+    Piece("fc_group_reduce_n", ("fc_group_reduce_n",), """\
+// Reduce N values over a group of NT consecutive threads (NT a multiple of 32, at most 1024)
+// that meet at named barrier `bar`; every thread gets the results. smem holds 2 * 32 * N
+// values: calls alternate halves (`parity`), so one barrier per call suffices (a warp can only
+// write a half again after every warp has passed the barrier of the call that used the other).
+template <int N, int NT, typename T, typename Op>
+__device__ __forceinline__ void fc_group_reduce_n(T (&v)[N], Op op, T identity, T* smem, int bar,
+                                                  int parity) {
+  constexpr int warps = NT / 32;
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x % NT) >> 5;
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = fc_warp_reduce(v[i], op);
+  if (warps == 1) return;
+  smem += parity * 32 * N;
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) smem[i * 32 + warp] = v[i];
+  }
+  asm volatile("bar.sync %0, %1;" ::"r"(bar), "n"(NT) : "memory");
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    v[i] = fc_warp_reduce(lane < warps ? smem[i * 32 + lane] : identity, op);
+}
+""", ("fc_warp_reduce",)),
 )
 
 BY_NAME = {p.name: p for p in PIECES}

@@ -396,3 +396,49 @@ def test_inner_outer_variants_compile(shape, smem):
     assert sk.kernels[0].smem <= plan.profile.smem_per_block
     for arch in ("sm_80", "sm_90"):
         assert compile_cubin(sk.source, arch, sk.kernels[0].name)
+
+
+NORM_SMALL = """
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+T1 = fd.ops.cast(T0, dtype=DataType.Float)
+T2, T3 = fd.ops.var_mean(T1, dims=[1], correction=0, keepdim=False)
+T4 = fd.ops.broadcast_in_dim(T3, shape=T0.shape(), broadcast_dims=[0])
+T5 = fd.ops.sub(T1, T4)
+T6 = fd.ops.cast(T5, dtype=DataType.BFloat16)
+fd.add_output(T6)
+fd.add_output(T2)
+"""
+
+
+def _normalization(shape):
+    plan = make_plan(fusion(NORM_SMALL), [tensor_meta(shape, DType.bfloat16)],
+                     PlanOptions(time_limit_s=2))
+    (seg,) = plan.segments
+    assert seg.kind.value == "normalization"
+    return generate_segment(plan, seg)
+
+
+@pytest.mark.parametrize("cols,guarded", [(4096, False), (4000, True), (8192, False)])
+def test_normalization_rows_of_whole_vectors_have_no_bounds_checks(cols, guarded):
+    """When every thread holds the same number of whole vectors of the row, the per-vector
+    bounds check is left out (it kept the compiler from folding Welford's count: 10% on
+    layernorm_fwd); a row that does not divide evenly keeps it."""
+    sk = _normalization((64, cols))
+    slots, threads, vec = sk.notes["slots"], sk.notes["threads"], sk.notes["vector"]
+    assert (slots * threads * vec != cols) == guarded
+    assert (f"if (c < {cols})" in sk.source) == guarded
+    assert "fc_block_reduce(acc0, fc_welfordop()" in sk.source
+    assert compile_cubin(sk.source, "sm_90", sk.kernels[0].name)
+
+
+def test_normalization_blocks_of_several_rows(monkeypatch):
+    """Several rows per block: a group of threads per row on its own named barrier."""
+    from codegen import persistent
+
+    monkeypatch.setattr(persistent, "NORM_ROWS_PER_BLOCK", 2)
+    sk = _normalization((63, 4096))
+    assert sk.kernels[0].block == (512, 1, 1) and sk.kernels[0].grid == (32, 1, 1)
+    assert "fc_group_reduce_n<1, 256>(together, fc_welfordop()" in sk.source
+    assert "fc_block_reduce" not in sk.source
+    for arch in ("sm_80", "sm_90"):
+        assert compile_cubin(sk.source, arch, sk.kernels[0].name)
