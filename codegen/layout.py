@@ -80,5 +80,24 @@ def decompose(flat: str, extents: list[int], names: list[str], itype: str) -> li
     return lines
 
 
+def merge_axes(extents: list[int], rows: list[tuple[int, ...]]) -> list[tuple[int, int]]:
+    """Runs ``(first, last)`` of adjacent domain axes that every access walks as one flat axis,
+    so a kernel can index them with one index and no division: ``rows`` holds, per tensor read
+    or written, the stride of each domain axis in it (0 where it does not move along the axis);
+    an axis merges into the run before it when, in every row, the run's innermost non-unit
+    axis's stride is this axis's stride times its extent (0 on both: broadcast along both).
+    Unit axes (index always 0) join any run. One run per axis when nothing merges."""
+    runs: list[tuple[int, int]] = []
+    inner = None  # the innermost non-unit axis so far
+    for k, e in enumerate(extents):
+        if runs and (e == 1 or inner is None or all(r[inner] == r[k] * e for r in rows)):
+            runs[-1] = (runs[-1][0], k)
+        else:
+            runs.append((k, k))
+        if e != 1:
+            inner = k
+    return runs
+
+
 def numel(shape) -> int:
     return math.prod(shape)

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from codegen import generate_segment
 from codegen.emit import Emitter
 from codegen.kernel import drop_unread
-from codegen.layout import address, decompose
+from codegen.layout import address, decompose, merge_axes
 from codegen.preamble import HEADER, PIECES, needed, preamble
 from optimizer.analysis.shapes import bind
 from optimizer.ir import parse_text, tensor_meta
@@ -125,6 +125,70 @@ def test_generated_source_is_readable():
     assert "fc_vec<__nv_bfloat16, 8>" in src  # 16-byte vectors
     assert "fc_tanh_approx(" in src  # the tanh only reaches a bf16 output: fast math is safe
     assert "#pragma unroll" in src
+
+
+def test_merge_axes_joins_axes_every_access_walks_flat():
+    # contiguous everywhere: one run
+    assert merge_axes([8, 14], [(14, 1), (14, 1)]) == [(0, 1)]
+    # a row vector broadcast along axis 1 keeps the axes apart; a column one too
+    assert merge_axes([8, 16], [(16, 1), (0, 1)]) == [(0, 0), (1, 1)]
+    assert merge_axes([8, 16], [(16, 1), (1, 0)]) == [(0, 0), (1, 1)]
+    # broadcast along both merged axes is fine; the broadcast bias splits axis 0 off
+    assert merge_axes([4, 6, 10], [(60, 10, 1), (0, 10, 1), (0, 0, 0)]) == [(0, 0), (1, 2)]
+    # unit axes join any run, whatever their stride
+    assert merge_axes([1, 5, 1, 3], [(7, 3, 99, 1)]) == [(0, 3)]
+    # padded rows (stride 16 for 14 elements) do not merge
+    assert merge_axes([8, 14], [(16, 1)]) == [(0, 0), (1, 1)]
+
+
+def _index_math(src: str) -> dict[str, str]:
+    """The domain indices a kernel computes from its flat position: name -> C expression."""
+    return dict(re.findall(r"const index_t (x\w*) = ([^;]*);", src))
+
+
+def test_contiguous_domain_is_indexed_flat():
+    """silu_mul's tensors are all contiguous [8192, 14336]: one flat index, no division by
+    14336 per vector; gelu's bias is broadcast along the rows, so its domain keeps two axes."""
+    parsed = parse_text((CORPUS_FILES[0].parent / "silu_mul_fwd.py").read_text())
+    plan = make_plan(parsed.fusion, parsed.inputs)
+    sk = generate_segment(plan, plan.segments[0])
+    math = _index_math(sk.source)
+    assert math == {"x0_1": "flat"}, math
+    assert "indexed as [117440512]" in sk.source and sk.notes["vector"] == 8
+    assert "in_T0 + x0_1)" in sk.source and "out_T11 + x0_1)" in sk.source
+    parsed = parse_text((CORPUS_FILES[0].parent / "gelu_tanh_fwd.py").read_text())
+    plan = make_plan(parsed.fusion, parsed.inputs)
+    src = generate_segment(plan, plan.segments[0]).source
+    assert "x1 = flat % 16384" in src and "x0 = flat / 16384" in src
+    assert "in_T1 + x1)" in src and "in_T0 + x0 * 16384 + x1)" in src
+
+
+MERGE = """
+T0 = fd.define_tensor(shape=[-1, -1, -1], contiguity=[True, True, True], dtype=DataType.Float)
+T1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+T2 = fd.ops.broadcast_in_dim(T1, shape=T0.shape(), broadcast_dims=[1, 2])
+fd.add_output(fd.ops.add(T0, T2))
+"""
+NO_MERGE = """
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+T1 = fd.ops.slice(T0, start_indices=[0, 1], end_indices=[6, 11], strides=[1, 1])
+fd.add_output(fd.ops.neg(T1))
+"""
+
+
+def test_partial_merge_and_no_merge_through_index_maps():
+    f = fusion(MERGE)
+    plan = make_plan(f, [tensor_meta((4, 6, 10), DType.float32),
+                         tensor_meta((6, 10), DType.float32)])
+    src = generate_segment(plan, plan.segments[0]).source
+    assert _index_math(src) == {"x1_2": "flat % 60", "x0": "flat / 60"}
+    assert "in_T0 + x0 * 60 + x1_2)" in src and "in_T1 + x1_2)" in src
+    assert not re.search(r"\bx[12]\b", src)
+    compile_cubin(src, "sm_90", "merge")
+    f = fusion(NO_MERGE)  # the slice reads T0 at (x0, 1 + x1): per-axis indices stay
+    plan = make_plan(f, [tensor_meta((6, 12), DType.float32)])
+    src = generate_segment(plan, plan.segments[0]).source
+    assert "flat % 10" in src and "flat / 10" in src
 
 
 FAST = """

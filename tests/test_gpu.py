@@ -156,6 +156,29 @@ def test_non_contiguous_and_stride_zero_inputs():
     close(got, want, "strided rows")
 
 
+MERGED = """
+T0 = fd.define_tensor(shape=[-1, -1, -1], contiguity=[True, True, True], dtype=DataType.Float)
+T1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+T2 = fd.ops.broadcast_in_dim(T1, shape=T0.shape(), broadcast_dims=[1, 2])
+fd.add_output(fd.ops.add(T0, T2))
+fd.add_output(fd.ops.neg(T0))
+"""
+
+
+@pytest.mark.parametrize("shape", [(4, 6, 10), (3, 1, 7), (1, 7, 9), (5, 3, 1), (2, 3, 4099),
+                                   (130, 1, 2)])
+def test_merged_axes(shape):
+    """Axes 1 and 2 share one index (T1 is broadcast along axis 0 only), with unit axes, odd
+    extents, and an expanded (stride-0) T1 that keeps the axes apart."""
+    f = fusion(MERGED)
+    _, got, want = run_both(f, [tensor_meta(shape, DType.float32),
+                                tensor_meta(shape[1:], DType.float32)])
+    close(got, want, f"merged {shape}")
+    expanded = TensorMeta(shape[1:], (0, 1), DType.float32)
+    _, got, want = run_both(f, [tensor_meta(shape, DType.float32), expanded])
+    close(got, want, f"merged {shape}, expanded rows")
+
+
 def test_misaligned_inputs_fall_back_to_scalar_loads():
     f = fusion(POINTWISE)
     plan = make_plan(f, [tensor_meta((32, 64), DType.bfloat16),
