@@ -37,10 +37,14 @@ def as_metadata(inputs: list[Any]) -> list[InputMeta]:
     return out
 
 
+def plan_key(metas: list[InputMeta], options: dict[str, Any]) -> tuple:
+    return (tuple(metas), json.dumps(PlanOptions(**options).to_json(), sort_keys=True))
+
+
 def plan(fusion: Fusion, inputs: list[Any], cache: dict | None = None, **options: Any) -> Plan:
     metas = as_metadata(inputs)
     opts = PlanOptions(**options)
-    key = (tuple(metas), json.dumps(opts.to_json(), sort_keys=True))
+    key = plan_key(metas, options)
     if cache is not None and key in cache:
         return cache[key]
     internal = make_plan(fusion, metas, opts)
@@ -67,6 +71,16 @@ class Local:
     def plan(self, inputs: list[Any], **options: Any) -> Plan:
         with self._lock:
             return plan(self.fusion, inputs, self.plans, **options)
+
+    def has_plan(self, inputs: list[Any], **options: Any) -> bool:
+        with self._lock:
+            return plan_key(as_metadata(inputs), options) in self.plans
+
+    def adopt(self, inputs: list[Any], internal: Any, **options: Any) -> None:
+        """Use a plan made elsewhere (a service's, restored here) for these inputs."""
+        with self._lock:
+            self.plans[plan_key(as_metadata(inputs), options)] = Plan(internal.to_json(),
+                                                                      internal)
 
     def execute(self, inputs: list[Any], return_execution: bool = False,
                 **options: Any) -> list[torch.Tensor] | Execution:

@@ -1,0 +1,577 @@
+"""``fusecut_ex``: a Lightning Thunder fusion executor that plans and runs regions with fusecut.
+
+    import thunder
+    from fusecut.thunder_executor import fusecut_ex
+
+    jitted = thunder.jit(model, executors=[fusecut_ex])
+
+Thunder groups the prims fusecut claims into regions (and keeps its own rematerialization, which
+decides what crosses between regions and from forward to backward); fusecut turns each region
+into a definition, plans its kernels and runs them. Anything fusecut cannot take (random numbers,
+an unsupported dtype, a region the translation or the planner rejects) stays with the next
+executor in the list, never an error.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from numbers import Number
+from typing import Any
+
+import torch
+
+
+def _patch_named_tensor_methods() -> None:
+    """torch 2.13 removed the named-tensor methods Thunder 0.2.6 registers at import; give the
+    missing ones a stub (named as torch would, which Thunder checks) that says so."""
+    for name in ("align_as", "align_to", "has_names", "refine_names", "rename"):
+        if hasattr(torch.Tensor, name):
+            continue
+
+        def removed(*args: Any, _name: str = name, **kwargs: Any) -> Any:
+            raise NotImplementedError(f"torch.Tensor.{_name} (named tensors) was removed from "
+                                      f"this torch build")
+
+        removed.__name__ = removed.__qualname__ = name
+        setattr(torch.Tensor, name, removed)
+
+
+_patch_named_tensor_methods()
+
+import thunder  # noqa: E402
+from thunder.core import dtypes, prims, utils  # noqa: E402
+from thunder.core.proxies import Proxy, TensorProxy, unvariableify  # noqa: E402
+from thunder.core.rematerialization import rematerialize  # noqa: E402
+from thunder.core.symbol import BoundSymbol  # noqa: E402
+from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx  # noqa: E402
+from thunder.core.transform_common import dce  # noqa: E402
+from thunder.executors.passes import update_fusion_call_ctx  # noqa: E402
+from thunder.executors.utils import Region  # noqa: E402
+from thunder.extend import FusionExecutor, register_executor  # noqa: E402
+
+from fusecut.definition import FusionDefinition  # noqa: E402
+from optimizer.errors import FusecutError  # noqa: E402
+from optimizer.ir.builder import MAX_RANK  # noqa: E402
+from optimizer.ir.dtypes import DType  # noqa: E402
+from runtime.tensors import from_torch_dtype  # noqa: E402
+
+__all__ = ["FusecutExecutor", "RegionReport", "fusecut_ex", "region_reports", "thunder"]
+
+# ---- what fusecut claims ------------------------------------------------------------------------
+
+_FLOAT = {dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64}
+_SUPPORTED = _FLOAT | {dtypes.int32, dtypes.int64, dtypes.bool8}
+
+# Thunder prim name -> fusecut op name, where they compute the same thing. ``round`` is left out
+# (Thunder rounds half to even), so are integer ``div`` (checked below) and complex numbers.
+_UNARY = ["abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "bitwise_not", "ceil", "cos",
+          "cosh", "digamma", "erf", "erfc", "erfinv", "exp", "exp2", "expm1", "floor",
+          "isfinite", "lgamma", "log", "log10", "log1p", "log2", "neg", "reciprocal", "rsqrt",
+          "sign", "signbit", "sin", "sinh", "sqrt", "tan", "tanh", "trunc"]
+_BINARY = ["add", "atan2", "bitwise_and", "bitwise_or", "bitwise_xor", "div", "eq", "fmod", "ge",
+           "gt", "le", "lt", "maximum", "minimum", "mul", "ne", "nextafter", "pow", "remainder",
+           "sub"]
+POINTWISE = {getattr(prims, n).id: n for n in _UNARY + _BINARY if hasattr(prims, n)}
+POINTWISE[prims.where.id] = "where"
+POINTWISE[prims.convert_element_type.id] = "cast"
+POINTWISE[prims.shallow_copy.id] = "set"
+REDUCTIONS = {prims.sum.id: "sum", prims.amax.id: "max", prims.amin.id: "min",
+              prims.prod.id: "prod", prims.var.id: "var", prims.var_mean.id: "var_mean"}
+SHAPES = {prims.broadcast_in_dim.id: "broadcast_in_dim", prims.reshape.id: "reshape",
+          prims.transpose.id: "permute", prims.squeeze.id: "squeeze",
+          prims.slice_prim.id: "slice", prims.pad.id: "pad", prims.cat.id: "cat",
+          prims.take.id: "index_select", prims.take_along_axis.id: "take_along_axis"}
+FACTORIES = {prims.full.id: "full", prims.iota.id: "iota"}
+LIBRARY = {prims.matmul.id: "matmul", prims.linear.id: "linear"}
+
+
+def _flat(args: Any) -> list[Any]:
+    out: list[Any] = []
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            out.extend(_flat(a))
+        else:
+            out.append(a)
+    return out
+
+
+def _tensor_ok(t: TensorProxy) -> bool:
+    return (t.device.type in ("cpu", "cuda") and t.dtype in _SUPPORTED and t.ndim <= MAX_RANK
+            and all(isinstance(s, int) for s in t.shape))
+
+
+def _args_ok(*args: Any, **kwargs: Any) -> bool:
+    """Every tensor is one fusecut can take, every number a constant, devices agree."""
+    devices = set()
+    for a in _flat(list(args) + list(kwargs.values())):
+        if isinstance(a, TensorProxy):
+            if not _tensor_ok(a):
+                return False
+            devices.add(a.device.type)
+        elif isinstance(a, Proxy):  # a NumberProxy: a value known only at run time
+            return False
+        elif isinstance(a, complex):
+            return False
+    return len(devices) <= 1
+
+
+def _div_ok(a: Any, b: Any) -> bool:
+    # Thunder's integer division truncates; fusecut's div is true division on floats only.
+    tensors = [x for x in (a, b) if isinstance(x, TensorProxy)]
+    return _args_ok(a, b) and all(t.dtype in _FLOAT for t in tensors)
+
+
+def _convert_ok(a: Any, dtype: Any) -> bool:
+    return isinstance(a, TensorProxy) and _args_ok(a) and dtypes.to_dtype(dtype) in _SUPPORTED
+
+
+def _reduction_ok(a: TensorProxy, dims: Sequence[int], **kwargs: Any) -> bool:
+    return _args_ok(a, **kwargs) and all(isinstance(d, int) for d in dims)
+
+
+def _pad_ok(a: TensorProxy, value: Any, config: Sequence[tuple[int, int, int]]) -> bool:
+    # Interior (dilation) and negative padding have no fusecut op.
+    return _args_ok(a, value) and all(lo >= 0 and hi >= 0 and d == 0 for lo, hi, d in config)
+
+
+def _take_ok(a: TensorProxy, index: TensorProxy, dim: int) -> bool:
+    return _args_ok(a, index) and index.ndim == 1 and index.dtype in (dtypes.int32, dtypes.int64)
+
+
+def _factory_ok(*args: Any, device: Any, dtype: Any, **kwargs: Any) -> bool:
+    return (device.type in ("cpu", "cuda") and dtypes.to_dtype(dtype) in _SUPPORTED
+            and _args_ok(*args, **kwargs))
+
+
+def _checker(prim_id: Any) -> Callable[..., bool]:
+    if prim_id == prims.div.id:
+        return _div_ok
+    if prim_id == prims.convert_element_type.id:
+        return _convert_ok
+    if prim_id in REDUCTIONS:
+        return _reduction_ok
+    if prim_id == prims.pad.id:
+        return _pad_ok
+    if prim_id == prims.take.id:
+        return _take_ok
+    if prim_id in FACTORIES:
+        return _factory_ok
+    return _args_ok
+
+
+# ---- translation: a region's prims -> a fusecut definition -----------------------------------
+
+
+class TranslationError(Exception):
+    """A region fusecut cannot express; it is left to the next executor."""
+
+
+def _fc_dtype(dtype: Any) -> DType:
+    return from_torch_dtype(dtypes.to_torch_dtype(dtypes.to_dtype(dtype)))
+
+
+@dataclass
+class Translation:
+    definition: FusionDefinition
+    ops: list[str]
+    inputs: list[str]  # the region's input proxy names, in argument order
+    outputs: list[tuple[str, int]]  # per region output: ("in", arg index) or ("out", output index)
+
+
+def translate(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
+              outputs: Sequence[Proxy], claimed: dict[Any, str]) -> Translation:
+    """A fusecut definition computing ``outputs`` from ``inputs`` with ``bsyms`` (claimed prims).
+
+    Input tensors have symbolic extents, size-1 axes broadcast; numbers become scalars."""
+    if not any(isinstance(p, TensorProxy) for p in inputs):
+        # fusecut runs where its input tensors are; with none (factories only) it cannot tell.
+        raise TranslationError("a region without input tensors")
+    fd = FusionDefinition()
+    env: dict[str, Any] = {}
+    with fd:
+        arg_names = []
+        for p in inputs:
+            if not isinstance(p, TensorProxy):
+                raise TranslationError(f"region input {p.name} is not a tensor")
+            shape = [1 if s == 1 else -1 for s in p.shape]
+            env[p.name] = fd.define_tensor(shape=shape, contiguity=[True] * len(shape),
+                                           dtype=_fc_dtype(p.dtype))
+            arg_names.append(p.name)
+
+        def value(x: Any) -> Any:
+            if isinstance(x, TensorProxy):
+                if x.name not in env:
+                    raise TranslationError(f"{x.name} is used before it is defined")
+                return env[x.name]
+            if isinstance(x, bool):
+                return fd.define_scalar(x)
+            if isinstance(x, Number) and not isinstance(x, complex):
+                return fd.define_scalar(x)
+            raise TranslationError(f"argument {x!r} has no fusecut form")
+
+        ops = []
+        for bsym in bsyms:
+            name = claimed.get(bsym.sym.id)
+            if name is None:
+                raise TranslationError(f"{bsym.sym.name} is not claimed by fusecut")
+            try:
+                results = _emit(fd, name, bsym, value)
+            except FusecutError as e:
+                raise TranslationError(f"{bsym.sym.name}: {e}") from e
+            outs = [o for o in bsym.flat_outs]
+            if len(outs) != len(results):
+                raise TranslationError(f"{bsym.sym.name}: {len(results)} results for "
+                                       f"{len(outs)} outputs")
+            for proxy, handle in zip(outs, results):
+                if isinstance(proxy, TensorProxy):
+                    want = _fc_dtype(proxy.dtype)
+                    if handle.dtype != want:  # follow Thunder's result dtype exactly
+                        handle = fd.ops.cast(handle, want)
+                    env[proxy.name] = handle
+            ops.append(bsym.sym.name)
+
+        out_spec: list[tuple[str, int]] = []
+        n_out = 0
+        for p in outputs:
+            if p.name in arg_names:
+                out_spec.append(("in", arg_names.index(p.name)))
+            elif isinstance(p, TensorProxy) and p.name in env:
+                fd.add_output(env[p.name])
+                out_spec.append(("out", n_out))
+                n_out += 1
+            else:
+                raise TranslationError(f"region output {p.name} is not computed in the region")
+    return Translation(fd, ops, arg_names, out_spec)
+
+
+def _emit(fd: FusionDefinition, name: str, bsym: BoundSymbol, value: Callable) -> list[Any]:
+    """The fusecut ops for one prim; returns its result handles."""
+    a, kw = bsym.args, bsym.kwargs
+    o = fd.ops
+    if name in ("sum", "max", "min", "prod"):
+        return [getattr(o, name)(value(a[0]), list(a[1]))]
+    if name in ("var", "var_mean"):
+        r = getattr(o, name)(value(a[0]), list(a[1]), kw["correction"])
+        return list(r) if isinstance(r, tuple) else [r]
+    if name == "cast":
+        return [o.cast(value(a[0]), _fc_dtype(a[1]))]
+    if name == "broadcast_in_dim":
+        return [o.broadcast_in_dim(value(a[0]), list(a[1]), list(a[2]))]
+    if name == "reshape":
+        return [o.reshape(value(a[0]), list(a[1]))]
+    if name == "permute":
+        return [o.permute(value(a[0]), list(a[1]))]
+    if name == "squeeze":
+        return [o.squeeze(value(a[0]), list(a[1]))]
+    if name == "slice":
+        strides = a[3] if len(a) > 3 else kw.get("strides")
+        return [o.slice(value(a[0]), list(a[1]), list(a[2]),
+                        list(strides) if strides is not None else None)]
+    if name == "pad":
+        widths = [w for lo, hi, _ in reversed(a[2]) for w in (lo, hi)]  # last axis first
+        return [o.pad(value(a[0]), widths, value(a[1]))]
+    if name == "cat":
+        return [o.cat([value(t) for t in a[0]], a[1])]
+    if name in ("index_select", "take_along_axis"):
+        return [getattr(o, name)(value(a[0]), value(a[1]), a[2])]
+    if name == "full":
+        return [o.full(list(a[0]), value(a[1]), _fc_dtype(kw["dtype"]))]
+    if name == "iota":
+        return [o.iota(value(a[0]), value(kw["start"]), value(kw["step"]),
+                       _fc_dtype(kw["dtype"]))]
+    if name == "linear":
+        bias = a[2] if len(a) > 2 else kw.get("bias")
+        return [o.linear(value(a[0]), value(a[1]), value(bias) if bias is not None else None)]
+    return [getattr(o, name)(*[value(x) for x in a])]
+
+
+# ---- plans and runs: process-wide, thread-safe -----------------------------------------------
+
+_definitions: dict[str, FusionDefinition] = {}  # definition text -> the one shared definition
+_definitions_lock = threading.Lock()
+
+
+def shared_definition(fd: FusionDefinition) -> FusionDefinition:
+    """One definition object per definition text, so that every region with the same fusion (a
+    forward re-fused after rematerialization, a second jitted model) shares its plans and
+    programs. The definition's own cache is keyed by input metadata and is thread-safe."""
+    key = repr(fd)
+    with _definitions_lock:
+        return _definitions.setdefault(key, fd)
+
+
+class FusecutRegion:
+    """The callable a fusion symbol runs: fusecut's plan and kernels for one region."""
+
+    def __init__(self, name: str, translation: Translation, plan_remote: str | None,
+                 fallback: Callable[[], Callable]):
+        self.name = name
+        self.translation = translation
+        self.definition = shared_definition(translation.definition)
+        self.plan_remote = plan_remote
+        self.calls = 0
+        self.first_args: list[Any] | None = None  # metadata of the first call, for reports
+        self.fallback_reason: str | None = None
+        self._fallback_factory = fallback
+        self._fallback: Callable | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> list[Any]:
+        self.calls += 1
+        if self._fallback is not None:
+            return self._fallback(*args)
+        try:
+            results = self._run(list(args))
+        except FusecutError as e:  # a plan fusecut cannot make: this region runs on torch
+            with self._lock:
+                self.fallback_reason = str(e)
+                self._fallback = self._fallback_factory()
+            return self._fallback(*args)
+        return [args[i] if where == "in" else results[i]
+                for where, i in self.translation.outputs]
+
+    def _run(self, args: list[Any]) -> list[Any]:
+        if self.first_args is None:
+            from fusecut.local import as_metadata
+
+            self.first_args = as_metadata(args)
+        if self.plan_remote is not None:
+            self._adopt_remote_plan(args)
+        return self.definition.execute(args)
+
+    def _adopt_remote_plan(self, args: list[Any]) -> None:
+        """Plan through the service (metadata only) once per input signature; run locally."""
+        from fusecut.client import Client
+        from fusecut.local import as_metadata
+        from optimizer.plan.restore import restore_plan
+
+        local = self.definition._local_state()
+        metas = as_metadata(args)
+        if local.has_plan(metas):
+            return
+        with Client(self.plan_remote) as client:
+            remote = client.plan(self.definition.fusion, metas)
+        local.adopt(metas, restore_plan(self.definition.fusion, metas, remote.json))
+
+    def plan(self):
+        """The plan of the first call's inputs (cached: planning again costs nothing)."""
+        if self.first_args is None or self.fallback_reason is not None:
+            return None
+        return self.definition._local_state().plan(self.first_args)
+
+
+def _torch_callable(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
+                    outputs: Sequence[Proxy]) -> Callable:
+    """The region run by Thunder's torch executor: the fallback when fusecut cannot plan it."""
+    from thunder.core.codeutils import SigInfo
+    from thunder.executors.passes import transform_for_execution
+    from thunder.executors.torchex import ex as pytorch_ex
+
+    trace = TraceCtx(None)
+    trace.args = list(inputs)
+    trace.kwargs = {}
+    trace.names = {a.name for a in inputs}
+    with tracectx(trace):
+        for a in inputs:
+            prims.unpack_trivial(a, name=a.name)
+    trace.bound_symbols += list(bsyms)
+    trace.bound_symbols.append(prims.python_return.bind(list(outputs), output=None))
+    for bsym in trace.bound_symbols:
+        for o in bsym.flat_outs:
+            if isinstance(o, Proxy) and o.name not in trace.names:
+                trace.add_name(o.name)
+    trace._siginfo = SigInfo("fusecut_fallback")
+    trace._siginfo.args = [(a.name, None) for a in inputs]
+    fn = transform_for_execution(trace, executors_list=(pytorch_ex,)).python_callable(
+        include_decorators=False)
+    return torch.no_grad()(fn)
+
+
+# ---- the executor -------------------------------------------------------------------------------
+
+
+class FusecutExecutor(FusionExecutor):
+    """Thunder fusion executor backed by fusecut.
+
+    Args:
+        name: the executor's name (unique among registered executors).
+        claim_matmul: also claim ``matmul`` and ``linear``; they then run as library segments
+            inside fusecut's plan instead of on the next executor.
+        plan_remote: a fusecut service URL: plan there (metadata only), run here.
+    """
+
+    def __init__(self, name: str = "fusecut", *, claim_matmul: bool = False,
+                 plan_remote: str | None = None):
+        super().__init__(name, version="0.1.0")
+        self.plan_remote = plan_remote
+        self.claimed: dict[Any, str] = {**POINTWISE, **REDUCTIONS, **SHAPES, **FACTORIES}
+        if claim_matmul:
+            self.claimed.update(LIBRARY)
+        for prim_id in self.claimed:
+            self.register_supported(prim_id, _checker(prim_id))
+
+    def flatten(self, bsym: BoundSymbol) -> list[BoundSymbol]:
+        if self.can_execute(bsym):
+            return [bsym]
+        if not bsym.subsymbols:
+            raise TranslationError(f"{bsym.sym.name} is neither claimed nor decomposable")
+        return [leaf for sub in bsym.subsymbols for leaf in self.flatten(sub)]
+
+    def _prepare(self, region: Region) -> tuple[list[BoundSymbol], list[Proxy], list[Proxy]]:
+        inputs = [unvariableify(x) for x in region.inputs]
+        outputs = [unvariableify(x) for x in region.outputs]
+        flat = [leaf for bsym in region.bound_symbols for leaf in self.flatten(bsym)]
+        # Drop what the outputs do not need (and the inputs only that needed).
+        trace = TraceCtx(None)
+        trace.bound_symbols = flat + [prims.python_return.bind(outputs, output=None)]
+        needed: set = set()
+        trace = dce(trace, needed)
+        flat = [b for b in trace.bound_symbols if b.sym.id != prims.python_return.id]
+        from thunder.core.proxies import variableify
+
+        inputs = [x for x in inputs if variableify(x) in needed]
+        return flat, inputs, outputs
+
+    def fuse(self, region: Region, fusion_counter: int) -> BoundSymbol:
+        bsyms, inputs, outputs = self._prepare(region)
+        name = f"fusecut{fusion_counter}"
+
+        def fallback() -> Callable:
+            return _torch_callable(bsyms, inputs, outputs)
+
+        try:
+            translation = translate(bsyms, inputs, outputs, self.claimed)
+            fn: Callable = FusecutRegion(name, translation, self.plan_remote, fallback)
+        except TranslationError as e:
+            # Only reachable when Thunder re-fuses a region it moved ops into; the first
+            # fusion_pass already left untranslatable regions to other executors.
+            fn = _Fallback(name, str(e), fallback)
+        return self.register_temporary_operation(name, fn, inputs=inputs, outputs=outputs,
+                                                 bsyms=bsyms)
+
+    def translatable(self, region: Region) -> bool:
+        try:
+            bsyms, inputs, outputs = self._prepare(region)
+            translate(bsyms, inputs, outputs, self.claimed)
+        except TranslationError:
+            return False
+        return True
+
+    def fusion_pass(self, trace: TraceCtx) -> TraceCtx:
+        start = time.perf_counter_ns()
+        from thunder.executors.data_dependent_partition import Node, fuse_bound_symbols
+
+        fused = from_trace(trace)
+        producers, consumers = utils.producers_and_consumers(trace)
+
+        def fusible(n: Node) -> bool:
+            return len(n.group_bsyms) > 1 or self.can_fuse(n.group_bsyms[0])
+
+        groups = fuse_bound_symbols(trace, lambda a, b: fusible(a) and fusible(b))
+        bsyms_out: list[BoundSymbol] = []
+        counter = 0
+        for bsyms in groups:
+            if len(bsyms) == 1 and not self.can_fuse(bsyms[0]):
+                bsyms_out.append(bsyms[0])
+                continue
+            # A region of shape ops only would just copy: leave it to views on the next executor.
+            if all(prims.OpTags.SHAPE_OP in (b.sym.tags or ()) for b in bsyms):
+                bsyms_out.extend(bsyms)
+                continue
+            region = Region(producers, consumers, bsyms)
+            if not self.translatable(region):
+                bsyms_out.extend(bsyms)
+                continue
+            bsyms_out.append(self.fuse(region, counter))
+            counter += 1
+        fused.bound_symbols = bsyms_out
+        fused = rematerialize(fused)
+        fused = dce(fused)
+        fused = update_fusion_call_ctx(fused)
+        ms = (time.perf_counter_ns() - start) // 1_000_000
+        fused.set_provenance(TraceProvenance(f"Fusion by fusecut (took {ms} milliseconds)"))
+        return fused
+
+
+class _Fallback:
+    """A re-fused region fusecut cannot express, run by Thunder's torch executor."""
+
+    def __init__(self, name: str, reason: str, factory: Callable[[], Callable]):
+        self.name = name
+        self.fallback_reason = reason
+        self.calls = 0
+        self._fn = factory()
+
+    def __call__(self, *args: Any) -> Any:
+        self.calls += 1
+        return self._fn(*args)
+
+
+fusecut_ex = FusecutExecutor()
+register_executor(fusecut_ex)
+
+
+# ---- reports ------------------------------------------------------------------------------------
+
+
+@dataclass
+class RegionReport:
+    name: str
+    direction: str  # "forward" or "backward"
+    ops: list[str]
+    definition: str
+    calls: int
+    planned_bytes: int | None = None
+    greedy_bytes: int | None = None
+    lower_bound_bytes: int | None = None
+    segments: list[str] = field(default_factory=list)  # segment kinds
+    fallback: str | None = None  # why the region ran on torch instead, if it did
+
+    def summary(self) -> str:
+        if self.fallback is not None:
+            return f"{self.direction} {self.name}: {len(self.ops)} ops on torch ({self.fallback})"
+        if self.planned_bytes is None:
+            return f"{self.direction} {self.name}: {len(self.ops)} ops, not run yet"
+        return (f"{self.direction} {self.name}: {len(self.ops)} ops, {len(self.segments)} "
+                f"segment(s), {self.planned_bytes} B planned (greedy {self.greedy_bytes}, lower "
+                f"bound {self.lower_bound_bytes}), {self.calls} call(s)")
+
+
+def fusecut_regions(trace: TraceCtx) -> list[tuple[BoundSymbol, Any]]:
+    """The fusecut fusion symbols of an execution trace and the callables they run."""
+    out = []
+    for bsym in trace.bound_symbols:
+        if bsym.sym.is_fusion and isinstance(bsym.sym.executor, FusecutExecutor):
+            out.append((bsym, bsym._call_ctx[bsym.sym.name]))
+    return out
+
+
+def region_reports(jitted: Callable) -> list[RegionReport]:
+    """Every fusecut region of the last forward and backward traces Thunder ran for ``jitted``."""
+    traces = [("forward", thunder.last_traces(jitted))]
+    try:
+        traces.append(("backward", thunder.last_backward_traces(jitted)))
+    except Exception:  # no backward was traced (inference only)
+        pass
+    reports = []
+    for direction, history in traces:
+        if not history:
+            continue
+        for bsym, fn in fusecut_regions(history[-1]):
+            ops = [b.sym.name for b in bsym.subsymbols]
+            if isinstance(fn, _Fallback) or getattr(fn, "fallback_reason", None):
+                reports.append(RegionReport(fn.name, direction, ops, "", fn.calls,
+                                            fallback=fn.fallback_reason))
+                continue
+            report = RegionReport(fn.name, direction, ops, repr(fn.definition), fn.calls)
+            plan = fn.plan()
+            if plan is not None:
+                report.planned_bytes = plan.io_bytes
+                report.greedy_bytes = plan.baseline["io_bytes"]
+                report.lower_bound_bytes = plan.totals["lower_bound_bytes"]
+                report.segments = [s.kind for s in plan.segments]
+            reports.append(report)
+    return reports

@@ -1,0 +1,193 @@
+"""fusecut as a Thunder executor: Thunder's own nanoGPT block, forward and backward, through
+``thunder.jit(..., executors=[fusecut_ex])`` (CPU here; the same test runs on CUDA on the GPU box).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+
+import pytest
+import torch
+
+import fusecut.local
+from fusecut.thunder_executor import (
+    POINTWISE,
+    REDUCTIONS,
+    FusecutExecutor,
+    fusecut_ex,
+    fusecut_regions,
+    region_reports,
+    thunder,  # imported through fusecut, which first patches torch 2.13 for Thunder 0.2.6
+)
+
+nanogpt_model = importlib.import_module("thunder.tests.nanogpt_model")
+
+# fp32 everywhere; bf16 on CUDA (the CPU path runs fusecut's torch reference interpreter).
+CASES = [("cpu", torch.float32)] + ([("cuda", torch.float32), ("cuda", torch.bfloat16)]
+                                     if torch.cuda.is_available() else [])
+TOLERANCE = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (3e-2, 3e-2)}
+
+
+def block(dropout: float = 0.0, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = nanogpt_model.GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16,
+                                     dropout=dropout, bias=True, vocab_size=64)
+    return nanogpt_model.Block(config)
+
+
+def step(jitted, model, x: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, list]:
+    """Forward and backward; the output and the gradients of the input and every parameter."""
+    torch.manual_seed(seed)
+    x = x.detach().clone().requires_grad_(True)
+    for p in model.parameters():
+        p.grad = None
+    y = jitted(x)
+    y.backward(torch.ones_like(y))
+    return y.detach(), [x.grad] + [p.grad for p in model.parameters()]
+
+
+def leaves(bsym):
+    """The prims a bound symbol runs."""
+    if not bsym.subsymbols:
+        return [bsym]
+    return [leaf for sub in bsym.subsymbols for leaf in leaves(sub)]
+
+
+def final_traces(jitted):
+    return [thunder.last_traces(jitted)[-1], thunder.last_backward_traces(jitted)[-1]]
+
+
+@pytest.fixture
+def planner_calls(monkeypatch):
+    calls = []
+    real = fusecut.local.make_plan
+
+    def counting(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fusecut.local, "make_plan", counting)
+    return calls
+
+
+@pytest.mark.parametrize(("device", "dtype"), CASES, ids=[f"{d}-{str(t)[6:]}" for d, t in CASES])
+def test_nanogpt_block_matches_torch_executor(device, dtype, planner_calls):
+    model = block().to(device=device, dtype=dtype)
+    reference = copy.deepcopy(model)
+    ours = thunder.jit(model, executors=[fusecut_ex])
+    theirs = thunder.jit(reference, executors=[thunder.pytorch_executor])
+    x = torch.randn(2, 8, 32, device=device, dtype=dtype)
+
+    y, grads = step(ours, model, x)
+    y_ref, grads_ref = step(theirs, reference, x)
+    atol, rtol = TOLERANCE[dtype]
+    torch.testing.assert_close(y, y_ref, atol=atol, rtol=rtol)
+    assert len(grads) == len(grads_ref) == 1 + len(list(model.parameters()))
+    for g, g_ref in zip(grads, grads_ref):
+        assert g is not None
+        torch.testing.assert_close(g, g_ref, atol=atol, rtol=rtol)
+
+    # Every fusion is fusecut's, and no elementwise or reduction prim runs outside one.
+    fused_ops = set(POINTWISE) | set(REDUCTIONS)
+    for trace in final_traces(ours):
+        regions = fusecut_regions(trace)
+        assert regions, "no fusecut region in a trace"
+        for bsym in trace.bound_symbols:
+            if bsym.sym.is_fusion:
+                assert bsym.sym.executor is fusecut_ex, bsym.sym.name
+                continue
+            outside = [leaf.sym.name for leaf in leaves(bsym) if leaf.sym.id in fused_ops]
+            assert not outside, f"{bsym.sym.name} runs {outside} outside a fusion"
+
+    # Both directions planned, every region ran once; a second step plans nothing new.
+    reports = region_reports(ours)
+    assert {r.direction for r in reports} == {"forward", "backward"}
+    assert all(r.fallback is None and r.calls == 1 for r in reports)
+    assert all(r.lower_bound_bytes <= r.planned_bytes <= r.greedy_bytes for r in reports)
+    assert any(len(r.segments) > 1 for r in reports)  # the backward needs more than one kernel
+    planned = len(planner_calls)
+    y2, grads2 = step(ours, model, x)
+    assert len(planner_calls) == planned
+    torch.testing.assert_close(y2, y)
+    assert all(r.calls == 2 for r in region_reports(ours))
+
+
+def test_first_call_plans_each_region_once(planner_calls):
+    model = block(seed=1)
+    ours = thunder.jit(model, executors=[fusecut_ex])
+    x = torch.randn(3, 5, 32)  # shapes no other test uses: the process-wide cache is cold
+    step(ours, model, x)
+    reports = region_reports(ours)
+    assert 0 < len(planner_calls) <= len(reports)
+    before = len(planner_calls)
+    step(ours, model, x)
+    assert len(planner_calls) == before
+
+
+def test_dropout_region_is_left_to_another_executor():
+    model = block(dropout=0.25, seed=2)
+    reference = copy.deepcopy(model)
+    ours = thunder.jit(model, executors=[fusecut_ex])
+    theirs = thunder.jit(reference, executors=[thunder.pytorch_executor])
+    x = torch.randn(2, 8, 32)
+    y, grads = step(ours, model, x, seed=7)
+    y_ref, grads_ref = step(theirs, reference, x, seed=7)
+    # The same random numbers, drawn by torch in the same order: the same results.
+    torch.testing.assert_close(y, y_ref, atol=2e-5, rtol=2e-5)
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, atol=2e-5, rtol=2e-5)
+    forward = thunder.last_traces(ours)[-1]
+    assert fusecut_regions(forward)
+    randoms = [leaf for bsym in forward.bound_symbols if not bsym.sym.is_fusion
+               for leaf in leaves(bsym) if leaf.sym.name in ("uniform", "uniform_philox")]
+    assert randoms, "dropout's random numbers should run outside fusecut"
+
+
+def test_region_whose_plan_fails_runs_on_torch(monkeypatch):
+    from optimizer.errors import PlanError
+
+    def refuse(*args, **kwargs):
+        raise PlanError("refused for this test")
+
+    monkeypatch.setattr(fusecut.local, "make_plan", refuse)
+
+    def f(a, b):
+        return torch.softmax(a * b + 0.5, dim=-1)
+
+    a, b = torch.randn(3, 7), torch.randn(3, 7)  # shapes no other test plans
+    jitted = thunder.jit(f, executors=[fusecut_ex])
+    torch.testing.assert_close(jitted(a, b), f(a, b), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(jitted(a, b), f(a, b), atol=1e-6, rtol=1e-6)
+    [report] = region_reports(jitted)
+    assert "refused for this test" in report.fallback and report.calls == 2
+
+
+def test_matmul_claimed_only_when_asked():
+    def mlp(x, w1, w2):
+        return torch.nn.functional.linear(torch.nn.functional.gelu(x @ w1), w2).sum(-1)
+
+    args = [torch.randn(4, 16), torch.randn(16, 24), torch.randn(8, 24)]
+    with_matmul = FusecutExecutor("fusecut_matmul_test", claim_matmul=True)
+    for executor, claimed in ((fusecut_ex, False), (with_matmul, True)):
+        jitted = thunder.jit(mlp, executors=[executor])
+        torch.testing.assert_close(jitted(*args), mlp(*args), atol=2e-5, rtol=2e-5)
+        inside = {leaf.sym.name for bsym, _ in fusecut_regions(thunder.last_traces(jitted)[-1])
+                  for leaf in leaves(bsym)}
+        assert {"linear", "matmul"} <= inside if claimed else not inside & {"linear", "matmul"}
+
+
+def test_plan_remote_plans_on_the_service_and_runs_here(tmp_path, planner_calls):
+    from tests.server import Server
+
+    def f(a, b):
+        return torch.nn.functional.gelu(a * b + 1.0).sum(-1)
+
+    a, b = torch.randn(4, 16), torch.randn(4, 16)
+    with Server(tmp_path / "plans.sqlite") as server:
+        remote_ex = FusecutExecutor("fusecut_remote_test", plan_remote=server.url)
+        jitted = thunder.jit(f, executors=[remote_ex])
+        torch.testing.assert_close(jitted(a, b), f(a, b), atol=1e-5, rtol=1e-5)
+    assert planner_calls == []  # planned by the service, not in this process
+    [report] = region_reports(jitted)
+    assert report.planned_bytes is not None and report.calls == 1
