@@ -22,6 +22,7 @@ from fusecut.thunder_executor import (
 )
 
 nanogpt_model = importlib.import_module("thunder.tests.nanogpt_model")
+llama2_model = importlib.import_module("thunder.tests.llama2_model")
 
 # fp32 everywhere; bf16 on CUDA (the CPU path runs fusecut's torch reference interpreter).
 CASES = [("cpu", torch.float32)] + ([("cuda", torch.float32), ("cuda", torch.bfloat16)]
@@ -36,13 +37,14 @@ def block(dropout: float = 0.0, seed: int = 0) -> torch.nn.Module:
     return nanogpt_model.Block(config)
 
 
-def step(jitted, model, x: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, list]:
+def step(jitted, model, x: torch.Tensor, *extra: torch.Tensor,
+         seed: int = 0) -> tuple[torch.Tensor, list]:
     """Forward and backward; the output and the gradients of the input and every parameter."""
     torch.manual_seed(seed)
     x = x.detach().clone().requires_grad_(True)
     for p in model.parameters():
         p.grad = None
-    y = jitted(x)
+    y = jitted(x, *extra)
     y.backward(torch.ones_like(y))
     return y.detach(), [x.grad] + [p.grad for p in model.parameters()]
 
@@ -56,6 +58,30 @@ def leaves(bsym):
 
 def final_traces(jitted):
     return [thunder.last_traces(jitted)[-1], thunder.last_backward_traces(jitted)[-1]]
+
+
+def assert_all_fused_by_fusecut(jitted) -> None:
+    """Every fusion is fusecut's, and no elementwise or reduction prim runs outside one."""
+    fused_ops = set(POINTWISE) | set(REDUCTIONS)
+    for trace in final_traces(jitted):
+        assert fusecut_regions(trace), "no fusecut region in a trace"
+        for bsym in trace.bound_symbols:
+            if bsym.sym.is_fusion:
+                assert bsym.sym.executor is fusecut_ex, bsym.sym.name
+                continue
+            outside = [leaf.sym.name for leaf in leaves(bsym) if leaf.sym.id in fused_ops]
+            assert not outside, f"{bsym.sym.name} runs {outside} outside a fusion"
+
+
+def assert_same_step(ours, theirs, model, reference, *args, atol=2e-5, rtol=2e-5):
+    y, grads = step(ours, model, *args)
+    y_ref, grads_ref = step(theirs, reference, *args)
+    torch.testing.assert_close(y, y_ref, atol=atol, rtol=rtol)
+    assert len(grads) == len(grads_ref) == 1 + len(list(model.parameters()))
+    for g, g_ref in zip(grads, grads_ref):
+        assert g is not None
+        torch.testing.assert_close(g, g_ref, atol=atol, rtol=rtol)
+    return y
 
 
 @pytest.fixture
@@ -79,26 +105,10 @@ def test_nanogpt_block_matches_torch_executor(device, dtype, planner_calls):
     theirs = thunder.jit(reference, executors=[thunder.pytorch_executor])
     x = torch.randn(2, 8, 32, device=device, dtype=dtype)
 
-    y, grads = step(ours, model, x)
-    y_ref, grads_ref = step(theirs, reference, x)
     atol, rtol = TOLERANCE[dtype]
-    torch.testing.assert_close(y, y_ref, atol=atol, rtol=rtol)
-    assert len(grads) == len(grads_ref) == 1 + len(list(model.parameters()))
-    for g, g_ref in zip(grads, grads_ref):
-        assert g is not None
-        torch.testing.assert_close(g, g_ref, atol=atol, rtol=rtol)
+    y = assert_same_step(ours, theirs, model, reference, x, atol=atol, rtol=rtol)
 
-    # Every fusion is fusecut's, and no elementwise or reduction prim runs outside one.
-    fused_ops = set(POINTWISE) | set(REDUCTIONS)
-    for trace in final_traces(ours):
-        regions = fusecut_regions(trace)
-        assert regions, "no fusecut region in a trace"
-        for bsym in trace.bound_symbols:
-            if bsym.sym.is_fusion:
-                assert bsym.sym.executor is fusecut_ex, bsym.sym.name
-                continue
-            outside = [leaf.sym.name for leaf in leaves(bsym) if leaf.sym.id in fused_ops]
-            assert not outside, f"{bsym.sym.name} runs {outside} outside a fusion"
+    assert_all_fused_by_fusecut(ours)
 
     # Both directions planned, every region ran once; a second step plans nothing new.
     reports = region_reports(ours)
@@ -111,6 +121,21 @@ def test_nanogpt_block_matches_torch_executor(device, dtype, planner_calls):
     assert len(planner_calls) == planned
     torch.testing.assert_close(y2, y)
     assert all(r.calls == 2 for r in region_reports(ours))
+
+
+def test_llama2_block_matches_torch_executor():
+    # RoPE (slices, cat, negation), grouped-query attention, RMSNorm and SwiGLU.
+    torch.manual_seed(4)
+    args = llama2_model.ModelArgs(dim=32, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=64,
+                                  multiple_of=16, max_seq_len=16, dropout=0.0)
+    model = llama2_model.TransformerBlock(0, args)
+    reference = copy.deepcopy(model)
+    cos, sin = llama2_model.precompute_freqs_cis(args.dim // args.n_heads, args.max_seq_len)
+    ours = thunder.jit(model, executors=[fusecut_ex])
+    theirs = thunder.jit(reference, executors=[thunder.pytorch_executor])
+    assert_same_step(ours, theirs, model, reference, torch.randn(2, 8, 32), cos[:8], sin[:8])
+    assert_all_fused_by_fusecut(ours)
+    assert all(r.fallback is None for r in region_reports(ours))
 
 
 def test_first_call_plans_each_region_once(planner_calls):
@@ -188,6 +213,8 @@ def test_plan_remote_plans_on_the_service_and_runs_here(tmp_path, planner_calls)
         remote_ex = FusecutExecutor("fusecut_remote_test", plan_remote=server.url)
         jitted = thunder.jit(f, executors=[remote_ex])
         torch.testing.assert_close(jitted(a, b), f(a, b), atol=1e-5, rtol=1e-5)
-    assert planner_calls == []  # planned by the service, not in this process
+    # The service is gone: the plan it made is kept here.
+    torch.testing.assert_close(jitted(a, b), f(a, b), atol=1e-5, rtol=1e-5)
     [report] = region_reports(jitted)
-    assert report.planned_bytes is not None and report.calls == 1
+    assert report.planned_bytes is not None and report.calls == 2
+    assert planner_calls == []  # planned by the service, not in this process
