@@ -190,11 +190,11 @@ def test_generated_1500_ops_plan_within_15_s_and_beat_greedy():
 
 
 def test_same_input_same_plan():
-    # a limit the wall clock does not reach (the search stops on its deterministic budget), so
+    # a limit the wall clock does not reach (each solve ends at its optimum, ~4 s here), so
     # that a loaded machine cannot cut one of the two searches short
     p = parse_text(generate(200, seed=2))
-    first = plan_json(p.fusion, p.inputs, time_limit_s=8.0)
-    second = plan_json(p.fusion, p.inputs, time_limit_s=8.0)
+    first = plan_json(p.fusion, p.inputs, time_limit_s=30.0)
+    second = plan_json(p.fusion, p.inputs, time_limit_s=30.0)
     assert "time limit reached" not in first["solver"]["message"]
     for j in (first, second):
         j["solver"].pop("wall_s")
