@@ -126,7 +126,13 @@ def test_huge_plans_are_summarised():
     plan = _plan(text, [tensor_meta((64,), DType.float32)], segmenter="greedy")
     width, height = check_picture(plan)
     assert width < 3000 and height < 3000
-    many = _plan(generate(2000, seed=5), segmenter="greedy")
+    # segment_set forces a boundary after every neg: one segment per pair
+    lines = [f"    T{2 * i + 1} = fd.ops.neg(T{2 * i})\n"
+             f"    T{2 * i + 2} = fd.ops.segment_set(T{2 * i + 1})" for i in range(60)]
+    text = ("from nvfuser import FusionDefinition, DataType\ndef f(fd):\n"
+            "    T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+            + "\n".join(lines) + "\n    fd.add_output(T120)\n")
+    many = _plan(text, [tensor_meta((64,), DType.float32)], segmenter="greedy")
     assert len(many["segments"]) > MAX_SEGMENTS
     width, height = check_picture(many)
     assert width < 20000 and height < 3000
