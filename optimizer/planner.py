@@ -63,26 +63,43 @@ class PlanOptions:
 
 
 def make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions | None = None) -> Plan:
+    """One deadline, ``time_limit_s`` from the call, covers every stage: the greedy segmenter stops
+    merging at ``GREEDY_SHARE`` of it and the solvers stop searching when it passes (binding,
+    forwarding and building the plan are linear in the fusion's size)."""
     options = options or PlanOptions()
+    start = time.perf_counter()
+    deadline = start + options.time_limit_s
     profile = get_profile(options.device, options.device_overrides)
     bound = bind(fusion, metas)
     graph = SegGraph(bound, profile, frozenset(Kind(k) for k in options.kinds))
-    start = time.perf_counter()
-    greedy = greedy_groups(graph)
+    greedy_start = time.perf_counter()
+    # the greedy segmenter leaves a share of the time for the stages after it, whose cost grows
+    # with the number of groups it leaves (about 0.5 ms each)
+    greedy = greedy_groups(graph, deadline=start + GREEDY_SHARE * options.time_limit_s)
     greedy_writes = graph.derive_writes(greedy)
     greedy_plan = list(zip(greedy, greedy_writes))
     baseline = _baseline(graph, greedy_plan)
-    report = SolverReport("GREEDY", wall_s=time.perf_counter() - start)
+    late = time.perf_counter() > start + GREEDY_SHARE * options.time_limit_s
+    report = SolverReport("GREEDY", wall_s=time.perf_counter() - greedy_start,
+                          message=LATE_MESSAGE if late else "")
     groups = greedy_plan
-    if options.segmenter == "cpsat":
+    if late:
+        if options.segmenter != "greedy":
+            report = SolverReport("FALLBACK_TO_GREEDY", wall_s=report.wall_s,
+                                  message=LATE_MESSAGE)
+    elif options.segmenter == "cpsat":
         from optimizer.segmenters.cpsat import solve
 
-        groups, report = solve(graph, greedy_plan, options)
+        groups, report = solve(graph, greedy_plan, options, deadline)
     elif options.segmenter == "mincut":
         from optimizer.segmenters.mincut import refine
 
-        groups, report = refine(graph, greedy_plan, options)
+        groups, report = refine(graph, greedy_plan, options, deadline)
     return build_plan(graph, groups, options.segmenter, report, baseline, options.to_json())
+
+
+GREEDY_SHARE = 0.6  # of the time limit, at most, for binding and the greedy segmenter
+LATE_MESSAGE = "time limit reached in the greedy segmenter: its merges so far stand"
 
 
 def _baseline(graph: SegGraph, groups) -> Baseline:

@@ -21,7 +21,7 @@ from optimizer.errors import InputError
 from optimizer.ir.inputs import TensorMeta
 from optimizer.plan.plan import Plan, Segment
 from runtime.reference import run_reference
-from runtime.tensors import TORCH_DTYPE, meta_of
+from runtime.tensors import TORCH_DTYPE, meta_of, unshare
 
 # (plan, segment, the segment's arguments, host values of every scalar) -> its outputs
 SegmentRunner = Callable[[Plan, Segment, list[Any], dict[str, Any]], list[torch.Tensor]]
@@ -170,6 +170,7 @@ def execute_plan(plan: Plan, args: list[Any], runner: SegmentRunner = reference_
     for t, how in zip(fusion.outputs, steps.expand):
         value = env[t]
         outputs.append(value if how is None else expand_compact(value, how[1], how[2]))
+    unshare(outputs, args)
     for out, inp in fusion.aliases.items():
         env[inp].copy_(outputs[fusion.outputs.index(out)])
     return Execution(outputs, timings, backend)

@@ -34,7 +34,7 @@ from runtime.kernels import (
     scalar_value,
 )
 from runtime.reference import run_reference
-from runtime.tensors import TORCH_DTYPE
+from runtime.tensors import TORCH_DTYPE, unshare
 
 # Parameter kinds, as runtime/native/launcher.cpp reads them.
 SLOT, INT, DOUBLE, BOOL, SCALAR_INT, SCALAR_DOUBLE, SCALAR_BOOL = range(7)
@@ -117,6 +117,9 @@ class Program:
     context: int = 0  # the driver context the kernels live in (0 on the CPU)
     native: Any = None  # (launcher run function, C++ program), when C++ runs this program
     native_ready: Any = None  # while the launcher builds: says when it is there
+    # outputs that may share memory with an argument (an argument itself, or a torch segment's
+    # result, which can be a view): checked on every run; kernels' outputs are fresh buffers
+    may_share: tuple[int, ...] = ()
 
     # ---- the Python path -----------------------------------------------------------------------
 
@@ -186,6 +189,8 @@ class Program:
                 slots[b] = None
         outputs = [slots[i] if shape is None else expand_compact(slots[i], shape, broadcast)
                    for i, shape, broadcast in self.outputs]
+        if self.may_share:
+            unshare(outputs, args, self.may_share)
         for out, arg in self.aliases:
             args[arg].copy_(outputs[out])
         return outputs
@@ -300,6 +305,10 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
     program = Program(sig if sig is not None else signature(args, baked), device, n_args,
                       buffers, steps, outputs, aliases, derived, scalar_args, static, baked,
                       current_context() if device.type == "cuda" else 0)
+    torch_results = {slot for step in steps if isinstance(step, TorchCall)
+                     for slot in step.results}
+    program.may_share = tuple(k for k, (slot, _, _) in enumerate(outputs)
+                              if slot < n_args or slot in torch_results)
     if native_eligible(program):
         from runtime import launcher
 
@@ -327,8 +336,10 @@ def library_op(segment):
 
 def native_eligible(program: Program) -> bool:
     """Whether the C++ launcher can run the program: kernels and library calls only, on a GPU,
-    no in-place outputs, run-time scalars only straight from the arguments."""
+    no in-place outputs, none that may be an argument, run-time scalars only straight from the
+    arguments."""
     return (program.device.type == "cuda" and not program.aliases and not program.scalar_ops
+            and not program.may_share
             and all(isinstance(s, (Launch, LibraryCall)) for s in program.steps))
 
 

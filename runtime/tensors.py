@@ -44,6 +44,25 @@ def meta_of(value) -> InputMeta:
     raise InputError(f"fusion arguments must be tensors or numbers, got {type(value).__name__}")
 
 
+def unshare(outputs: list, args: list, positions=None) -> list:
+    """Outputs never share memory with an argument (unless the definition asked for it with
+    ``alias_input``, which updates the argument in place instead): a ``set``, a same-dtype
+    ``cast``, a view op or an output that is itself an input would otherwise hand the caller its
+    own tensor back, and writing to the output would change the input. Clones each output at
+    ``positions`` (all of them by default) that does; an output that is an input comes back as a
+    copy too (nvFuser may return the input itself there; fusecut never aliases silently)."""
+    shared = {a.untyped_storage().data_ptr() for a in args
+              if isinstance(a, torch.Tensor) and a.numel()}
+    if not shared:
+        return outputs
+    for k in range(len(outputs)) if positions is None else positions:
+        out = outputs[k]
+        if isinstance(out, torch.Tensor) and out.numel() and \
+                out.untyped_storage().data_ptr() in shared:
+            outputs[k] = out.clone()
+    return outputs
+
+
 def storage_extent(shape, strides) -> int:
     if not all(shape):
         return 0

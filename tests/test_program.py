@@ -196,3 +196,23 @@ def test_shape_scalars_are_part_of_the_signature():
 def test_expanded_strides():
     assert programs.expanded_strides((4, 3, 5), (False, True, False)) == (5, 0, 1)
     assert programs.expanded_strides((2, 6), (True, False)) == (0, 1)
+
+
+def test_a_program_output_that_is_an_argument_comes_back_as_a_copy(fake_kernels):
+    parsed = parse_text(
+        "from nvfuser import FusionDefinition, DataType\n"
+        "def f(fd):\n"
+        "    T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)\n"
+        "    T1 = fd.ops.neg(T0)\n"
+        "    fd.add_output(T1)\n"
+        "    fd.add_output(T0)\n")
+    x = torch.randn(4, 8)
+    before = x.clone()
+    from runtime.tensors import meta_of
+
+    program = programs.build_program(make_plan(parsed.fusion, [meta_of(x)]), [x])
+    assert program.may_share == (1,)
+    _, same = program.run_python([x])
+    assert same is not x and torch.equal(same, before)
+    same.zero_()
+    assert torch.equal(x, before)

@@ -107,3 +107,37 @@ def test_plan_and_segment_from_the_sdk():
     (out,) = second.definition.execute(args)
     torch.testing.assert_close(out, x + 2)
     assert "segment" in repr(plan) or "Plan(" in repr(plan)
+
+
+def _defined(body) -> FusionDefinition:
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+        body(fd, t0)
+    return fd
+
+
+@pytest.mark.parametrize("body, expected", [
+    (lambda fd, t0: fd.add_output(fd.ops.set(t0)), lambda x: x),
+    (lambda fd, t0: fd.add_output(fd.ops.cast(t0, dtype=DataType.Float)), lambda x: x),
+    (lambda fd, t0: fd.add_output(fd.ops.permute(t0, dims=[1, 0])), lambda x: x.T),
+    (lambda fd, t0: fd.add_output(fd.ops.reshape(t0, new_shape=[-1])), lambda x: x.reshape(-1)),
+    (lambda fd, t0: fd.add_output(t0), lambda x: x),  # an output that is an input: a copy
+], ids=["set", "same-dtype cast", "permute", "reshape", "input itself"])
+def test_outputs_never_alias_inputs(body, expected):
+    # set and same-dtype cast returned the input tensor itself: writing to it changed the input
+    x = torch.rand(3, 5)
+    before = x.clone()
+    (out,) = _defined(body).execute([x])
+    assert torch.equal(out, expected(before))
+    out.fill_(-7.0)
+    assert torch.equal(x, before)
+
+
+def test_alias_input_still_updates_the_input_in_place():
+    def body(fd, t0):
+        t1 = fd.ops.add(t0, fd.define_scalar(1.0, dtype=DataType.Double))
+        fd.add_output(t1, alias_input=t0)
+
+    x = torch.zeros(2, 3)
+    _defined(body).execute([x])
+    assert torch.equal(x, torch.ones(2, 3))

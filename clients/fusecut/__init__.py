@@ -10,13 +10,27 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fusecut.client import AsyncClient, Client, RemoteExecution, ServiceError
-from fusecut.definition import DataType, FusionDefinition, ParallelType
-from fusecut.plan import Plan
 from optimizer.errors import DefinitionError, FusecutError, InputError, PlanError
-from optimizer.ir.nvtext import ParsedDefinition, parse_text
+
+# The heavy names (they import torch and httpx) load on first use, so that ``fusecut --help``
+# and ``import fusecut`` for its errors start fast.
+_LAZY = {
+    "AsyncClient": "fusecut.client", "Client": "fusecut.client",
+    "RemoteExecution": "fusecut.client", "ServiceError": "fusecut.client",
+    "DataType": "fusecut.definition", "FusionDefinition": "fusecut.definition",
+    "ParallelType": "fusecut.definition", "Plan": "fusecut.plan",
+    "ParsedDefinition": "optimizer.ir.nvtext", "parse_text": "optimizer.ir.nvtext",
+}
+
+if TYPE_CHECKING:
+    from fusecut.client import AsyncClient, Client, RemoteExecution, ServiceError
+    from fusecut.definition import DataType, FusionDefinition, ParallelType
+    from fusecut.plan import Plan
+    from optimizer.ir.nvtext import ParsedDefinition, parse_text  # noqa: F401
 
 __all__ = [
     "AsyncClient", "Client", "DataType", "DefinitionError", "FusecutError", "FusionDefinition",
@@ -24,6 +38,19 @@ __all__ = [
     "ServiceError", "load",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fusecut' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def load(path_or_text: str | Path) -> ParsedDefinition:
@@ -34,4 +61,6 @@ def load(path_or_text: str | Path) -> ParsedDefinition:
         text = Path(path_or_text).read_text()
     else:
         text = str(path_or_text)
+    from optimizer.ir.nvtext import parse_text
+
     return parse_text(text)

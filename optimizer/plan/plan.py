@@ -134,10 +134,14 @@ def build_plan(graph: SegGraph, groups: list[tuple[frozenset[int], frozenset[str
             recomputed_ops=tuple(i for i in s.ops if counts[i] > 1),
             read_bytes=read_bytes(bound, s), write_bytes=write_bytes(bound, s),
             est_time_s=segment_time(bound, s, profile), sub=translate(bound, s)))
+    readers_of: dict[str, list[int]] = {}
+    for j, s in enumerate(schedules):
+        for t in s.inputs:
+            readers_of.setdefault(t, []).append(j)
     boundaries = []
     for k, s in enumerate(schedules):
         for t in s.outputs:
-            readers = tuple(j for j, r in enumerate(schedules) if t in r.inputs)
+            readers = tuple(readers_of.get(t, ()))
             if readers:
                 boundaries.append(Boundary(t, k, readers))
     return Plan(bound, profile, segmenter, segments, boundaries, solver, baseline, options)
@@ -171,6 +175,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
     fusion = plan.fusion
     lb = plan.lower_bound_bytes
     io = plan.io_bytes
+    why = _crossing_reasons(plan)
     segments = []
     for s in plan.segments:
         sub = s.sub
@@ -202,7 +207,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "fusion_inputs": [t for t in fusion.inputs if t in fusion.tensors],
         "fusion_outputs": list(fusion.outputs),
         "boundaries": [dict(_tensor_json(bound, b.tensor), producer=b.producer,
-                            consumers=list(b.consumers), reason=_why_crossing(plan, b.tensor))
+                            consumers=list(b.consumers), reason=why(b.tensor))
                        for b in plan.boundaries],
         "totals": {"io_bytes": io, "lower_bound_bytes": lb,
                    "io_ratio": io / lb if lb else 1.0, "segments": len(plan.segments),
@@ -215,13 +220,19 @@ def plan_json(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _why_crossing(plan: Plan, tensor: str) -> str:
-    """Why a boundary tensor goes through global memory instead of being recomputed."""
+def _crossing_reasons(plan: Plan):
+    """A function giving why a boundary tensor goes through global memory instead of being
+    recomputed (indexes the fusion once, so that every boundary costs O(1))."""
+    fusion = plan.fusion
+    producers = {o: op for op in fusion.ops for o in op.outputs}
+    forced = {op.inputs[0] for op in fusion.ops if op.name == "segment_set" and op.inputs}
+    return lambda tensor: _why_crossing(plan, producers[tensor], tensor in forced)
+
+
+def _why_crossing(plan: Plan, producer, forced: bool) -> str:
     from optimizer.analysis.opclass import Role, role
 
-    fusion = plan.fusion
-    producer = next(op for op in fusion.ops if tensor in op.outputs)
-    if any(op.name == "segment_set" and op.inputs[0] == tensor for op in fusion.ops):
+    if forced:
         return "forced by segment_set"
     kind = role(producer, plan.bound)
     if kind is Role.REDUCTION:

@@ -63,67 +63,216 @@ def to_dot(plan: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---- the SVG --------------------------------------------------------------------------------
+# A layered layout: each segment sits in the column after the latest segment it reads from
+# (fusion inputs in a column on the left, outputs on the right). Edges are orthogonal and run
+# only through the gaps between columns: from the producing box's right side to a vertical track
+# in the next gap, then straight into the consumer when it is in the next column, or else up to a
+# band above every box, across, and down a track in the gap before the consumer. Each tensor a
+# segment writes has its own anchor on the box's right side, labelled once there, left of every
+# track. Huge plans are summarised: at most MAX_SEGMENTS boxes, and a segment's fusion outputs
+# (or all fusion inputs) share one port when there are too many to list.
+
+MAX_SEGMENTS = 40
+MAX_PORTS = 24  # fusion inputs or outputs drawn one by one
+OUTPUTS_PER_SEGMENT = 4  # more fusion outputs of one segment share a port
+BOX_W, ROW_H, BOX_GAP = 170, 15, 22
+LABEL_W, TRACK_STEP, PORT_W = 100, 6, 120
+CHAR_W = 6.2  # an estimate of the width of a character at font-size 11
+
+
+def _short(text: str, width: float) -> str:
+    n = max(3, int(width / CHAR_W))
+    return text if len(text) <= n else text[:n - 1] + "\u2026"
+
+
+def _layout_edges(plan: dict[str, Any], shown: set[int]):
+    """(source, target, tensor, bytes, label) over the drawn segments: 'seg<k>', 'in:<port>' and
+    'out:<port>' nodes; ports name a tensor or a summary."""
+    writer: dict[str, int] = {}
+    for seg in plan["segments"]:
+        for t in seg["outputs"]:
+            writer.setdefault(t["tensor"], seg["index"])
+    fusion_inputs = plan.get("fusion_inputs") or []
+    group_inputs = len(fusion_inputs) > MAX_PORTS
+    edges = []
+    for seg in plan["segments"]:
+        if seg["index"] not in shown:
+            continue
+        for t in seg["inputs"]:
+            src = writer.get(t["tensor"])
+            if src is not None and src < seg["index"]:
+                if src in shown:
+                    edges.append((f"seg{src}", f"seg{seg['index']}", t["tensor"], t["bytes"]))
+            else:
+                port = f"in:{len(fusion_inputs)} fusion inputs" if group_inputs \
+                    else f"in:{t['tensor']}"
+                edges.append((port, f"seg{seg['index']}", t["tensor"], t["bytes"]))
+    fusion_outputs = plan.get("fusion_outputs") or []
+    per_seg: dict[int, list[dict[str, Any]]] = {}
+    for seg in plan["segments"]:
+        for t in seg["outputs"]:
+            if t["tensor"] in fusion_outputs and writer.get(t["tensor"]) == seg["index"] \
+                    and seg["index"] in shown:
+                per_seg.setdefault(seg["index"], []).append(t)
+    group_all = sum(len(v) for v in per_seg.values()) > MAX_PORTS
+    for k, ts in per_seg.items():
+        if group_all or len(ts) > OUTPUTS_PER_SEGMENT:
+            names = ", ".join(t["tensor"] for t in ts[:3])
+            port = f"out:{len(ts)} outputs of segment {k} ({names}{', ...' if len(ts) > 3 else ''})"
+            edges.append((f"seg{k}", port, f"{len(ts)} outputs", sum(t["bytes"] for t in ts)))
+        else:
+            edges.extend((f"seg{k}", f"out:{t['tensor']}", t["tensor"], t["bytes"]) for t in ts)
+    merged: dict[tuple[str, ...], list] = {}  # grouped inputs: one edge per segment
+    for src, dst, tensor, size in edges:
+        key = (src, dst) if group_inputs and src.startswith("in:") else (src, dst, tensor)
+        e = merged.setdefault(key, [src, dst, tensor, 0, 0])
+        e[3] += size
+        e[4] += 1
+    return [(src, dst, tensor if n == 1 else f"{n} tensors", size)
+            for src, dst, tensor, size, n in merged.values()]
+
+
 def to_svg(plan: dict[str, Any]) -> str:
-    segs = plan["segments"]
-    edges = _edges(plan)
-    ins = sorted({s for s, _, _, _ in edges if s.startswith("in:")})
-    outs = sorted({d for _, d, _, _ in edges if d.startswith("out:")})
-    box_w, box_h, gap_x, col_w = 170, 74, 70, 110
-    height = max(len(ins), len(outs), 1) * 34 + 60
-    height = max(height, box_h + 80)
-    width = col_w * 2 + len(segs) * (box_w + gap_x) + 20
-    pos: dict[str, tuple[float, float]] = {}
-    for k, name in enumerate(ins):
-        pos[name] = (10 + col_w - 20, 40 + k * 34)
-    for k, seg in enumerate(segs):
-        x = col_w + 20 + k * (box_w + gap_x)
-        y = height / 2 - box_h / 2 + (k % 2) * 10
-        pos[f"seg{seg['index']}"] = (x, y)
-    for k, name in enumerate(outs):
-        pos[name] = (width - col_w + 10, 40 + k * 34)
+    segments = plan["segments"][:MAX_SEGMENTS]
+    shown = {s["index"] for s in segments}
+    edges = _layout_edges(plan, shown)
+    layer: dict[str, int] = {}
+    for seg in segments:  # segments run in order: a producer comes before its consumers
+        node = f"seg{seg['index']}"
+        layer[node] = 1 + max((layer[s] for s, d, *_ in edges if d == node and s in layer),
+                              default=0)
+    last = max(layer.values(), default=0) + 1
+    ins = list(dict.fromkeys(s for s, *_ in edges if s.startswith("in:")))
+    outs = list(dict.fromkeys(d for _, d, *_ in edges if d.startswith("out:")))
+    for n in ins:
+        layer[n] = 0
+    for n in outs:
+        layer[n] = last
+    # each source node's anchors: one per tensor it sends (its label sits there)
+    sends: dict[str, list[str]] = {}
+    for src, _, tensor, _ in edges:
+        if tensor not in sends.setdefault(src, []):
+            sends[src].append(tensor)
+    receives: dict[str, list[int]] = {}
+    for k, (_, dst, _, _) in enumerate(edges):
+        receives.setdefault(dst, []).append(k)
+    long_edges = [k for k, (s, d, *_) in enumerate(edges) if layer[d] > layer[s] + 1]
+    band_top = 56
+    band_h = len(long_edges) * TRACK_STEP + 12
+    top = band_top + band_h
+    # tracks: every edge has one in the gap after its source's column, a long edge another in the
+    # gap before its target's column
+    gap_tracks: dict[int, list[tuple[int, str]]] = {}
+    for k, (s, d, *_) in enumerate(edges):
+        gap_tracks.setdefault(layer[s], []).append((k, "out"))
+        if k in long_edges:
+            gap_tracks.setdefault(layer[d] - 1, []).append((k, "in"))
+    gap_w = {g: LABEL_W + max(len(t), 1) * TRACK_STEP + 16 for g, t in gap_tracks.items()}
+    col_w = {c: (PORT_W if c in (0, last) else BOX_W) for c in range(last + 1)}
+    col_x: dict[int, float] = {}
+    x = 10.0
+    for c in range(last + 1):
+        col_x[c] = x
+        x += col_w[c] + gap_w.get(c, 40)
+    width = x - gap_w.get(last, 40) + 10
+    # boxes and ports, stacked in their columns
+    box: dict[str, tuple[float, float, float, float]] = {}
+    heights: dict[int, float] = {}
+    for node in ins + [f"seg{s['index']}" for s in segments] + outs:
+        c = layer[node]
+        rows = max(len(sends.get(node, ())), len(receives.get(node, ())), 1)
+        h = max(4 * ROW_H + 14, rows * ROW_H + 10) if node.startswith("seg") else \
+            max(rows * ROW_H, ROW_H + 4)
+        y = top + heights.get(c, 0.0)
+        box[node] = (col_x[c], y, col_w[c], h)
+        heights[c] = heights.get(c, 0.0) + h + BOX_GAP
+    height = top + max(heights.values(), default=0.0) + 30
+
+    def out_anchor(node: str, tensor: str) -> tuple[float, float]:
+        x0, y0, w, h = box[node]
+        names = sends[node]
+        return x0 + w, y0 + h * (names.index(tensor) + 1) / (len(names) + 1)
+
+    def in_anchor(node: str, k: int) -> tuple[float, float]:
+        x0, y0, w, h = box[node]
+        ks = receives[node]
+        return x0, y0 + h * (ks.index(k) + 1) / (len(ks) + 1)
+
+    def track_x(gap: int, k: int, side: str) -> float:
+        return col_x[gap] + col_w[gap] + LABEL_W + 8 + \
+            gap_tracks[gap].index((k, side)) * TRACK_STEP
+
+    options = plan.get("options") or {}
+    ops = [op["name"] for op in plan.get("ops", [])]
+    caption = (f"fusion of {len(ops)} ops: {', '.join(dict.fromkeys(ops[:12]))}"
+               f"{', ...' if len(set(ops)) > 12 else ''}")
+    settings = ", ".join(f"{k} {options[k]}" for k in ("segmenter", "time_limit_s", "device")
+                         if k in options)
+    width = max(width, 520.0)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
              f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="Helvetica,Arial,sans-serif" '
              f'font-size="11">',
              '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
              'markerHeight="7" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" '
-             'fill="#555"/></marker></defs>']
-
-    def anchor(node: str, side: str) -> tuple[float, float]:
-        x, y = pos[node]
-        if node.startswith("seg"):
-            return (x + (box_w if side == "right" else 0), y + box_h / 2)
-        return (x + (0 if node.startswith("in:") else -4), y)
-
-    for src, dst, tensor, size in edges:
-        x1, y1 = anchor(src, "right")
-        x2, y2 = anchor(dst, "left")
-        mx = (x1 + x2) / 2
+             'fill="#555"/></marker></defs>',
+             f'<text class="caption" x="10" y="18" font-weight="bold">'
+             f'{escape(_short(caption, width - 20))}</text>',
+             f'<text class="caption" x="10" y="34">{escape(_short(settings, width - 20))}'
+             f'{escape(_summary(plan, len(segments)))}</text>']
+    for k, (src, dst, tensor, size) in enumerate(edges):
+        x1, y1 = out_anchor(src, tensor)
+        x2, y2 = in_anchor(dst, k)
+        tx = track_x(layer[src], k, "out")
+        if k in long_edges:
+            by = band_top + long_edges.index(k) * TRACK_STEP + 6
+            ux = track_x(layer[dst] - 1, k, "in")
+            points = [(x1, y1), (tx, y1), (tx, by), (ux, by), (ux, y2), (x2, y2)]
+        else:
+            points = [(x1, y1), (tx, y1), (tx, y2), (x2, y2)]
         crossing = src.startswith("seg") and dst.startswith("seg")
         colour = "#c0392b" if crossing else "#777"
-        parts.append(f'<path d="M {x1:.1f} {y1:.1f} C {mx:.1f} {y1:.1f}, {mx:.1f} {y2:.1f}, '
-                     f'{x2:.1f} {y2:.1f}" fill="none" stroke="{colour}" stroke-width="'
-                     f'{2 if crossing else 1}" marker-end="url(#arrow)"><title>{escape(tensor)}: '
-                     f'{human_bytes(size)}</title></path>')
-        if crossing:
-            parts.append(f'<text x="{mx:.1f}" y="{(y1 + y2) / 2 - 4:.1f}" text-anchor="middle" '
-                         f'fill="{colour}">{escape(tensor)} {human_bytes(size)}</text>')
-    for name in ins + outs:
-        x, y = pos[name]
-        anchor_text = "end" if name.startswith("in:") else "start"
-        parts.append(f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="{anchor_text}">'
-                     f'{escape(name.split(":")[1])}</text>')
-    for seg in segs:
-        x, y = pos[f"seg{seg['index']}"]
+        d = " ".join(f"{'M' if i == 0 else 'L'} {px:.1f} {py:.1f}"
+                     for i, (px, py) in enumerate(points))
+        parts.append(f'<path class="edge" data-from="{escape(src)}" data-to="{escape(dst)}" '
+                     f'data-tensor="{escape(tensor)}" d="{d}" fill="none" stroke="{colour}" '
+                     f'stroke-width="{2 if crossing else 1}" marker-end="url(#arrow)">'
+                     f'<title>{escape(tensor)}: {human_bytes(size)}</title></path>')
+    for node, names in sends.items():  # one label per tensor a node sends, above its anchor
+        sizes = {t: s for src, _, t, s in edges if src == node}
+        for tensor in names:
+            ax, ay = out_anchor(node, tensor)
+            parts.append(f'<text class="label" x="{ax + 4:.1f}" y="{ay - 3:.1f}">'
+                         f'{escape(_short(f"{tensor} {human_bytes(sizes[tensor])}", LABEL_W))}'
+                         f'</text>')
+    for node in ins + outs:
+        x0, y0, w, h = box[node]
+        parts.append(f'<rect class="port" data-node="{escape(node)}" x="{x0:.1f}" y="{y0:.1f}" '
+                     f'width="{w}" height="{h:.1f}" fill="none" stroke="none"/>')
+        text = _short(node.split(":", 1)[1], w - 4)
+        if node.startswith("in:"):
+            parts.append(f'<text x="{x0 + w - 4:.1f}" y="{y0 + h / 2 + 4:.1f}" '
+                         f'text-anchor="end">{escape(text)}</text>')
+        else:
+            parts.append(f'<text x="{x0 + 4:.1f}" y="{y0 + h / 2 + 4:.1f}">{escape(text)}</text>')
+    for seg in segments:
+        node = f"seg{seg['index']}"
+        x0, y0, w, h = box[node]
         colour = KIND_COLOURS.get(seg["kind"], "#ffffff")
-        parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{box_w}" height="{box_h}" rx="6" '
-                     f'fill="{colour}" stroke="#333"/>')
+        parts.append(f'<rect class="segment" data-node="{node}" x="{x0:.1f}" y="{y0:.1f}" '
+                     f'width="{w}" height="{h:.1f}" rx="6" fill="{colour}" stroke="#333"/>')
         rows = [f"segment {seg['index']}: {seg['kind']}",
                 f"{len(seg['ops'])} ops, {len(seg['recomputed_ops'])} recomputed",
                 f"read {human_bytes(seg['read_bytes'])}",
                 f"write {human_bytes(seg['write_bytes'])}"]
         for k, row in enumerate(rows):
             weight = ' font-weight="bold"' if k == 0 else ""
-            parts.append(f'<text x="{x + 8:.1f}" y="{y + 18 + k * 15:.1f}"{weight}>'
-                         f'{escape(row)}</text>')
+            parts.append(f'<text x="{x0 + 8:.1f}" y="{y0 + 18 + k * ROW_H:.1f}"{weight}>'
+                         f'{escape(_short(row, w - 12))}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+def _summary(plan: dict[str, Any], drawn: int) -> str:
+    n = len(plan["segments"])
+    return "" if drawn == n else f"; the first {drawn} of {n} segments drawn"

@@ -67,9 +67,11 @@ def plan_bytes(graph: SegGraph, groups: list[Group]) -> int:
     return out
 
 
-def solve(graph: SegGraph, greedy: list[Group], options) -> tuple[list[Group], SolverReport]:
+def solve(graph: SegGraph, greedy: list[Group], options, deadline: float | None = None
+          ) -> tuple[list[Group], SolverReport]:
+    """``deadline``: a ``time.perf_counter()`` value, by default ``time_limit_s`` from now."""
     start = time.perf_counter()
-    deadline = start + options.time_limit_s
+    deadline = start + options.time_limit_s if deadline is None else deadline
     if len(greedy) <= 1 and plan_bytes(graph, greedy) <= lower_bound_bytes(graph.bound):
         return greedy, SolverReport("OPTIMAL", wall_s=time.perf_counter() - start,
                                     message="the greedy plan is one segment at the lower bound")

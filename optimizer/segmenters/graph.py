@@ -44,7 +44,9 @@ class SegGraph:
     def _forwarding(self) -> frozenset[int]:
         fusion, bound = self.fusion, self.bound
         forwarded: set[int] = set()
-        fwd_tensors: set[str] = set()
+        # Each forwarded tensor -> the fusion input its chain starts from (None for a factory),
+        # filled in op order so that a chain is walked once, not once per link.
+        roots: dict[str, str | None] = {}
         for i in self.ops:
             op = fusion.ops[i]
             if self.roles[i] is not Role.FUSIBLE or is_view(op) or len(op.outputs) != 1:
@@ -52,29 +54,20 @@ class SegGraph:
             out = op.outputs[0]
             if out in self.outputs:
                 continue
-            tensors = set(n for n in op.inputs if n in fusion.tensors)
+            operands = [n for n in op.inputs if n in fusion.tensors]
+            root = roots.get(operands[0], operands[0]) if operands else None
             if get_spec(op.name).op_class is not OpClass.FACTORY:
-                if len(tensors) != 1 or not tensors <= self.inputs | fwd_tensors:
+                if len(set(operands)) != 1 or (operands[0] not in self.inputs
+                                               and operands[0] not in roots):
                     continue
-                root = self._root_input(next(iter(tensors)), fwd_tensors)
                 if root is not None and bound.nbytes(root) > bound.nbytes(out):
                     continue  # a narrowing op: reading its input would cost more than its result
             if any(self.roles[c] not in (Role.FUSIBLE, Role.REDUCTION)
                    for c in self.consumers.get(out, ())):
                 continue  # library, fallback and segment_set read from global memory
             forwarded.add(i)
-            fwd_tensors.add(out)
+            roots[out] = root
         return frozenset(forwarded)
-
-    def _root_input(self, tensor: str, fwd_tensors: set[str]) -> str | None:
-        """The fusion input a forwarded chain starts from (None for a factory)."""
-        while tensor in fwd_tensors:
-            op = self.fusion.ops[self.producer[tensor]]
-            operands = [n for n in op.inputs if n in self.fusion.tensors]
-            if not operands:
-                return None
-            tensor = operands[0]
-        return tensor
 
     # ---- segments ---------------------------------------------------------------------------
 
@@ -121,9 +114,13 @@ class SegGraph:
         first segment computing it), and every tensor a later segment reads (by the first earlier
         segment computing it)."""
         produced = [self.produced(self.closure(g)) for g in groups]
+        first: dict[str, int] = {}  # tensor -> the first segment computing it
+        for k, p in enumerate(produced):
+            for t in p:
+                first.setdefault(t, k)
         writes: list[set[str]] = [set() for _ in groups]
         for out in self.outputs:
-            k = next((k for k, p in enumerate(produced) if out in p), None)
+            k = first.get(out)
             if k is not None and self.producer.get(out) not in self.forwarded:
                 writes[k].add(out)
         for k, g in enumerate(groups):
@@ -131,8 +128,8 @@ class SegGraph:
                 for n in self.fusion.ops[i].inputs:
                     if n not in self.fusion.tensors or n in produced[k] or n in self.inputs:
                         continue
-                    j = next((j for j in range(k) if n in produced[j]), None)
-                    if j is None:
+                    j = first.get(n)
+                    if j is None or j >= k:
                         raise ValueError(f"segment {k} reads {n}, which no earlier segment "
                                          f"computes")
                     writes[j].add(n)

@@ -9,11 +9,16 @@ never recomputes anything beyond forwarding.
 
 from __future__ import annotations
 
+import time
+
 from optimizer.segmenters.graph import SegGraph
 
 
-def greedy_groups(graph: SegGraph, ops: frozenset[int] | None = None) -> list[frozenset[int]]:
-    """Greedy segmentation of all placed ops (or of a subset, the rest being outside)."""
+def greedy_groups(graph: SegGraph, ops: frozenset[int] | None = None,
+                  deadline: float | None = None) -> list[frozenset[int]]:
+    """Greedy segmentation of all placed ops (or of a subset, the rest being outside). Past the
+    ``deadline`` (a ``time.perf_counter()`` value) it stops merging: every group it has is still
+    valid, there are just more of them."""
     placed = graph.placed if ops is None else [i for i in graph.placed if i in ops]
     if not placed:
         return []
@@ -21,48 +26,78 @@ def greedy_groups(graph: SegGraph, ops: frozenset[int] | None = None) -> list[fr
     if graph.classify(whole, graph.written(whole)):
         return [whole]
     members: dict[int, set[int]] = {i: {i} for i in placed}
-    owner: dict[int, int] = {i: i for i in placed}
     fusion = graph.fusion
+    # The group graph, kept up to date on every merge so that a successor query costs nothing.
+    succ: dict[int, set[int]] = {i: set() for i in placed}
+    pred: dict[int, set[int]] = {i: set() for i in placed}
+    for i in placed:
+        for o in fusion.ops[i].outputs:
+            for c in graph.consumers.get(o, ()):
+                if c in succ and c != i:
+                    succ[i].add(c)
+                    pred[c].add(i)
 
     def successors(g: int) -> set[int]:
-        out = set()
-        for i in members[g]:
-            for o in fusion.ops[i].outputs:
-                for c in graph.consumers.get(o, ()):
-                    if c in owner and owner[c] != g:
-                        out.add(owner[c])
-        return out
+        return succ[g]
+
+    def late() -> bool:
+        return deadline is not None and time.perf_counter() > deadline
+
+    # Ops are numbered in a topological order, so a group whose first op comes after the
+    # target's last op cannot reach the target: the search need not go past it.
+    first = {i: i for i in placed}
+    last = {i: i for i in placed}
 
     def reaches(start: set[int], target: int) -> bool:
         seen = set()
         stack = list(start)
+        bound = last[target]
         while stack:
             g = stack.pop()
             if g == target:
                 return True
-            if g in seen:
+            if g in seen or first[g] > bound:
                 continue
             seen.add(g)
-            stack.extend(successors(g))
+            stack.extend(succ[g])
         return False
 
     def ok(group: set[int]) -> bool:
         return bool(graph.classify(group, graph.written(group)))
 
+    read_cache: dict[int, set[str]] = {}
+
     def reads(g: int) -> set[str]:
-        return {n for i in graph.closure(members[g]) for n in fusion.ops[i].inputs
-                if n in fusion.tensors}
+        if g not in read_cache:
+            read_cache[g] = {n for i in graph.closure(members[g]) for n in fusion.ops[i].inputs
+                             if n in fusion.tensors}
+        return read_cache[g]
 
     def merge(g: int, h: int) -> None:
         members[g] |= members.pop(h)
-        for i in members[g]:
-            owner[i] = g
+        first[g], last[g] = min(first[g], first.pop(h)), max(last[g], last.pop(h))
+        if g in read_cache or h in read_cache:  # the closure of a union is the union of closures
+            read_cache[g] = reads(g) | reads(h)
+            read_cache.pop(h)
+        for p in pred.pop(h):
+            succ[p].discard(h)
+            if p != g:
+                succ[p].add(g)
+                pred[g].add(p)
+        for c in succ.pop(h):
+            pred[c].discard(h)
+            if c != g:
+                pred[c].add(g)
+                succ[g].add(c)
+        succ[g].discard(h)
+        pred[g].discard(g)
+        succ[g].discard(g)
 
     def consumer_merges() -> bool:
         """Merge groups into their consumers while the result schedules."""
         changed = False
         for g in topological(members, successors):
-            progress = g in members
+            progress = g in members and not late()
             while progress:
                 progress = False
                 for h in sorted(successors(g), key=lambda x: min(members[x])):
@@ -81,6 +116,8 @@ def greedy_groups(graph: SegGraph, ops: frozenset[int] | None = None) -> list[fr
         order = topological(members, successors)
         for a_pos, g in enumerate(order):
             for h in order[a_pos + 1:]:
+                if late():
+                    return changed
                 if g not in members or h not in members or not reads(g) & reads(h):
                     continue
                 if reaches(successors(g), h) or reaches(successors(h), g):
@@ -90,7 +127,7 @@ def greedy_groups(graph: SegGraph, ops: frozenset[int] | None = None) -> list[fr
                     changed = True
         return changed
 
-    while consumer_merges() | sibling_merges():
+    while (consumer_merges() | sibling_merges()) and not late():
         pass
     order = topological(members, successors)
     return [frozenset(members[g]) for g in order]

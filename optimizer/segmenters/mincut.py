@@ -28,9 +28,11 @@ INF = 1 << 50
 KIB = 1024
 
 
-def refine(graph: SegGraph, groups: list[Group], options) -> tuple[list[Group], SolverReport]:
+def refine(graph: SegGraph, groups: list[Group], options, deadline: float | None = None
+           ) -> tuple[list[Group], SolverReport]:
+    """``deadline``: a ``time.perf_counter()`` value, by default ``time_limit_s`` from now."""
     start = time.perf_counter()
-    deadline = start + options.time_limit_s
+    deadline = start + options.time_limit_s if deadline is None else deadline
     ops_list = [ops for ops, _ in groups]
     changed = 0
     for k in range(1, len(ops_list)):
