@@ -53,6 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.service = service
     problems.install(app)
     app.add_middleware(problems.BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(problems.RequestIds)  # outside BodyLimit: its 413s carry an id too
 
     app.add_middleware(metrics.CountRequests)
 

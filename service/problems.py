@@ -1,13 +1,16 @@
 """Errors as problem+json (RFC 9457): every failure the service answers names what was wrong.
 
-``Problem`` is raised by the routes; ``install`` maps it, fusecut's own errors, request
-validation errors and anything unexpected to problem+json responses. ``BodyLimit`` refuses a body
-over the size limit before it is read whole.
+``Problem`` is raised by the routes; ``install`` maps it, fusecut's own errors and request
+validation errors to problem+json responses. ``RequestIds`` gives every request an id (the
+``X-Request-Id`` header) and turns anything unexpected into a problem+json 500 carrying it, with the
+connection kept. ``BodyLimit`` refuses a body over the size limit before it is read whole.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -70,11 +73,6 @@ def install(app: FastAPI) -> None:
     async def on_http(request: Request, e: StarletteHTTPException):
         return problem_response(e.status_code, str(e.detail), str(e.detail), request.url.path)
 
-    @app.exception_handler(Exception)
-    async def on_crash(request: Request, e: Exception):  # a fusecut bug: say so, stay up
-        log.exception("unhandled error on %s", request.url.path)
-        return problem_response(500, "internal error", f"{type(e).__name__}: {e}",
-                                request.url.path)
 
 
 class BodyLimit:
@@ -120,3 +118,45 @@ class BodyLimit:
         except Exception:
             if not refused:  # errors after a refusal are the app noticing the "disconnect"
                 raise
+
+
+REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,64}")
+
+
+class RequestIds:
+    """Pure ASGI middleware: an id per request (the client's ``X-Request-Id`` when it is a sane
+    token, else a new one), sent back in the ``X-Request-Id`` header; an exception escaping the
+    app is logged with that id and answered as a problem+json 500 naming it. Answering it here,
+    instead of in Starlette's error middleware, which re-raises into the server, keeps the
+    keep-alive connection open."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope.get("headers") or []).get(b"x-request-id", b"")
+        request_id = given.decode() if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        started = False
+
+        async def send_with_id(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message = {**message, "headers": [*message.get("headers", ()),
+                                                  (b"x-request-id", request_id.encode())]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as e:  # a fusecut bug: say so, with the id to find it in the log
+            log.exception("unhandled error on %s (request id %s)", scope.get("path"),
+                          request_id)
+            if started:  # the status line is gone: nothing truthful can be sent now
+                raise
+            response = problem_response(500, "internal error",
+                                        f"{type(e).__name__}: {e} (request id {request_id})",
+                                        scope.get("path"), request_id=request_id)
+            await response(scope, receive, send_with_id)

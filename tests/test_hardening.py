@@ -1,0 +1,118 @@
+"""The service under hostile input (issue 12): no request crashes it, drops a connection,
+writes invalid JSON, stores absurd sizes or stalls the others.
+
+Most tests run the real ``fusecut serve`` (tests/server.py); the catch-all test runs the app in
+uvicorn in a thread, with one route added that fails the way a bug would.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from http.client import HTTPConnection
+
+import httpx
+import pytest
+import uvicorn
+
+from service.app import create_app
+from service.settings import Settings
+from tests.server import Server, free_port
+
+INT64_MAX = 2**63 - 1
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with Server(tmp_path_factory.mktemp("hard") / "plans.sqlite") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        yield client
+
+
+def kserve_body(data: list, datatype: str = "INT64") -> dict:
+    definition = """
+def fusion(fd):
+    T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Int)
+    T1 = fd.ops.neg(T0)
+    fd.add_output(T1)
+"""
+    return {"definition": definition,
+            "inputs": [{"name": "T0", "shape": [len(data)], "datatype": datatype, "data": data}]}
+
+
+# ---- defect 4: a 500 and a dropped connection -----------------------------------------------
+
+def test_out_of_range_int64_data_is_a_422_on_a_kept_connection(server):
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = HTTPConnection(host, int(port), timeout=60)
+    for value in (1180591620717411303424, -(2**63) - 1, 2**64):
+        body = json.dumps(kserve_body([1, value]))
+        conn.request("POST", "/v1/execute", body, {"content-type": "application/json"})
+        response = conn.getresponse()
+        payload = json.loads(response.read())
+        assert response.status == 422, payload
+        assert response.getheader("content-type").startswith("application/problem+json")
+        assert str(value) in payload["detail"] and "T0" in payload["detail"]
+        assert response.getheader("x-request-id")
+    # the same connection still answers, and in-range data works
+    conn.request("POST", "/v1/execute", json.dumps(kserve_body([INT64_MAX, -3])),
+                 {"content-type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    assert json.loads(response.read())["outputs"][0]["data"] == [-INT64_MAX, 3]
+    conn.close()
+
+
+class ThreadServer:
+    """uvicorn serving ``app`` in a thread on a free loopback port."""
+
+    def __init__(self, app):
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> ThreadServer:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(20)
+
+
+def test_an_unexpected_error_is_a_problem_500_with_a_request_id(tmp_path, caplog):
+    app = create_app(Settings(db_path=str(tmp_path / "p.sqlite"), worker=False))
+
+    @app.get("/boom")
+    async def boom():
+        raise ZeroDivisionError("a bug")
+
+    with ThreadServer(app) as s, caplog.at_level(logging.ERROR, "fusecut.service"):
+        conn = HTTPConnection("127.0.0.1", s.port, timeout=30)
+        conn.request("GET", "/boom")
+        response = conn.getresponse()
+        body = json.loads(response.read())
+        assert response.status == 500
+        assert response.getheader("content-type").startswith("application/problem+json")
+        request_id = response.getheader("x-request-id")
+        assert request_id and body["request_id"] == request_id
+        assert "ZeroDivisionError" in body["detail"] and request_id in body["detail"]
+        assert any(request_id in r.getMessage() for r in caplog.records)
+        # the keep-alive connection was kept: the next request on it is answered
+        conn.request("GET", "/healthz", headers={"x-request-id": "client-chosen.1"})
+        response = conn.getresponse()
+        assert response.status == 200 and json.loads(response.read()) == {"status": "ok"}
+        assert response.getheader("x-request-id") == "client-chosen.1"
+        conn.close()
