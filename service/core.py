@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 from collections import OrderedDict
 from typing import Any
 
@@ -81,6 +82,7 @@ class Service:
                           f"options.time_limit_s is {limit}; this service allows at most "
                           f"{self.settings.max_solver_seconds}")
         kwargs = model.model_dump(exclude={"time_limit_s", "kinds"})
+        kwargs["device_overrides"] = model.device_overrides.model_dump(exclude_none=True)
         if model.kinds is not None:
             kwargs["kinds"] = tuple(model.kinds)
         return PlanOptions(time_limit_s=limit, **kwargs)
@@ -109,6 +111,10 @@ class Service:
         async with self.plan_slots:
             plan = await run_in_threadpool(make_plan, fusion, metas, options)
         data = plan.to_json()
+        where = non_finite(data)
+        if where is not None:  # never store or send a plan that is not JSON
+            raise Problem(422, "cannot plan", f"the plan's {where} is not a finite number; "
+                                              f"check the options and input metadata")
         request = {"definition": fusion_to_json(fusion), "inputs": metas_json}
         stored = self.store.put(data, request, request_key)
         self._hold(plan)
@@ -179,6 +185,19 @@ class Service:
             raise Problem(500, "execution failed", f"{kind}: {response['message']}")
         metrics.record_execution(response)
         return response
+
+
+def non_finite(value: Any, path: str = "plan") -> str | None:
+    """The path of the first NaN or infinity in a JSON-like value, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    items = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        where = non_finite(item, f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]")
+        if where is not None:
+            return where
+    return None
 
 
 def check_names(fusion: Fusion, tensors: dict[str, Any]) -> None:

@@ -98,14 +98,15 @@ class PlanStore:
     def put(self, plan: dict[str, Any], request: dict[str, Any],
             request_key: str | None = None) -> StoredPlan:
         stored = StoredPlan(plan["plan_id"], plan["segmenter"],
-                            json.dumps(plan, separators=(",", ":")).encode())
+                            json.dumps(plan, separators=(",", ":"), allow_nan=False).encode())
         with self._lock:
             with self._db:  # one transaction
                 self._db.execute(
                     "INSERT OR IGNORE INTO plans(plan_id, fusion_id, segmenter, created, request, "
                     "plan) VALUES (?, ?, ?, ?, ?, ?)",
                     (stored.plan_id, plan["fusion_id"], stored.segmenter, time.time(),
-                     json.dumps(request, separators=(",", ":")), stored.body.decode()))
+                     json.dumps(request, separators=(",", ":"), allow_nan=False),
+                     stored.body.decode()))
             self._remember(self._memory, stored.plan_id, stored)
         if request_key:
             self.link(request_key, stored.plan_id)

@@ -20,6 +20,7 @@ import uvicorn
 from service.app import create_app
 from service.settings import Settings
 from tests.server import Server, free_port
+from tests.test_service import SMALL, assert_problem, small_metas
 
 INT64_MAX = 2**63 - 1
 
@@ -116,3 +117,46 @@ def test_an_unexpected_error_is_a_problem_500_with_a_request_id(tmp_path, caplog
         assert response.status == 200 and json.loads(response.read()) == {"status": "ok"}
         assert response.getheader("x-request-id") == "client-chosen.1"
         conn.close()
+
+
+# ---- defect 3: finite numbers only ----------------------------------------------------------
+
+def plan_raw(http, options: str) -> httpx.Response:
+    """A plan request with ``options`` spliced in as raw JSON text (NaN and Infinity are not
+    JSON, so json.dumps would refuse or rewrite them)."""
+    head = json.dumps({"definition": SMALL, "inputs": small_metas()})[:-1]
+    return http.post("/v1/plan", content=f'{head}, "options": {options}}}'.encode(),
+                     headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize("options, field", [
+    ('{"device_overrides": {"compute_rate": NaN}}', "device_overrides.compute_rate"),
+    ('{"device_overrides": {"compute_rate": Infinity}}', "device_overrides.compute_rate"),
+    ('{"device_overrides": {"bandwidth": 1e-300}}', "device_overrides.bandwidth"),
+    ('{"device_overrides": {"bandwidth": -Infinity}}', "device_overrides.bandwidth"),
+    ('{"device_overrides": {"sm_count": 1e300}}', "device_overrides.sm_count"),
+    ('{"device_overrides": {"arch": "sm_90; rm -rf"}}', "device_overrides.arch"),
+    ('{"device_overrides": {"warp_size": 64}}', "device_overrides.warp_size"),
+    ('{"launch_weight": Infinity}', "launch_weight"),
+    ('{"compute_weight": NaN}', "compute_weight"),
+    ('{"launch_weight": 1e300}', "launch_weight"),
+    ('{"time_limit_s": NaN}', "time_limit_s"),
+    ('{"seed": 1180591620717411303424}', "seed"),
+])
+def test_non_finite_or_absurd_options_are_a_422_naming_the_field(http, options, field):
+    assert_problem(plan_raw(http, options), 422, field)
+
+
+def test_nan_and_infinity_never_share_a_plan_and_plans_are_strict_json(http):
+    statuses = {plan_raw(http, f'{{"compute_weight": {v}}}').status_code
+                for v in ("NaN", "Infinity")}
+    assert statuses == {422}
+    good = plan_raw(http, '{"device_overrides": {"bandwidth": 2e12, "compute_rate": 3e13}}')
+    assert good.status_code == 200, good.text
+
+    def refuse(token):
+        raise AssertionError(f"bare {token} in the plan JSON")
+
+    plan = json.loads(good.text, parse_constant=refuse)
+    other = plan_raw(http, '{"device_overrides": {"bandwidth": 3e12, "compute_rate": 3e13}}')
+    assert other.status_code == 200 and other.json()["plan_id"] != plan["plan_id"]
