@@ -17,7 +17,7 @@ import torch
 from starlette.concurrency import run_in_threadpool
 
 from optimizer.ir.fusion import Fusion
-from optimizer.ir.inputs import InputMeta, ScalarMeta
+from optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta
 from optimizer.ir.nvtext import parse_text
 from optimizer.ir.wire import (
     FusionJSON,
@@ -40,6 +40,7 @@ from service.problems import Problem
 from service.settings import Settings
 from service.store import PlanStore, StoredPlan
 
+INT64_MAX = 2**63 - 1
 HELD_PLANS = 64  # Plan objects kept in memory for executions
 PARSED_TEXTS = 256  # parsed definition texts kept: a client that repeats one skips the parser
 
@@ -99,6 +100,7 @@ class Service:
     async def plan(self, fusion: Fusion, metas: list[InputMeta], options: PlanOptions,
                    request_key: str | None = None) -> tuple[StoredPlan, str]:
         """(the stored plan, "hit" or "miss"); a miss solves and stores the plan."""
+        check_sizes(fusion, metas, self.settings.max_plan_tensor_bytes)
         profile = get_profile(options.device, options.device_overrides)
         metas_json = [meta_to_json(m) for m in metas]
         pid = plan_key(fusion_id(fusion), metas_json, options.to_json(), profile.to_json())
@@ -111,6 +113,11 @@ class Service:
         async with self.plan_slots:
             plan = await run_in_threadpool(make_plan, fusion, metas, options)
         data = plan.to_json()
+        too_big = [k for k, v in data["totals"].items()
+                   if isinstance(v, (int, float)) and v > INT64_MAX]
+        if too_big:  # sizes made inside the definition (broadcast_in_dim to fixed shapes)
+            raise Problem(422, "sizes too large", f"the plan's totals.{too_big[0]} is over "
+                                                  f"2**63 - 1; reduce the definition's shapes")
         where = non_finite(data)
         if where is not None:  # never store or send a plan that is not JSON
             raise Problem(422, "cannot plan", f"the plan's {where} is not a finite number; "
@@ -185,6 +192,35 @@ class Service:
             raise Problem(500, "execution failed", f"{kind}: {response['message']}")
         metrics.record_execution(response)
         return response
+
+
+def check_sizes(fusion: Fusion, metas: list[InputMeta], limit: int) -> None:
+    """Refuse tensor inputs whose logical size, in elements or bytes, leaves int64 or passes
+    ``limit`` bytes, or whose strides reach past int64: naming the input and axis."""
+    for name, meta in zip(fusion.inputs, metas):
+        if not isinstance(meta, TensorMeta):
+            continue
+        numel, offset = 1, 0
+        for axis, (extent, stride) in enumerate(zip(meta.shape, meta.strides)):
+            numel *= extent
+            offset += max(extent - 1, 0) * stride
+            where = f"input {name} (shape {shape_text(meta.shape)}), axis {axis}"
+            if numel > INT64_MAX or offset > INT64_MAX:
+                raise Problem(422, "sizes too large", f"{where}: the extents or strides so "
+                                                      f"far pass 2**63 - 1 elements")
+            if numel * meta.dtype.itemsize > limit:
+                raise Problem(422, "sizes too large",
+                              f"{where}: {numel * meta.dtype.itemsize} bytes so far, over this "
+                              f"service's limit of {limit} bytes per input")
+        if (offset + 1) * meta.dtype.itemsize > INT64_MAX:
+            raise Problem(422, "sizes too large", f"input {name}: its strides reach past "
+                                                  f"2**63 - 1 bytes")
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    """A shape for a message, its long extents as powers of two where they are."""
+    return "[" + ", ".join(f"2**{e.bit_length() - 1}" if e > 2**32 and e & (e - 1) == 0
+                           else str(e) for e in shape) + "]"
 
 
 def non_finite(value: Any, path: str = "plan") -> str | None:

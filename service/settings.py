@@ -18,6 +18,7 @@ class Settings:
     max_body_bytes: int = 256 * 1024 * 1024
     max_ops: int = 20_000
     max_tensor_bytes: int = 2 * 1024**3  # per execute request, inputs together
+    max_plan_tensor_bytes: int = 2**40  # per input of a plan, its logical extent (1 TiB)
     max_solver_seconds: float = 60.0
     default_time_limit_s: float = 5.0
     max_concurrent_executions: int = 2

@@ -160,3 +160,28 @@ def test_nan_and_infinity_never_share_a_plan_and_plans_are_strict_json(http):
     plan = json.loads(good.text, parse_constant=refuse)
     other = plan_raw(http, '{"device_overrides": {"bandwidth": 3e12, "compute_rate": 3e13}}')
     assert other.status_code == 200 and other.json()["plan_id"] != plan["plan_id"]
+
+
+# ---- defect 8: impossible sizes -------------------------------------------------------------
+
+def planned_bytes(http) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(http.get("/metrics").text)
+               if f.name == "fusecut_planned_io_bytes" for s in f.samples)
+
+
+@pytest.mark.parametrize("t0, mentions", [
+    ({"shape": [2**62, 2**62], "dtype": "float16"}, ["T0", "axis 0", "2**63 - 1"]),
+    ({"shape": [2**70, 10], "dtype": "float16"}, ["T0", "axis 0", "2**63 - 1"]),
+    ({"shape": [2**20, 2**21], "dtype": "float16"}, ["T0", "axis 1", "limit"]),
+    ({"shape": [6, 10], "strides": [2**62, 2**62], "dtype": "float16"}, ["T0", "2**63 - 1"]),
+])
+def test_impossible_sizes_are_a_422_naming_input_and_axis(http, t0, mentions):
+    before = planned_bytes(http)
+    response = http.post("/v1/plan", json={"definition": SMALL,
+                                           "inputs": [t0, *small_metas()[1:]]})
+    assert_problem(response, 422, *mentions)
+    assert planned_bytes(http) == before  # nothing absurd reached the metrics
+    fine = http.post("/v1/plan", json={"definition": SMALL, "inputs": small_metas(1024, 4096)})
+    assert fine.status_code == 200 and 0 < planned_bytes(http) < 1e12
