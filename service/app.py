@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 
-from optimizer.ir.wire import FusionJSON, meta_from_json
+from optimizer.ir.wire import FusionJSON
 from optimizer.plan.plan import Plan
 from runtime.tensor_wire import dump_safetensors, from_json, load_safetensors, to_json
 from service import metrics, problems
@@ -39,20 +40,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        service.worker.start()
+        await service.start()
         # Everything imported so far (torch, OR-Tools, pydantic models) lives as long as the
         # process: keep it out of the collector's full passes, which would stall requests.
         gc.collect()
         gc.freeze()
         yield
-        service.worker.stop()
-        service.store.close()
+        service.stop()
 
     app = FastAPI(title="fusecut", version="0.1.0", lifespan=lifespan,
                   summary="Segmentation and rematerialization optimizer for GPU fusions")
     app.state.service = service
     problems.install(app)
-    app.add_middleware(problems.BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(problems.BodyLimit, limit=settings.max_body_bytes,
+                       per_path={"/v1/plan": min(settings.max_plan_body_bytes,
+                                                    settings.max_body_bytes)})
     app.add_middleware(problems.RequestIds)  # outside BodyLimit: its 413s carry an id too
 
     app.add_middleware(metrics.CountRequests)
@@ -72,33 +74,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.post("/v1/plan", summary="Plan a fusion (no tensors)", openapi_extra={
         "requestBody": plan_body}, responses={200: {"description": "the Plan JSON"}})
     async def post_plan(request: Request) -> Response:
-        # A repeated request is answered from the hash of its bytes, before any parsing; an
-        # equivalent one (other spacing or key order) from the hash of its validated form.
+        # A repeated request is answered from the hash of its bytes (hashlib lets go of the
+        # GIL); anything else is validated, parsed and planned in a planner process, so a huge
+        # or hostile body stalls no other request.
         raw = await request.body()
-        raw_key = "raw:" + hashlib.sha256(raw).hexdigest()
+        raw_key = "raw:" + await run_in_threadpool(lambda: hashlib.sha256(raw).hexdigest())
         cached = service.store.by_request(raw_key)
+        outcome = "hit"
         if cached is None:
-            body = parse_model(PlanRequest, raw)
-            request_key = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
-            cached = service.store.by_request(request_key)
-            if cached is not None:
-                service.store.link(raw_key, cached.plan_id)
-        if cached is not None:
-            metrics.PLANS.labels(cached.segmenter, "hit").inc()
-            return Response(cached.body, media_type=JSON, headers={"X-Fusecut-Cache": "hit"})
-        fusion, text_inputs = service.parse(body.definition)
-        if body.inputs is not None:
-            metas = [meta_from_json(m) for m in body.inputs]
-        elif text_inputs is not None:
-            metas = text_inputs
+            cached, outcome = await service.plan_request(raw)
+            service.store.link(raw_key, cached.plan_id)
         else:
-            raise Problem(422, "no input metadata",
-                          "pass `inputs` (shape, dtype, strides per fusion input) or a "
-                          "definition text with an `inputs = [...]` list")
-        stored, outcome = await service.plan(fusion, metas, service.options(body.options),
-                                             request_key)
-        service.store.link(raw_key, stored.plan_id)
-        return Response(stored.body, media_type=JSON, headers={"X-Fusecut-Cache": outcome})
+            metrics.PLANS.labels(cached.segmenter, "hit").inc()
+        return Response(cached.body, media_type=JSON, headers={"X-Fusecut-Cache": outcome})
 
     @app.get("/v1/plans/{plan_id}", summary="A plan made before")
     async def get_plan(plan_id: str) -> Response:

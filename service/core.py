@@ -9,15 +9,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import math
 from collections import OrderedDict
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import torch
 from starlette.concurrency import run_in_threadpool
 
 from optimizer.ir.fusion import Fusion
-from optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta
+from optimizer.ir.inputs import InputMeta, ScalarMeta
 from optimizer.ir.nvtext import parse_text
 from optimizer.ir.wire import (
     FusionJSON,
@@ -36,11 +36,21 @@ from runtime.tensors import meta_of
 from runtime.worker import Worker, WorkerCrashed, WorkerTimeout, WorkerUnavailable
 from service import metrics
 from service.models import PlanOptionsModel
+from service.planning import (
+    Refusal,
+    check_plan_numbers,
+    check_sizes,
+    parse_definition,
+    plan_body,
+    plan_options,
+    plan_summary,
+    start_planners,
+    warm_up,
+)
 from service.problems import Problem
 from service.settings import Settings
 from service.store import PlanStore, StoredPlan
 
-INT64_MAX = 2**63 - 1
 HELD_PLANS = 64  # Plan objects kept in memory for executions
 PARSED_TEXTS = 256  # parsed definition texts kept: a client that repeats one skips the parser
 
@@ -54,6 +64,17 @@ class Service:
         self.parsed: OrderedDict[str, tuple[Fusion, list[InputMeta] | None]] = OrderedDict()
         self.plan_slots = asyncio.Semaphore(settings.max_concurrent_plans)
         self.exec_slots = asyncio.Semaphore(settings.max_concurrent_executions)
+        self.planners = start_planners(settings)
+
+    async def start(self) -> None:
+        """Start the worker, and one planner process (imports take a second)."""
+        self.worker.start()
+        await asyncio.get_running_loop().run_in_executor(self.planners, warm_up)
+
+    def stop(self) -> None:
+        self.planners.shutdown(wait=False, cancel_futures=True)
+        self.worker.stop()
+        self.store.close()
 
     # ---- definitions ---------------------------------------------------------------------------
 
@@ -70,23 +91,10 @@ class Service:
                     self.parsed.popitem(last=False)
             self.parsed.move_to_end(key)
             return known
-        if len(definition.ops) > limit:
-            raise Problem(413, "definition too large",
-                          f"the definition has {len(definition.ops)} ops; the limit is {limit}")
-        return fusion_from_json(definition, limit), None
+        return parse_definition(definition, limit)
 
     def options(self, model: PlanOptionsModel) -> PlanOptions:
-        limit = model.time_limit_s if model.time_limit_s is not None else \
-            self.settings.default_time_limit_s
-        if limit > self.settings.max_solver_seconds:
-            raise Problem(422, "solver time limit too long",
-                          f"options.time_limit_s is {limit}; this service allows at most "
-                          f"{self.settings.max_solver_seconds}")
-        kwargs = model.model_dump(exclude={"time_limit_s", "kinds"})
-        kwargs["device_overrides"] = model.device_overrides.model_dump(exclude_none=True)
-        if model.kinds is not None:
-            kwargs["kinds"] = tuple(model.kinds)
-        return PlanOptions(time_limit_s=limit, **kwargs)
+        return plan_options(model, self.settings)
 
     # ---- plans ---------------------------------------------------------------------------------
 
@@ -113,19 +121,36 @@ class Service:
         async with self.plan_slots:
             plan = await run_in_threadpool(make_plan, fusion, metas, options)
         data = plan.to_json()
-        too_big = [k for k, v in data["totals"].items()
-                   if isinstance(v, (int, float)) and v > INT64_MAX]
-        if too_big:  # sizes made inside the definition (broadcast_in_dim to fixed shapes)
-            raise Problem(422, "sizes too large", f"the plan's totals.{too_big[0]} is over "
-                                                  f"2**63 - 1; reduce the definition's shapes")
-        where = non_finite(data)
-        if where is not None:  # never store or send a plan that is not JSON
-            raise Problem(422, "cannot plan", f"the plan's {where} is not a finite number; "
-                                              f"check the options and input metadata")
+        check_plan_numbers(data)
         request = {"definition": fusion_to_json(fusion), "inputs": metas_json}
         stored = self.store.put(data, request, request_key)
         self._hold(plan)
-        metrics.record_plan(data, "miss")
+        metrics.record_plan(plan_summary(data), "miss")
+        return stored, "miss"
+
+    async def plan_request(self, raw: bytes) -> tuple[StoredPlan, str]:
+        """POST /v1/plan's body planned in a planner process: (the stored plan, "hit"/"miss")."""
+        async with self.plan_slots:
+            try:
+                result = await asyncio.get_running_loop().run_in_executor(
+                    self.planners, plan_body, raw, self.settings)
+            except BrokenProcessPool:  # a planner died (out of memory?): start new ones
+                self.planners = start_planners(self.settings)
+                raise Problem(503, "planner crashed", "the planner process died on this "
+                                                      "request; it has been restarted") from None
+        if isinstance(result, Refusal):
+            raise Problem(result.status, result.title, result.detail, **result.extra)
+        if result.cache == "hit":
+            stored = self.store.get(result.plan_id)
+            if stored is not None:
+                self.store.link(result.request_key, stored.plan_id)
+                metrics.PLANS.labels(stored.segmenter, "hit").inc()
+                return stored, "hit"
+            raise Problem(503, "plan store changed", "the stored plan went away; try again")
+        stored = await run_in_threadpool(self.store.put_bytes, result.plan_id, result.fusion_id,
+                                         result.segmenter, result.body, result.request,
+                                         result.request_key)
+        metrics.record_plan(result.metrics, "miss")
         return stored, "miss"
 
     async def plan_object(self, plan_id: str) -> Plan:
@@ -192,48 +217,6 @@ class Service:
             raise Problem(500, "execution failed", f"{kind}: {response['message']}")
         metrics.record_execution(response)
         return response
-
-
-def check_sizes(fusion: Fusion, metas: list[InputMeta], limit: int) -> None:
-    """Refuse tensor inputs whose logical size, in elements or bytes, leaves int64 or passes
-    ``limit`` bytes, or whose strides reach past int64: naming the input and axis."""
-    for name, meta in zip(fusion.inputs, metas):
-        if not isinstance(meta, TensorMeta):
-            continue
-        numel, offset = 1, 0
-        for axis, (extent, stride) in enumerate(zip(meta.shape, meta.strides)):
-            numel *= extent
-            offset += max(extent - 1, 0) * stride
-            where = f"input {name} (shape {shape_text(meta.shape)}), axis {axis}"
-            if numel > INT64_MAX or offset > INT64_MAX:
-                raise Problem(422, "sizes too large", f"{where}: the extents or strides so "
-                                                      f"far pass 2**63 - 1 elements")
-            if numel * meta.dtype.itemsize > limit:
-                raise Problem(422, "sizes too large",
-                              f"{where}: {numel * meta.dtype.itemsize} bytes so far, over this "
-                              f"service's limit of {limit} bytes per input")
-        if (offset + 1) * meta.dtype.itemsize > INT64_MAX:
-            raise Problem(422, "sizes too large", f"input {name}: its strides reach past "
-                                                  f"2**63 - 1 bytes")
-
-
-def shape_text(shape: tuple[int, ...]) -> str:
-    """A shape for a message, its long extents as powers of two where they are."""
-    return "[" + ", ".join(f"2**{e.bit_length() - 1}" if e > 2**32 and e & (e - 1) == 0
-                           else str(e) for e in shape) + "]"
-
-
-def non_finite(value: Any, path: str = "plan") -> str | None:
-    """The path of the first NaN or infinity in a JSON-like value, or None."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else path
-    items = value.items() if isinstance(value, dict) else \
-        enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        where = non_finite(item, f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]")
-        if where is not None:
-            return where
-    return None
 
 
 def check_names(fusion: Fusion, tensors: dict[str, Any]) -> None:

@@ -76,17 +76,19 @@ def install(app: FastAPI) -> None:
 
 
 class BodyLimit:
-    """Pure ASGI middleware: refuse bodies over ``limit`` bytes, by header or as they stream."""
+    """Pure ASGI middleware: refuse bodies over ``limit`` bytes (or the path's own limit), by
+    the Content-Length header before reading, or as they stream."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, per_path: dict[str, int] | None = None):
+        self.app, self.default, self.per_path = app, limit, per_path or {}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        detail = f"the body is over the limit of {self.limit} bytes"
+        limit = self.per_path.get(scope.get("path", ""), self.default)
+        detail = f"the body is over the limit of {limit} bytes"
         length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
+        if length is not None and length.isdigit() and int(length) > limit:
             return await problem_response(413, "request too large", detail,
                                           scope.get("path"))(scope, receive, send)
         seen = 0
@@ -98,7 +100,7 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit and not refused:
+                if seen > limit and not refused:
                     refused = True
                     if not started:
                         await problem_response(413, "request too large", detail,

@@ -185,3 +185,53 @@ def test_impossible_sizes_are_a_422_naming_input_and_axis(http, t0, mentions):
     assert planned_bytes(http) == before  # nothing absurd reached the metrics
     fine = http.post("/v1/plan", json={"definition": SMALL, "inputs": small_metas(1024, 4096)})
     assert fine.status_code == 200 and 0 < planned_bytes(http) < 1e12
+
+
+# ---- defect 1: one request stalls everyone ---------------------------------------------------
+
+def chain_text(n: int) -> str:
+    body = "".join(f"    T{i + 1} = fd.ops.neg(T{i})\n" for i in range(n))
+    return ("def chain(fd):\n"
+            "    T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+            f"{body}    fd.add_output(T{n})\n")
+
+
+def healthz_latencies_during(url: str, request) -> tuple[list[float], object]:
+    """Poll /healthz every 20 ms while ``request()`` runs in a thread: (latencies, its result)."""
+    result: dict[str, object] = {}
+    worker = threading.Thread(target=lambda: result.setdefault("r", request()))
+    latencies = []
+    with httpx.Client(base_url=url, timeout=30) as poller:
+        assert poller.get("/healthz").status_code == 200  # connection open before the load
+        worker.start()
+        while worker.is_alive():
+            start = time.perf_counter()
+            assert poller.get("/healthz").status_code == 200
+            latencies.append(time.perf_counter() - start)
+            time.sleep(0.02)
+    worker.join()
+    return latencies, result.get("r")
+
+
+def test_big_bodies_and_definitions_stall_no_other_request(server):
+    post = lambda content: httpx.post(f"{server.url}/v1/plan", content=content,  # noqa: E731
+                                      headers={"content-type": "application/json"}, timeout=120)
+    entry = json.dumps({"shape": [4, 4], "dtype": "float32"})
+    cases = {
+        # 57 MB: refused by its Content-Length, before a byte of it is parsed
+        "57 MB of inputs entries": (1_600_000, 413, "limit"),
+        # under the plan body limit: parsed (seconds of work) in a planner process
+        "15 MB of inputs entries": (420_000, 422, "inputs"),
+    }
+    for name, (n, status, mention) in cases.items():
+        raw = (f'{{"definition": {json.dumps(chain_text(1))}, "inputs": ['
+               + ", ".join([entry] * n) + "]}").encode()
+        latencies, response = healthz_latencies_during(server.url, lambda raw=raw: post(raw))
+        assert_problem(response, status, mention)
+        assert len(latencies) >= 3 and max(latencies) < 0.1, (name, max(latencies))
+    # 20,000 ops: parsed and bound in a planner process (the inputs do not fit: rank 2 for 1)
+    big = json.dumps({"definition": chain_text(20_000),
+                      "inputs": [{"shape": [4, 4], "dtype": "float32"}]}).encode()
+    latencies, response = healthz_latencies_during(server.url, lambda: post(big))
+    assert_problem(response, 422, "T0")
+    assert len(latencies) >= 10 and max(latencies) < 0.1, max(latencies)
