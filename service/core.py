@@ -66,10 +66,10 @@ class Service:
         self.exec_slots = asyncio.Semaphore(settings.max_concurrent_executions)
         self.planners = start_planners(settings)
 
-    async def start(self) -> None:
-        """Start the worker, and one planner process (imports take a second)."""
+    def start(self) -> None:
+        """Start the worker, and (without waiting for it) one planner process."""
         self.worker.start()
-        await asyncio.get_running_loop().run_in_executor(self.planners, warm_up)
+        self.planners.submit(warm_up)
 
     def stop(self) -> None:
         self.planners.shutdown(wait=False, cancel_futures=True)

@@ -35,12 +35,12 @@ class Problem(Exception):
 
 
 def problem_response(status: int, title: str, detail: str, instance: str | None = None,
-                     **extra: Any) -> JSONResponse:
+                     headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
     body = {"type": "about:blank", "title": title, "status": status, "detail": detail}
     if instance:
         body["instance"] = instance
     body.update(extra)
-    return JSONResponse(body, status_code=status, media_type=PROBLEM)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
 def validation_problem(errors: list[dict[str, Any]]) -> Problem:
@@ -48,8 +48,10 @@ def validation_problem(errors: list[dict[str, Any]]) -> Problem:
     listed = [{"loc": [str(x) for x in err.get("loc", ())], "msg": err.get("msg", "")}
               for err in errors][:20]
     first = listed[0] if listed else {"loc": [], "msg": "invalid body"}
-    where = ".".join(x for x in first["loc"] if x != "body") or "body"
-    return Problem(422, "invalid request", f"{where}: {first['msg']}", errors=listed)
+    where = ".".join(x for x in first["loc"] if x not in ("body", "path")) or "body"
+    given = errors[0].get("input") if errors else None
+    got = f" (got {given[:40]!r})" if isinstance(given, str) else ""
+    return Problem(422, "invalid request", f"{where}: {first['msg']}{got}", errors=listed)
 
 
 def install(app: FastAPI) -> None:
@@ -71,7 +73,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, e: StarletteHTTPException):
-        return problem_response(e.status_code, str(e.detail), str(e.detail), request.url.path)
+        # keep the exception's headers: a 405 carries Allow
+        return problem_response(e.status_code, str(e.detail), str(e.detail), request.url.path,
+                                headers=getattr(e, "headers", None))
 
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from http.client import HTTPConnection
@@ -235,3 +236,43 @@ def test_big_bodies_and_definitions_stall_no_other_request(server):
     latencies, response = healthz_latencies_during(server.url, lambda: post(big))
     assert_problem(response, 422, "T0")
     assert len(latencies) >= 10 and max(latencies) < 0.1, max(latencies)
+
+
+# ---- defect 5: the OpenAPI document and /docs ------------------------------------------------
+
+def test_openapi_is_complete_and_valid(http):
+    from openapi_spec_validator import validate
+
+    doc = http.get("/openapi.json").json()
+    validate(doc)  # every $ref resolves, the document is OpenAPI 3.1
+    schemas = doc["components"]["schemas"]
+    for name in ("FusionJSON", "PlanOptionsModel", "JSONTensor", "InputMetaJSON", "TensorDecl",
+                 "OpDecl", "ScalarDecl", "StreamAxis", "DType", "ProblemDetails"):
+        assert name in schemas, name
+    for route, statuses in (("/v1/plan", (413, 415, 422, 500, 503)),
+                            ("/v1/execute", (401, 404, 413, 415, 422, 500, 503, 504))):
+        responses = doc["paths"][route]["post"]["responses"]
+        for status in statuses:
+            assert "application/problem+json" in responses[str(status)]["content"], (route,
+                                                                                   status)
+    metrics = doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert list(metrics) == ["text/plain"]
+
+
+def test_docs_are_served_without_the_network(http):
+    page = http.get("/docs")
+    assert page.status_code == 200
+    assets = [a for a in re.findall(r'(?:src|href)="([^"]+)"', page.text)]
+    assert assets and not [a for a in assets if "//" in a], assets  # nothing off this host
+    for asset in assets:
+        response = http.get(asset)
+        assert response.status_code == 200 and len(response.content) > 500, asset
+    assert http.get("/redoc").status_code == 404  # it would load from a CDN
+
+
+def test_unsupported_methods_are_405_with_allow(http):
+    for method, route, allowed in (("TRACE", "/v1/plan", "POST"), ("DELETE", "/healthz", "GET"),
+                                   ("PUT", "/v1/execute", "POST")):
+        response = http.request(method, route)
+        assert_problem(response, 405)
+        assert allowed in response.headers["allow"], (method, route)
