@@ -45,10 +45,16 @@ def from_json(item: dict[str, Any], max_elements: int) -> torch.Tensor:
             raise InputError(f"tensor {name}: expected numbers, got a bool")
         if not isinstance(v, (int, float, bool)):
             raise InputError(f"tensor {name}: data must hold numbers, got {v!r}")
+    if not dtype.is_floating_point and dtype is not torch.bool:
+        info = torch.iinfo(dtype)
+        for v in data:
+            if isinstance(v, int) and not info.min <= v <= info.max:
+                raise InputError(f"tensor {name}: {v} is out of the range of {NAMES[dtype]} "
+                                 f"[{info.min}, {info.max}]")
     try:
         base = torch.tensor(data, dtype=torch.float64 if dtype.is_floating_point else None)
         return base.to(dtype).reshape(shape)
-    except (RuntimeError, OverflowError, TypeError) as e:
+    except (RuntimeError, OverflowError, TypeError, ValueError) as e:
         raise InputError(f"tensor {name}: {e}") from None
 
 

@@ -14,14 +14,15 @@ import json
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi import Depends, FastAPI, Path, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 
-from optimizer.ir.wire import FusionJSON, meta_from_json
+from optimizer.ir.wire import FusionJSON
 from optimizer.plan.plan import Plan
 from runtime.tensor_wire import dump_safetensors, from_json, load_safetensors, to_json
-from service import metrics, problems
+from service import metrics, openapi, problems
 from service.core import Service
 from service.dashboard import render
 from service.models import ExecuteRequest, PlanOptionsModel, PlanRequest
@@ -39,20 +40,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        service.worker.start()
+        service.start()
         # Everything imported so far (torch, OR-Tools, pydantic models) lives as long as the
         # process: keep it out of the collector's full passes, which would stall requests.
         gc.collect()
         gc.freeze()
         yield
-        service.worker.stop()
-        service.store.close()
+        service.stop()
 
-    app = FastAPI(title="fusecut", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="fusecut", version="0.1.0", lifespan=lifespan, docs_url=None,
+                  redoc_url=None,
                   summary="Segmentation and rematerialization optimizer for GPU fusions")
+    openapi.install(app)
     app.state.service = service
     problems.install(app)
-    app.add_middleware(problems.BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(problems.BodyLimit, limit=settings.max_body_bytes,
+                       per_path={"/v1/plan": min(settings.max_plan_body_bytes,
+                                                    settings.max_body_bytes)})
+    app.add_middleware(problems.RequestIds)  # outside BodyLimit: its 413s carry an id too
 
     app.add_middleware(metrics.CountRequests)
 
@@ -65,44 +70,33 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # ---- planning ------------------------------------------------------------------------------
 
-    plan_body = {"required": True, "content": {JSON: {"schema": PlanRequest.model_json_schema(
-        ref_template="#/components/schemas/{model}")}}}
+    plan_body = {"required": True, "content": {JSON: {"schema": openapi.schema_of(PlanRequest)}}}
 
     @app.post("/v1/plan", summary="Plan a fusion (no tensors)", openapi_extra={
-        "requestBody": plan_body}, responses={200: {"description": "the Plan JSON"}})
+        "requestBody": plan_body}, responses={
+                  200: {"description": "the Plan JSON", "content": {JSON: {"schema": {
+                      "type": "object"}}}},
+                  **openapi.problems(400, 413, 415, 422, 500, 503)})
     async def post_plan(request: Request) -> Response:
-        # A repeated request is answered from the hash of its bytes, before any parsing; an
-        # equivalent one (other spacing or key order) from the hash of its validated form.
+        # A repeated request is answered from the hash of its bytes (hashlib lets go of the
+        # GIL); anything else is validated, parsed and planned in a planner process, so a huge
+        # or hostile body stalls no other request.
         raw = await request.body()
-        raw_key = "raw:" + hashlib.sha256(raw).hexdigest()
+        raw_key = "raw:" + await run_in_threadpool(lambda: hashlib.sha256(raw).hexdigest())
         cached = service.store.by_request(raw_key)
+        outcome = "hit"
         if cached is None:
-            body = parse_model(PlanRequest, raw)
-            request_key = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
-            cached = service.store.by_request(request_key)
-            if cached is not None:
-                service.store.link(raw_key, cached.plan_id)
-        if cached is not None:
-            metrics.PLANS.labels(cached.segmenter, "hit").inc()
-            return Response(cached.body, media_type=JSON, headers={"X-Fusecut-Cache": "hit"})
-        fusion, text_inputs = service.parse(body.definition)
-        if body.inputs is not None:
-            metas = [meta_from_json(m) for m in body.inputs]
-        elif text_inputs is not None:
-            metas = text_inputs
+            cached, outcome = await service.plan_request(raw)
+            service.store.link(raw_key, cached.plan_id)
         else:
-            raise Problem(422, "no input metadata",
-                          "pass `inputs` (shape, dtype, strides per fusion input) or a "
-                          "definition text with an `inputs = [...]` list")
-        stored, outcome = await service.plan(fusion, metas, service.options(body.options),
-                                             request_key)
-        service.store.link(raw_key, stored.plan_id)
-        return Response(stored.body, media_type=JSON, headers={"X-Fusecut-Cache": outcome})
+            metrics.PLANS.labels(cached.segmenter, "hit").inc()
+        return Response(cached.body, media_type=JSON, headers={"X-Fusecut-Cache": outcome})
 
-    @app.get("/v1/plans/{plan_id}", summary="A plan made before")
-    async def get_plan(plan_id: str) -> Response:
-        if len(plan_id) > 128 or not plan_id.isalnum():
-            raise Problem(422, "invalid plan id", f"{plan_id[:40]!r} is not a plan id")
+    @app.get("/v1/plans/{plan_id}", summary="A plan made before", responses={
+        200: {"description": "the Plan JSON", "content": {JSON: {"schema": {"type": "object"}}}},
+        **openapi.problems(404, 422, 500)})
+    async def get_plan(plan_id: str = Path(pattern=r"^[0-9a-f]{32}$",
+                                           description="a plan id: 32 hex digits")) -> Response:
         stored = service.store.get(plan_id)
         if stored is None:
             raise Problem(404, "unknown plan", f"no plan has id {plan_id!r}")
@@ -122,15 +116,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return await service.plan_for_tensors(definition, options, tensors)
 
     execute_body = {"required": True, "content": {
-        JSON: {"schema": ExecuteRequest.model_json_schema(
-            ref_template="#/components/schemas/{model}")},
+        JSON: {"schema": openapi.schema_of(ExecuteRequest)},
         "multipart/form-data": {"schema": {"type": "object", "properties": {
             "definition": {"type": "string"}, "plan_id": {"type": "string"},
             "options": {"type": "string"}, "tensors": {"type": "string", "format": "binary"}}}},
         SAFETENSORS: {"schema": {"type": "string", "format": "binary"}}}}
 
     @app.post("/v1/execute", summary="Run a fusion on tensors", dependencies=[Depends(authorize)],
-              openapi_extra={"requestBody": execute_body})
+              openapi_extra={"requestBody": execute_body}, responses={
+                  200: {"description": "the outputs: KServe-v2 JSON for a JSON request, "
+                                       "safetensors otherwise",
+                        "content": {JSON: {"schema": {"type": "object"}},
+                                    SAFETENSORS: {"schema": {"type": "string",
+                                                             "format": "binary"}}}},
+                  **openapi.problems(400, 401, 404, 413, 415, 422, 500, 503, 504)})
     async def post_execute(request: Request) -> Response:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type == JSON:
@@ -189,7 +188,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # ---- operations ----------------------------------------------------------------------------
 
-    @app.get("/metrics", summary="Prometheus metrics")
+    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse,
+             responses={200: {"description": "Prometheus text format", "content": {
+                 "text/plain": {"schema": {"type": "string"}}}}})
     async def get_metrics() -> Response:
         metrics.WORKER_UP.set(1 if service.worker.ready else 0)
         content, media_type = metrics.exposition()

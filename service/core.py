@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import json
 from collections import OrderedDict
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import torch
@@ -35,6 +36,17 @@ from runtime.tensors import meta_of
 from runtime.worker import Worker, WorkerCrashed, WorkerTimeout, WorkerUnavailable
 from service import metrics
 from service.models import PlanOptionsModel
+from service.planning import (
+    Refusal,
+    check_plan_numbers,
+    check_sizes,
+    parse_definition,
+    plan_body,
+    plan_options,
+    plan_summary,
+    start_planners,
+    warm_up,
+)
 from service.problems import Problem
 from service.settings import Settings
 from service.store import PlanStore, StoredPlan
@@ -52,6 +64,17 @@ class Service:
         self.parsed: OrderedDict[str, tuple[Fusion, list[InputMeta] | None]] = OrderedDict()
         self.plan_slots = asyncio.Semaphore(settings.max_concurrent_plans)
         self.exec_slots = asyncio.Semaphore(settings.max_concurrent_executions)
+        self.planners = start_planners(settings)
+
+    def start(self) -> None:
+        """Start the worker, and (without waiting for it) one planner process."""
+        self.worker.start()
+        self.planners.submit(warm_up)
+
+    def stop(self) -> None:
+        self.planners.shutdown(wait=False, cancel_futures=True)
+        self.worker.stop()
+        self.store.close()
 
     # ---- definitions ---------------------------------------------------------------------------
 
@@ -68,22 +91,10 @@ class Service:
                     self.parsed.popitem(last=False)
             self.parsed.move_to_end(key)
             return known
-        if len(definition.ops) > limit:
-            raise Problem(413, "definition too large",
-                          f"the definition has {len(definition.ops)} ops; the limit is {limit}")
-        return fusion_from_json(definition, limit), None
+        return parse_definition(definition, limit)
 
     def options(self, model: PlanOptionsModel) -> PlanOptions:
-        limit = model.time_limit_s if model.time_limit_s is not None else \
-            self.settings.default_time_limit_s
-        if limit > self.settings.max_solver_seconds:
-            raise Problem(422, "solver time limit too long",
-                          f"options.time_limit_s is {limit}; this service allows at most "
-                          f"{self.settings.max_solver_seconds}")
-        kwargs = model.model_dump(exclude={"time_limit_s", "kinds"})
-        if model.kinds is not None:
-            kwargs["kinds"] = tuple(model.kinds)
-        return PlanOptions(time_limit_s=limit, **kwargs)
+        return plan_options(model, self.settings)
 
     # ---- plans ---------------------------------------------------------------------------------
 
@@ -97,6 +108,7 @@ class Service:
     async def plan(self, fusion: Fusion, metas: list[InputMeta], options: PlanOptions,
                    request_key: str | None = None) -> tuple[StoredPlan, str]:
         """(the stored plan, "hit" or "miss"); a miss solves and stores the plan."""
+        check_sizes(fusion, metas, self.settings.max_plan_tensor_bytes)
         profile = get_profile(options.device, options.device_overrides)
         metas_json = [meta_to_json(m) for m in metas]
         pid = plan_key(fusion_id(fusion), metas_json, options.to_json(), profile.to_json())
@@ -109,10 +121,36 @@ class Service:
         async with self.plan_slots:
             plan = await run_in_threadpool(make_plan, fusion, metas, options)
         data = plan.to_json()
+        check_plan_numbers(data)
         request = {"definition": fusion_to_json(fusion), "inputs": metas_json}
         stored = self.store.put(data, request, request_key)
         self._hold(plan)
-        metrics.record_plan(data, "miss")
+        metrics.record_plan(plan_summary(data), "miss")
+        return stored, "miss"
+
+    async def plan_request(self, raw: bytes) -> tuple[StoredPlan, str]:
+        """POST /v1/plan's body planned in a planner process: (the stored plan, "hit"/"miss")."""
+        async with self.plan_slots:
+            try:
+                result = await asyncio.get_running_loop().run_in_executor(
+                    self.planners, plan_body, raw, self.settings)
+            except BrokenProcessPool:  # a planner died (out of memory?): start new ones
+                self.planners = start_planners(self.settings)
+                raise Problem(503, "planner crashed", "the planner process died on this "
+                                                      "request; it has been restarted") from None
+        if isinstance(result, Refusal):
+            raise Problem(result.status, result.title, result.detail, **result.extra)
+        if result.cache == "hit":
+            stored = self.store.get(result.plan_id)
+            if stored is not None:
+                self.store.link(result.request_key, stored.plan_id)
+                metrics.PLANS.labels(stored.segmenter, "hit").inc()
+                return stored, "hit"
+            raise Problem(503, "plan store changed", "the stored plan went away; try again")
+        stored = await run_in_threadpool(self.store.put_bytes, result.plan_id, result.fusion_id,
+                                         result.segmenter, result.body, result.request,
+                                         result.request_key)
+        metrics.record_plan(result.metrics, "miss")
         return stored, "miss"
 
     async def plan_object(self, plan_id: str) -> Plan:

@@ -97,6 +97,7 @@ def exposition() -> tuple[bytes, str]:
 
 
 def record_plan(plan: dict, cache: str) -> None:
+    """Count a plan, from its summary (service.planning.plan_summary)."""
     segmenter = plan["segmenter"]
     PLANS.labels(segmenter, cache).inc()
     if cache != "miss":
@@ -107,8 +108,8 @@ def record_plan(plan: dict, cache: str) -> None:
     BASELINE_BYTES.inc(base["io_bytes"])
     SAVED_BYTES.labels(segmenter).inc(max(base["io_bytes"] - totals["io_bytes"], 0))
     SOLVER_SECONDS.labels(segmenter).observe(plan["solver"]["wall_s"])
-    for seg in plan["segments"]:
-        SEGMENTS.labels(seg["kind"]).inc()
+    for kind, count in plan["segment_kinds"].items():
+        SEGMENTS.labels(kind).inc(count)
 
 
 def record_execution(response: dict) -> None:

@@ -11,17 +11,33 @@ from optimizer.ir.wire import FusionJSON, InputMetaJSON
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Finite numbers only: NaN and Infinity would make plans that are not JSON, and pydantic
+    # writes both as null, which made them share a cache key.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class DeviceOverrides(_Strict):
+    """Fields of the device profile to replace, each within what a real GPU could have."""
+
+    bandwidth: float | None = Field(None, ge=1e9, le=1e15, description="bytes/s")
+    sm_count: int | None = Field(None, ge=1, le=10_000)
+    smem_per_block: int | None = Field(None, ge=1024, le=2**24, description="bytes")
+    regs_per_block: int | None = Field(None, ge=1024, le=2**24)
+    launch_overhead_s: float | None = Field(None, ge=1e-8, le=1e-1)
+    persistent_budget: int | None = Field(None, ge=1024, le=2**24, description="bytes")
+    compute_rate: float | None = Field(None, ge=1e9, le=1e17, description="fp32 ops/s")
+    arch: str | None = Field(None, pattern=r"^sm_[0-9]{2,3}a?$")
 
 
 class PlanOptionsModel(_Strict):
     segmenter: Literal["cpsat", "greedy", "mincut"] = "cpsat"
-    time_limit_s: float | None = Field(None, gt=0, description="solver seconds")
-    device: str = Field("H100", description="device profile: H100, H200 or A100")
-    device_overrides: dict[str, float | int | str] = Field(default_factory=dict)
-    launch_weight: float = Field(1.0, ge=0)
-    compute_weight: float = Field(1.0, ge=0)
-    seed: int = 0
+    time_limit_s: float | None = Field(None, gt=0, le=3600, description="solver seconds")
+    device: str = Field("H100", max_length=32,
+                        description="device profile: H100, H200 or A100")
+    device_overrides: DeviceOverrides = Field(default_factory=DeviceOverrides)
+    launch_weight: float = Field(1.0, ge=0, le=1e6)
+    compute_weight: float = Field(1.0, ge=0, le=1e6)
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="solver random seed (int32)")
     kinds: list[str] | None = Field(None, description="segment kinds the plan may use")
 
 

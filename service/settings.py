@@ -16,8 +16,10 @@ def _default_db() -> str:
 class Settings:
     db_path: str = field(default_factory=_default_db)  # the plan cache (SQLite)
     max_body_bytes: int = 256 * 1024 * 1024
+    max_plan_body_bytes: int = 16 * 1024 * 1024  # POST /v1/plan carries no tensors
     max_ops: int = 20_000
     max_tensor_bytes: int = 2 * 1024**3  # per execute request, inputs together
+    max_plan_tensor_bytes: int = 2**40  # per input of a plan, its logical extent (1 TiB)
     max_solver_seconds: float = 60.0
     default_time_limit_s: float = 5.0
     max_concurrent_executions: int = 2

@@ -97,18 +97,24 @@ class PlanStore:
 
     def put(self, plan: dict[str, Any], request: dict[str, Any],
             request_key: str | None = None) -> StoredPlan:
-        stored = StoredPlan(plan["plan_id"], plan["segmenter"],
-                            json.dumps(plan, separators=(",", ":")).encode())
+        return self.put_bytes(plan["plan_id"], plan["fusion_id"], plan["segmenter"],
+                              json.dumps(plan, separators=(",", ":"), allow_nan=False).encode(),
+                              json.dumps(request, separators=(",", ":"), allow_nan=False),
+                              request_key)
+
+    def put_bytes(self, plan_id: str, fusion_id: str, segmenter: str, body: bytes,
+                  request: str, request_key: str | None = None) -> StoredPlan:
+        """Store a plan already serialized (strict JSON) with the request (JSON) that made it."""
+        stored = StoredPlan(plan_id, segmenter, body)
         with self._lock:
             with self._db:  # one transaction
                 self._db.execute(
                     "INSERT OR IGNORE INTO plans(plan_id, fusion_id, segmenter, created, request, "
                     "plan) VALUES (?, ?, ?, ?, ?, ?)",
-                    (stored.plan_id, plan["fusion_id"], stored.segmenter, time.time(),
-                     json.dumps(request, separators=(",", ":")), stored.body.decode()))
-            self._remember(self._memory, stored.plan_id, stored)
+                    (plan_id, fusion_id, segmenter, time.time(), request, body.decode()))
+            self._remember(self._memory, plan_id, stored)
         if request_key:
-            self.link(request_key, stored.plan_id)
+            self.link(request_key, plan_id)
         return stored
 
     def link(self, request_key: str, plan_id: str) -> None:

@@ -1,0 +1,92 @@
+"""The service's OpenAPI document: request and problem schemas under components, every error
+answered as problem+json documented, and Swagger UI served from the package (no CDN).
+
+Swagger UI's files come from the ``swagger-ui-bundle`` package (Swagger UI is Apache-2.0, as is
+that package).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, Field
+from pydantic.json_schema import models_json_schema
+
+from service.models import ExecuteRequest, PlanOptionsModel, PlanRequest
+from service.problems import PROBLEM
+
+REF = "#/components/schemas/{model}"
+DOCS_ASSETS = "/docs/assets"
+
+
+class ProblemDetails(BaseModel):
+    """An error (RFC 9457)."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    request_id: str | None = Field(None, description="on a 500: the id to find it in the log")
+    errors: list[dict[str, Any]] | None = Field(None, description="invalid fields, up to 20")
+
+
+WHY = {400: "the request is malformed", 401: "the API key is missing or wrong",
+       404: "no such plan", 405: "the method is not allowed (see the Allow header)",
+       413: "the body, definition or tensors are over a limit",
+       415: "the body's media type is not accepted", 422: "the request is invalid (the "
+       "detail names the field, op, input or axis)", 500: "a fusecut bug (with a request id)",
+       503: "the worker or a planner is unavailable", 504: "the execution timed out"}
+
+
+def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """Route ``responses`` entries: each status answered as problem+json."""
+    schema = {"$ref": REF.format(model="ProblemDetails")}
+    return {s: {"description": WHY[s], "content": {PROBLEM: {"schema": schema}}}
+            for s in statuses}
+
+
+def schema_of(model: type[BaseModel]) -> dict[str, Any]:
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def install(app: FastAPI) -> None:
+    """Give ``app`` a complete OpenAPI document and an offline /docs."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, summary=app.summary,
+                              routes=app.routes)
+            _, top = models_json_schema(
+                [(m, "validation") for m in (PlanRequest, ExecuteRequest, PlanOptionsModel)]
+                + [(ProblemDetails, "serialization")], ref_template=REF)
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(top.get("$defs", {}))
+            # FastAPI's own 422 body is not what this service sends
+            for name in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(name, None)
+            for item in doc["paths"].values():
+                for operation in item.values():
+                    responses = operation.get("responses", {})
+                    if "422" in responses and PROBLEM not in responses["422"].get("content", {}):
+                        responses["422"] = problems(422)[422]
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi
+    import swagger_ui_bundle
+
+    app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_bundle.swagger_ui_path),
+              name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} API",
+                                   swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+                                   swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png")

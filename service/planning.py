@@ -1,0 +1,236 @@
+"""POST /v1/plan's work, done in a separate process: validate the body, parse the definition,
+check sizes, look the plan up in the store, plan, and serialize.
+
+Every step here is CPU work on untrusted input, and several (JSON and pydantic parsing, pickling)
+are single C calls that hold the GIL for seconds on a large body; run in the service's process,
+they stalled every other request. Here they stall only this process, and what comes back is bytes
+and a small summary, cheap to receive. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import multiprocessing
+import sqlite3
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from optimizer.errors import FusecutError
+from optimizer.ir.fusion import Fusion
+from optimizer.ir.inputs import InputMeta, TensorMeta
+from optimizer.ir.nvtext import parse_text
+from optimizer.ir.wire import (
+    fusion_from_json,
+    fusion_id,
+    fusion_to_json,
+    meta_from_json,
+    meta_to_json,
+)
+from optimizer.plan.plan import plan_key
+from optimizer.planner import PlanOptions, make_plan
+from optimizer.schedulers.profiles import get_profile
+from service.models import PlanOptionsModel, PlanRequest
+from service.problems import TITLES, Problem, validation_problem
+from service.settings import Settings
+
+INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What the service process needs: the plan's bytes to store and send, and a summary."""
+
+    plan_id: str
+    fusion_id: str
+    segmenter: str
+    body: bytes  # the plan JSON (strict: no NaN or Infinity)
+    request: str  # the definition (wire JSON) and input metadata that made it, as JSON
+    request_key: str
+    cache: str  # "hit" (stored before: body is empty) or "miss"
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int
+    title: str
+    detail: str
+    extra: dict[str, Any]
+
+
+def plan_body(raw: bytes, settings: Settings) -> Planned | Refusal:
+    """Plan the POST /v1/plan body ``raw``; a refusal is returned (pickles simply), not raised."""
+    try:
+        return _plan_body(raw, settings)
+    except Problem as e:
+        return Refusal(e.status, e.title, e.detail, e.extra)
+    except FusecutError as e:
+        title = next((t for cls, t in TITLES.items() if isinstance(e, cls)), "invalid request")
+        return Refusal(422, title, str(e), {})
+
+
+def _plan_body(raw: bytes, settings: Settings) -> Planned:
+    try:
+        body = PlanRequest.model_validate_json(raw)
+    except ValidationError as e:
+        raise validation_problem(list(e.errors())) from None
+    request_key = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
+    known = _lookup(settings.db_path, "SELECT p.plan_id, p.fusion_id, p.segmenter FROM requests "
+                    "r JOIN plans p ON p.plan_id = r.plan_id WHERE r.request_key = ?",
+                    request_key)
+    if known is not None:
+        return Planned(known[0], known[1], known[2], b"", "", request_key, "hit", {})
+    fusion, text_inputs = parse_definition(body.definition, settings.max_ops)
+    if body.inputs is not None:
+        if len(body.inputs) != len(fusion.inputs):
+            raise Problem(422, "inputs do not match",
+                          f"the definition has {len(fusion.inputs)} inputs "
+                          f"({', '.join(fusion.inputs[:8])}); `inputs` has {len(body.inputs)}")
+        metas = [meta_from_json(m) for m in body.inputs]
+    elif text_inputs is not None:
+        metas = text_inputs
+    else:
+        raise Problem(422, "no input metadata",
+                      "pass `inputs` (shape, dtype, strides per fusion input) or a "
+                      "definition text with an `inputs = [...]` list")
+    check_sizes(fusion, metas, settings.max_plan_tensor_bytes)
+    options = plan_options(body.options, settings)
+    metas_json = [meta_to_json(m) for m in metas]
+    fid = fusion_id(fusion)
+    profile = get_profile(options.device, options.device_overrides)
+    pid = plan_key(fid, metas_json, options.to_json(), profile.to_json())
+    known = _lookup(settings.db_path, "SELECT plan_id, fusion_id, segmenter FROM plans WHERE "
+                    "plan_id = ?", pid)
+    if known is not None:
+        return Planned(pid, fid, known[2], b"", "", request_key, "hit", {})
+    data = make_plan(fusion, metas, options).to_json()
+    check_plan_numbers(data)
+    body_bytes = json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+    request = json.dumps({"definition": fusion_to_json(fusion), "inputs": metas_json},
+                         separators=(",", ":"), allow_nan=False)
+    return Planned(data["plan_id"], data["fusion_id"], data["segmenter"], body_bytes, request,
+                   request_key, "miss", plan_summary(data))
+
+
+def plan_summary(data: dict[str, Any]) -> dict[str, Any]:
+    """What the metrics record of a plan."""
+    summary = {k: data[k] for k in ("segmenter", "totals", "baseline", "solver")}
+    summary["segment_kinds"] = dict(Counter(seg["kind"] for seg in data["segments"]))
+    return summary
+
+
+def start_planners(settings: Settings) -> ProcessPoolExecutor:
+    # spawn, not fork: the service process has threads (and torch) that a fork would copy
+    return ProcessPoolExecutor(max_workers=settings.max_concurrent_plans,
+                               mp_context=multiprocessing.get_context("spawn"))
+
+
+def warm_up() -> None:
+    """Nothing: submitting it starts a planner process, which imports this module."""
+
+
+_connections: dict[str, sqlite3.Connection] = {}
+
+
+def _lookup(db_path: str, query: str, key: str) -> tuple | None:
+    """A read-only look into the service's plan store (its process writes)."""
+    if db_path == ":memory:":
+        return None
+    db = _connections.get(db_path)
+    if db is None:
+        try:
+            db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
+        except sqlite3.Error:
+            return None
+        _connections[db_path] = db
+    try:
+        return db.execute(query, (key,)).fetchone()
+    except sqlite3.Error:
+        return None
+
+
+def parse_definition(definition: Any, max_ops: int) -> tuple[Fusion, list[InputMeta] | None]:
+    """The fusion of a text or wire-JSON definition, and the text's ``inputs = [...]`` if any."""
+    if isinstance(definition, str):
+        parsed = parse_text(definition, max_ops=max_ops)
+        return parsed.fusion, parsed.inputs
+    if len(definition.ops) > max_ops:
+        raise Problem(413, "definition too large",
+                      f"the definition has {len(definition.ops)} ops; the limit is {max_ops}")
+    return fusion_from_json(definition, max_ops), None
+
+
+def plan_options(model: PlanOptionsModel, settings: Settings) -> PlanOptions:
+    limit = model.time_limit_s if model.time_limit_s is not None else \
+        settings.default_time_limit_s
+    if limit > settings.max_solver_seconds:
+        raise Problem(422, "solver time limit too long",
+                      f"options.time_limit_s is {limit}; this service allows at most "
+                      f"{settings.max_solver_seconds}")
+    kwargs = model.model_dump(exclude={"time_limit_s", "kinds"})
+    kwargs["device_overrides"] = model.device_overrides.model_dump(exclude_none=True)
+    if model.kinds is not None:
+        kwargs["kinds"] = tuple(model.kinds)
+    return PlanOptions(time_limit_s=limit, **kwargs)
+
+
+def check_plan_numbers(data: dict[str, Any]) -> None:
+    """Refuse a plan that is not strict JSON, or whose byte totals leave int64 (sizes made
+    inside a definition, by broadcast_in_dim to fixed shapes): the metrics never see them."""
+    too_big = [k for k, v in data["totals"].items() if isinstance(v, (int, float))
+               and v > INT64_MAX]
+    if too_big:
+        raise Problem(422, "sizes too large", f"the plan's totals.{too_big[0]} is over "
+                                              f"2**63 - 1; reduce the definition's shapes")
+    where = non_finite(data)
+    if where is not None:  # never store or send a plan that is not JSON
+        raise Problem(422, "cannot plan", f"the plan's {where} is not a finite number; "
+                                          f"check the options and input metadata")
+
+
+def check_sizes(fusion: Fusion, metas: list[InputMeta], limit: int) -> None:
+    """Refuse tensor inputs whose logical size, in elements or bytes, leaves int64 or passes
+    ``limit`` bytes, or whose strides reach past int64: naming the input and axis."""
+    for name, meta in zip(fusion.inputs, metas):
+        if not isinstance(meta, TensorMeta):
+            continue
+        numel, offset = 1, 0
+        for axis, (extent, stride) in enumerate(zip(meta.shape, meta.strides)):
+            numel *= extent
+            offset += max(extent - 1, 0) * stride
+            where = f"input {name} (shape {shape_text(meta.shape)}), axis {axis}"
+            if numel > INT64_MAX or offset > INT64_MAX:
+                raise Problem(422, "sizes too large", f"{where}: the extents or strides so "
+                                                      f"far pass 2**63 - 1 elements")
+            if numel * meta.dtype.itemsize > limit:
+                raise Problem(422, "sizes too large",
+                              f"{where}: {numel * meta.dtype.itemsize} bytes so far, over this "
+                              f"service's limit of {limit} bytes per input")
+        if (offset + 1) * meta.dtype.itemsize > INT64_MAX:
+            raise Problem(422, "sizes too large", f"input {name}: its strides reach past "
+                                                  f"2**63 - 1 bytes")
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    """A shape for a message, its long extents as powers of two where they are."""
+    return "[" + ", ".join(f"2**{e.bit_length() - 1}" if e > 2**32 and e & (e - 1) == 0
+                           else str(e) for e in shape) + "]"
+
+
+def non_finite(value: Any, path: str = "plan") -> str | None:
+    """The path of the first NaN or infinity in a JSON-like value, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    items = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        where = non_finite(item, f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]")
+        if where is not None:
+            return where
+    return None

@@ -1,0 +1,278 @@
+"""The service under hostile input (issue 12): no request crashes it, drops a connection,
+writes invalid JSON, stores absurd sizes or stalls the others.
+
+Most tests run the real ``fusecut serve`` (tests/server.py); the catch-all test runs the app in
+uvicorn in a thread, with one route added that fails the way a bug would.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from http.client import HTTPConnection
+
+import httpx
+import pytest
+import uvicorn
+
+from service.app import create_app
+from service.settings import Settings
+from tests.server import Server, free_port
+from tests.test_service import SMALL, assert_problem, small_metas
+
+INT64_MAX = 2**63 - 1
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with Server(tmp_path_factory.mktemp("hard") / "plans.sqlite") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        yield client
+
+
+def kserve_body(data: list, datatype: str = "INT64") -> dict:
+    definition = """
+def fusion(fd):
+    T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Int)
+    T1 = fd.ops.neg(T0)
+    fd.add_output(T1)
+"""
+    return {"definition": definition,
+            "inputs": [{"name": "T0", "shape": [len(data)], "datatype": datatype, "data": data}]}
+
+
+# ---- defect 4: a 500 and a dropped connection -----------------------------------------------
+
+def test_out_of_range_int64_data_is_a_422_on_a_kept_connection(server):
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = HTTPConnection(host, int(port), timeout=60)
+    for value in (1180591620717411303424, -(2**63) - 1, 2**64):
+        body = json.dumps(kserve_body([1, value]))
+        conn.request("POST", "/v1/execute", body, {"content-type": "application/json"})
+        response = conn.getresponse()
+        payload = json.loads(response.read())
+        assert response.status == 422, payload
+        assert response.getheader("content-type").startswith("application/problem+json")
+        assert str(value) in payload["detail"] and "T0" in payload["detail"]
+        assert response.getheader("x-request-id")
+    # the same connection still answers, and in-range data works
+    conn.request("POST", "/v1/execute", json.dumps(kserve_body([INT64_MAX, -3])),
+                 {"content-type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    assert json.loads(response.read())["outputs"][0]["data"] == [-INT64_MAX, 3]
+    conn.close()
+
+
+class ThreadServer:
+    """uvicorn serving ``app`` in a thread on a free loopback port."""
+
+    def __init__(self, app):
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> ThreadServer:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(20)
+
+
+def test_an_unexpected_error_is_a_problem_500_with_a_request_id(tmp_path, caplog):
+    app = create_app(Settings(db_path=str(tmp_path / "p.sqlite"), worker=False))
+
+    @app.get("/boom")
+    async def boom():
+        raise ZeroDivisionError("a bug")
+
+    with ThreadServer(app) as s, caplog.at_level(logging.ERROR, "fusecut.service"):
+        conn = HTTPConnection("127.0.0.1", s.port, timeout=30)
+        conn.request("GET", "/boom")
+        response = conn.getresponse()
+        body = json.loads(response.read())
+        assert response.status == 500
+        assert response.getheader("content-type").startswith("application/problem+json")
+        request_id = response.getheader("x-request-id")
+        assert request_id and body["request_id"] == request_id
+        assert "ZeroDivisionError" in body["detail"] and request_id in body["detail"]
+        assert any(request_id in r.getMessage() for r in caplog.records)
+        # the keep-alive connection was kept: the next request on it is answered
+        conn.request("GET", "/healthz", headers={"x-request-id": "client-chosen.1"})
+        response = conn.getresponse()
+        assert response.status == 200 and json.loads(response.read()) == {"status": "ok"}
+        assert response.getheader("x-request-id") == "client-chosen.1"
+        conn.close()
+
+
+# ---- defect 3: finite numbers only ----------------------------------------------------------
+
+def plan_raw(http, options: str) -> httpx.Response:
+    """A plan request with ``options`` spliced in as raw JSON text (NaN and Infinity are not
+    JSON, so json.dumps would refuse or rewrite them)."""
+    head = json.dumps({"definition": SMALL, "inputs": small_metas()})[:-1]
+    return http.post("/v1/plan", content=f'{head}, "options": {options}}}'.encode(),
+                     headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize("options, field", [
+    ('{"device_overrides": {"compute_rate": NaN}}', "device_overrides.compute_rate"),
+    ('{"device_overrides": {"compute_rate": Infinity}}', "device_overrides.compute_rate"),
+    ('{"device_overrides": {"bandwidth": 1e-300}}', "device_overrides.bandwidth"),
+    ('{"device_overrides": {"bandwidth": -Infinity}}', "device_overrides.bandwidth"),
+    ('{"device_overrides": {"sm_count": 1e300}}', "device_overrides.sm_count"),
+    ('{"device_overrides": {"arch": "sm_90; rm -rf"}}', "device_overrides.arch"),
+    ('{"device_overrides": {"warp_size": 64}}', "device_overrides.warp_size"),
+    ('{"launch_weight": Infinity}', "launch_weight"),
+    ('{"compute_weight": NaN}', "compute_weight"),
+    ('{"launch_weight": 1e300}', "launch_weight"),
+    ('{"time_limit_s": NaN}', "time_limit_s"),
+    ('{"seed": 1180591620717411303424}', "seed"),
+])
+def test_non_finite_or_absurd_options_are_a_422_naming_the_field(http, options, field):
+    assert_problem(plan_raw(http, options), 422, field)
+
+
+def test_nan_and_infinity_never_share_a_plan_and_plans_are_strict_json(http):
+    statuses = {plan_raw(http, f'{{"compute_weight": {v}}}').status_code
+                for v in ("NaN", "Infinity")}
+    assert statuses == {422}
+    good = plan_raw(http, '{"device_overrides": {"bandwidth": 2e12, "compute_rate": 3e13}}')
+    assert good.status_code == 200, good.text
+
+    def refuse(token):
+        raise AssertionError(f"bare {token} in the plan JSON")
+
+    plan = json.loads(good.text, parse_constant=refuse)
+    other = plan_raw(http, '{"device_overrides": {"bandwidth": 3e12, "compute_rate": 3e13}}')
+    assert other.status_code == 200 and other.json()["plan_id"] != plan["plan_id"]
+
+
+# ---- defect 8: impossible sizes -------------------------------------------------------------
+
+def planned_bytes(http) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(http.get("/metrics").text)
+               if f.name == "fusecut_planned_io_bytes" for s in f.samples)
+
+
+@pytest.mark.parametrize("t0, mentions", [
+    ({"shape": [2**62, 2**62], "dtype": "float16"}, ["T0", "axis 0", "2**63 - 1"]),
+    ({"shape": [2**70, 10], "dtype": "float16"}, ["T0", "axis 0", "2**63 - 1"]),
+    ({"shape": [2**20, 2**21], "dtype": "float16"}, ["T0", "axis 1", "limit"]),
+    ({"shape": [6, 10], "strides": [2**62, 2**62], "dtype": "float16"}, ["T0", "2**63 - 1"]),
+])
+def test_impossible_sizes_are_a_422_naming_input_and_axis(http, t0, mentions):
+    before = planned_bytes(http)
+    response = http.post("/v1/plan", json={"definition": SMALL,
+                                           "inputs": [t0, *small_metas()[1:]]})
+    assert_problem(response, 422, *mentions)
+    assert planned_bytes(http) == before  # nothing absurd reached the metrics
+    fine = http.post("/v1/plan", json={"definition": SMALL, "inputs": small_metas(1024, 4096)})
+    assert fine.status_code == 200 and 0 < planned_bytes(http) < 1e12
+
+
+# ---- defect 1: one request stalls everyone ---------------------------------------------------
+
+def chain_text(n: int) -> str:
+    body = "".join(f"    T{i + 1} = fd.ops.neg(T{i})\n" for i in range(n))
+    return ("def chain(fd):\n"
+            "    T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+            f"{body}    fd.add_output(T{n})\n")
+
+
+def healthz_latencies_during(url: str, request) -> tuple[list[float], object]:
+    """Poll /healthz every 20 ms while ``request()`` runs in a thread: (latencies, its result)."""
+    result: dict[str, object] = {}
+    worker = threading.Thread(target=lambda: result.setdefault("r", request()))
+    latencies = []
+    with httpx.Client(base_url=url, timeout=30) as poller:
+        assert poller.get("/healthz").status_code == 200  # connection open before the load
+        worker.start()
+        while worker.is_alive():
+            start = time.perf_counter()
+            assert poller.get("/healthz").status_code == 200
+            latencies.append(time.perf_counter() - start)
+            time.sleep(0.02)
+    worker.join()
+    return latencies, result.get("r")
+
+
+def test_big_bodies_and_definitions_stall_no_other_request(server):
+    post = lambda content: httpx.post(f"{server.url}/v1/plan", content=content,  # noqa: E731
+                                      headers={"content-type": "application/json"}, timeout=120)
+    entry = json.dumps({"shape": [4, 4], "dtype": "float32"})
+    cases = {
+        # 57 MB: refused by its Content-Length, before a byte of it is parsed
+        "57 MB of inputs entries": (1_600_000, 413, "limit"),
+        # under the plan body limit: parsed (seconds of work) in a planner process
+        "15 MB of inputs entries": (420_000, 422, "inputs"),
+    }
+    for name, (n, status, mention) in cases.items():
+        raw = (f'{{"definition": {json.dumps(chain_text(1))}, "inputs": ['
+               + ", ".join([entry] * n) + "]}").encode()
+        latencies, response = healthz_latencies_during(server.url, lambda raw=raw: post(raw))
+        assert_problem(response, status, mention)
+        assert len(latencies) >= 3 and max(latencies) < 0.1, (name, max(latencies))
+    # 20,000 ops: parsed and bound in a planner process (the inputs do not fit: rank 2 for 1)
+    big = json.dumps({"definition": chain_text(20_000),
+                      "inputs": [{"shape": [4, 4], "dtype": "float32"}]}).encode()
+    latencies, response = healthz_latencies_during(server.url, lambda: post(big))
+    assert_problem(response, 422, "T0")
+    assert len(latencies) >= 10 and max(latencies) < 0.1, max(latencies)
+
+
+# ---- defect 5: the OpenAPI document and /docs ------------------------------------------------
+
+def test_openapi_is_complete_and_valid(http):
+    from openapi_spec_validator import validate
+
+    doc = http.get("/openapi.json").json()
+    validate(doc)  # every $ref resolves, the document is OpenAPI 3.1
+    schemas = doc["components"]["schemas"]
+    for name in ("FusionJSON", "PlanOptionsModel", "JSONTensor", "InputMetaJSON", "TensorDecl",
+                 "OpDecl", "ScalarDecl", "StreamAxis", "DType", "ProblemDetails"):
+        assert name in schemas, name
+    for route, statuses in (("/v1/plan", (413, 415, 422, 500, 503)),
+                            ("/v1/execute", (401, 404, 413, 415, 422, 500, 503, 504))):
+        responses = doc["paths"][route]["post"]["responses"]
+        for status in statuses:
+            assert "application/problem+json" in responses[str(status)]["content"], (route,
+                                                                                   status)
+    metrics = doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert list(metrics) == ["text/plain"]
+
+
+def test_docs_are_served_without_the_network(http):
+    page = http.get("/docs")
+    assert page.status_code == 200
+    assets = [a for a in re.findall(r'(?:src|href)="([^"]+)"', page.text)]
+    assert assets and not [a for a in assets if "//" in a], assets  # nothing off this host
+    for asset in assets:
+        response = http.get(asset)
+        assert response.status_code == 200 and len(response.content) > 500, asset
+    assert http.get("/redoc").status_code == 404  # it would load from a CDN
+
+
+def test_unsupported_methods_are_405_with_allow(http):
+    for method, route, allowed in (("TRACE", "/v1/plan", "POST"), ("DELETE", "/healthz", "GET"),
+                                   ("PUT", "/v1/execute", "POST")):
+        response = http.request(method, route)
+        assert_problem(response, 405)
+        assert allowed in response.headers["allow"], (method, route)
