@@ -299,3 +299,16 @@ def test_help_works_and_a_run_without_a_gpu_says_so():
     refused = subprocess.run([sys.executable, "-m", "benchmarks.e2e", "--cases", "softmax_fwd"],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "needs a CUDA GPU" in refused.stderr
+
+
+def test_thunder_benchmark_help_and_gpu_refusal():
+    import subprocess
+    import sys
+
+    helped = subprocess.run([sys.executable, "-m", "benchmarks.thunder", "--help"],
+                            capture_output=True, text=True)
+    assert helped.returncode == 0 and "--width" in helped.stdout
+    if not torch.cuda.is_available():
+        refused = subprocess.run([sys.executable, "-m", "benchmarks.thunder"],
+                                 capture_output=True, text=True)
+        assert refused.returncode != 0 and "needs a CUDA GPU" in refused.stderr
