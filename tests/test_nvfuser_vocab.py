@@ -182,3 +182,33 @@ fd.add_output(T5)
 T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
 S1 = fd.ops.at(fd.ops.shape(T0), 2)
 """)
+
+
+def test_narrow_and_wide_dtypes_plan_with_their_bytes_and_run_through_the_reference():
+    f = fusion("""
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+T1 = fd.ops.cast(T0, dtype=DataType.Float8_e4m3fn)
+T2 = fd.ops.cast(T1, dtype=DataType.Float)
+T3 = fd.ops.relu(T2)
+fd.add_output(T1)
+fd.add_output(T3)
+""")
+    assert f.tensors["T1"].dtype is DType.float8_e4m3fn
+    got, ref = _run_both(f)
+    assert got[0].dtype == torch.float8_e4m3fn
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a.float(), b.float())
+    from optimizer.ir.inputs import tensor_meta
+    plan = make_plan(f, [tensor_meta((64, 64), DType.float32)])
+    assert {s.kind.value for s in plan.segments} >= {"fallback"}  # fp8 casts: no kernel yet
+    assert DType.float4_e2m1fn.itemsize == 0.5 and DType.float4_e2m1fn_x2.itemsize == 1
+    assert tensor_meta((4, 8), DType.float4_e2m1fn).nbytes == 16
+    for name in ("Float8_e5m2", "Float8_e8m0fnu", "ComplexFloat", "ComplexDouble", "UInt64"):
+        g = fusion(f"""
+T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.{name})
+T1 = fd.ops.set(T0)
+fd.add_output(T1)
+""")
+        assert g.tensors["T1"].dtype.reference_only
+    with pytest.raises(DefinitionError, match="DataType.Int8 is not supported"):
+        fusion("T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Int8)")

@@ -44,7 +44,9 @@ def is_trivial_reduction(op: Op, bound: Bound) -> bool:
 
 def role(op: Op, bound: Bound) -> Role:
     spec = get_spec(op.name)
-    if op.name in FALLBACK_OPS:
+    if op.name in FALLBACK_OPS or any(
+            v in bound.fusion.tensors and bound.fusion.tensors[v].dtype.reference_only
+            for v in (*op.inputs, *op.outputs)):
         return Role.FALLBACK
     if spec.op_class is OpClass.LIBRARY:
         return Role.LIBRARY
