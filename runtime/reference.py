@@ -308,6 +308,35 @@ def _iota(op, args, env, outs):
     return [r.to(outs[0])]
 
 
+def _random(op, args, env, outs):
+    """uniform / normal from a torch generator seeded by (rng_seed, rng_offset) when given: the
+    same seed and offset give the same numbers (not nvFuser's Philox stream)."""
+    a, b = args[0], args[1]
+    rest = iter(args[2:])
+    seed = next(rest) if op.attrs.get("has_rng_seed") else None
+    offset = next(rest) if op.attrs.get("has_rng_offset") else 0
+    shape = [env.ev(e) for e in op.attrs["shape"]]
+    gen = None
+    if seed is not None:
+        gen = torch.Generator(device=env.device).manual_seed((int(seed) * 1_000_003 + int(offset))
+                                                             % (1 << 63))
+    draw = torch.rand if op.name == "uniform" else torch.randn
+    x = draw(shape, generator=gen, dtype=torch.float64, device=env.device)
+    x = a + (b - a) * x if op.name == "uniform" else a + b * x
+    return [x.to(outs[0])]
+
+
+def _stride_order(op, args, env, outs):
+    x = args[0]
+    order = op.attrs["stride_order"]  # order[i]: rank of axis i's stride, 0 = innermost
+    axes = sorted(range(x.dim()), key=lambda i: -order[i])
+    return [x.permute(axes).contiguous().permute([axes.index(i) for i in range(x.dim())])]
+
+
+def _cumsum(op, args, env, outs):
+    return [torch.cumsum(args[0], dim=op.attrs["dim"]).to(outs[0])]
+
+
 def _gather_index(index: torch.Tensor, extent: int) -> torch.Tensor:
     index = index.to(torch.int64)
     if index.numel() and (bool((index < 0).any()) or bool((index >= extent).any())):
@@ -340,7 +369,8 @@ _SPECIAL = {
     "broadcast_in_dim": _bid, "broadcast": _broadcast, "expand": _expand, "squeeze": _squeeze,
     "reshape": _reshape, "permute": _permute, "slice": _slice, "pad": _pad, "cat": _cat,
     "sum": _reduce, "max": _reduce, "min": _reduce, "prod": _reduce, "var": _var,
-    "var_mean": _var, "full": _full, "iota": _iota, "take_along_axis": _take_along_axis,
+    "var_mean": _var, "full": _full, "iota": _iota, "uniform": _random, "normal": _random,
+    "stride_order": _stride_order, "cumsum": _cumsum, "take_along_axis": _take_along_axis,
     "gather": _take_along_axis, "index_select": _index_select, "linear": _linear,
     "matmul": _matmul, "segment_set": lambda op, args, env, outs: [args[0]],
 }

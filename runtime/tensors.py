@@ -16,6 +16,8 @@ TORCH_DTYPE: dict[DType, torch.dtype] = {
     DType.bfloat16: torch.bfloat16,
     DType.float32: torch.float32,
     DType.float64: torch.float64,
+    # torch has no unpacked fp4: DType.float4_e2m1fn has no torch tensor (planning only)
+    **{d: getattr(torch, d.value) for d in DType if d.reference_only and hasattr(torch, d.value)},
 }
 FROM_TORCH: dict[torch.dtype, DType] = {v: k for k, v in TORCH_DTYPE.items()}
 

@@ -116,7 +116,7 @@ with FusionDefinition() as fd:
     ("T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
      "T1 = fd.ops.where(T0, T0, T0)\nfd.add_output(T1)", "must be bool"),
     ("T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
-     "T1 = fd.ops.cast(T0, dtype=DataType.ComplexFloat)\nfd.add_output(T1)", "not supported"),
+     "T1 = fd.ops.cast(T0, dtype=DataType.Int8)\nfd.add_output(T1)", "not supported"),
     ("T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)\n"
      "T1 = fd.ops.broadcast_in_dim(T0, shape=[2, 3, 4], broadcast_dims=[2, 0])\n"
      "fd.add_output(T1)", "increasing"),

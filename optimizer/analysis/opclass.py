@@ -19,7 +19,7 @@ from optimizer.ir.ops_misc import reduction_axes
 from optimizer.ir.opspec import OpClass, get_spec
 
 # Ops with no generated kernel: they run alone through the torch reference.
-FALLBACK_OPS = frozenset({"digamma", "gcd"})
+FALLBACK_OPS = frozenset({"digamma", "gcd", "uniform", "normal", "stride_order", "cumsum"})
 # Ops that move data between index spaces: allowed in pointwise segments only.
 VIEW_CLASSES = frozenset({OpClass.RESHAPE, OpClass.RESIZE, OpClass.GATHER})
 
@@ -44,7 +44,9 @@ def is_trivial_reduction(op: Op, bound: Bound) -> bool:
 
 def role(op: Op, bound: Bound) -> Role:
     spec = get_spec(op.name)
-    if op.name in FALLBACK_OPS:
+    if op.name in FALLBACK_OPS or any(
+            v in bound.fusion.tensors and bound.fusion.tensors[v].dtype.reference_only
+            for v in (*op.inputs, *op.outputs)):
         return Role.FALLBACK
     if spec.op_class is OpClass.LIBRARY:
         return Role.LIBRARY

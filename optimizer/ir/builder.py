@@ -157,7 +157,7 @@ class FusionBuilder:
                                       f"{type(value).__name__}")
             value = _coerce(value, dtype)
         elif dtype is None:
-            raise DefinitionError("define_scalar without a value needs a dtype")
+            dtype = DType.float64  # nvFuser's default: fd.define_scalar() is a Double input
         sv = ScalarValue(self._fresh("S", name), dtype, value)
         self.fusion.scalars[sv.name] = sv
         if value is None:
@@ -191,8 +191,9 @@ class FusionBuilder:
             raise DefinitionError(f"add_output: {tensor.name} is a scalar; only tensors can be "
                                   f"fusion outputs")
         name = self._tensor_name(tensor, "add_output")
-        if name in self.fusion.outputs:
-            raise DefinitionError(f"add_output: {name} is already an output")
+        if alias_input is not None and name in self.fusion.aliases:
+            raise DefinitionError(f"add_output: {name} already updates "
+                                  f"{self.fusion.aliases[name]} in place")
         self.fusion.outputs.append(name)
         if alias_input is not None:
             inp = self._tensor_name(alias_input, "add_output alias_input")
@@ -365,6 +366,8 @@ class FusionBuilder:
                 raise DefinitionError(f"{pname} has {len(value)} entries; at most {MAX_RANK}")
             return [_int(v, pname) for v in value]
         if kind == "B":
+            if isinstance(value, int) and value in (0, 1):  # nvFuser's printer writes 0 and 1
+                return bool(value)
             if not isinstance(value, bool):
                 raise DefinitionError(f"{pname} must be True or False, got {value!r}")
             return value
@@ -393,8 +396,8 @@ class FusionBuilder:
                     scalar = self.fusion.scalars.get(v.name)
                     if scalar is None:
                         raise DefinitionError(f"{pname} entry {v.name} is not a defined scalar")
-                    if scalar.dtype.is_float:
-                        raise DefinitionError(f"{pname} entry {v.name} must be an integer scalar")
+                    if not (scalar.dtype.is_int or scalar.dtype.is_float):
+                        raise DefinitionError(f"{pname} entry {v.name} must be a number scalar")
                     out.append(Ref(v.name))
                 else:
                     out.append(_int(v, f"{pname} entry"))

@@ -19,18 +19,33 @@ class DType(str, Enum):
     bfloat16 = "bfloat16"
     float32 = "float32"
     float64 = "float64"
+    # Narrow and wide types nvFuser speaks: planned with their bytes, run through the torch
+    # reference (no generated kernel handles them yet; see REFERENCE_ONLY).
+    float8_e4m3fn = "float8_e4m3fn"
+    float8_e5m2 = "float8_e5m2"
+    float8_e8m0fnu = "float8_e8m0fnu"
+    float4_e2m1fn = "float4_e2m1fn"  # half a byte per element
+    float4_e2m1fn_x2 = "float4_e2m1fn_x2"  # two fp4 values packed in a byte
+    complex64 = "complex64"
+    complex128 = "complex128"
+    uint64 = "uint64"
 
     @property
-    def itemsize(self) -> int:
+    def itemsize(self) -> float:
         return _ITEMSIZE[self]
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.float16, DType.bfloat16, DType.float32, DType.float64)
+        return self in _FLOATS
 
     @property
     def is_int(self) -> bool:
-        return self in (DType.int32, DType.int64)
+        return self in (DType.int32, DType.int64, DType.uint64)
+
+    @property
+    def reference_only(self) -> bool:
+        """No generated kernel reads or writes it: ops touching it run through torch."""
+        return self in REFERENCE_ONLY
 
     @property
     def is_bool(self) -> bool:
@@ -48,7 +63,7 @@ class DType(str, Enum):
     @property
     def compute(self) -> DType:
         """The type arithmetic on this type is carried out in."""
-        return DType.float32 if self.is_half else self
+        return DType.float32 if self.is_half or self in _NARROW_FLOATS else self
 
 
 _ITEMSIZE = {
@@ -59,7 +74,19 @@ _ITEMSIZE = {
     DType.bfloat16: 2,
     DType.float32: 4,
     DType.float64: 8,
+    DType.float8_e4m3fn: 1,
+    DType.float8_e5m2: 1,
+    DType.float8_e8m0fnu: 1,
+    DType.float4_e2m1fn: 0.5,
+    DType.float4_e2m1fn_x2: 1,
+    DType.complex64: 8,
+    DType.complex128: 16,
+    DType.uint64: 8,
 }
+_NARROW_FLOATS = frozenset({DType.float8_e4m3fn, DType.float8_e5m2, DType.float8_e8m0fnu,
+                            DType.float4_e2m1fn, DType.float4_e2m1fn_x2})
+_FLOATS = frozenset({DType.float16, DType.bfloat16, DType.float32, DType.float64}) | _NARROW_FLOATS
+REFERENCE_ONLY = _NARROW_FLOATS | {DType.complex64, DType.complex128, DType.uint64}
 
 # nvFuser's DataType member names -> canonical dtype. ``Null`` means "not given".
 NVFUSER_DTYPES: dict[str, DType | None] = {
@@ -71,6 +98,14 @@ NVFUSER_DTYPES: dict[str, DType | None] = {
     "BFloat16": DType.bfloat16,
     "Float": DType.float32,
     "Double": DType.float64,
+    "Float8_e4m3fn": DType.float8_e4m3fn,
+    "Float8_e5m2": DType.float8_e5m2,
+    "Float8_e8m0fnu": DType.float8_e8m0fnu,
+    "Float4_e2m1fn": DType.float4_e2m1fn,
+    "Float4_e2m1fn_x2": DType.float4_e2m1fn_x2,
+    "ComplexFloat": DType.complex64,
+    "ComplexDouble": DType.complex128,
+    "UInt64": DType.uint64,
     "Null": None,
 }
 NVFUSER_NAME: dict[DType, str] = {
@@ -81,16 +116,10 @@ NVFUSER_NAME: dict[DType, str] = {
     DType.bfloat16: "BFloat16",
     DType.float32: "Float",
     DType.float64: "Double",
+    **{d: n for n, d in NVFUSER_DTYPES.items() if d is not None and d in REFERENCE_ONLY},
 }
 # Types nvFuser has that fusecut does not support, so the error can say so precisely.
 UNSUPPORTED_NVFUSER_DTYPES = {
-    "ComplexFloat",
-    "ComplexDouble",
-    "Float8_e4m3fn",
-    "Float8_e5m2",
-    "Float8_e8m0fnu",
-    "Float4_e2m1fn",
-    "UInt64",
     "UInt32",
     "UInt16",
     "UInt8",
@@ -112,6 +141,7 @@ TORCH_DTYPES: dict[str, DType] = {
     "float": DType.float32,
     "float64": DType.float64,
     "double": DType.float64,
+    **{d.value: d for d in REFERENCE_ONLY if d is not DType.float4_e2m1fn},
 }
 
 

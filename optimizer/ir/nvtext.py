@@ -239,10 +239,7 @@ class _Body:
             if isinstance(target, ast.Name):
                 self.env[target.id] = value
             else:
-                if not isinstance(value, (list, tuple)) or len(value) != len(names):
-                    raise DefinitionError(f"cannot unpack into {len(names)} names")
-                for n, v in zip(names, value):
-                    self.env[n] = v
+                self._unpack(target, value)
         elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value:
             self.env[stmt.target.id] = self._expr(stmt.value, 0, [stmt.target.id])
         elif isinstance(stmt, ast.Expr):
@@ -258,12 +255,33 @@ class _Body:
                                   f"definition (expected assignments and fd calls)")
 
     def _target_names(self, target: ast.expr) -> list[str]:
+        """The names a target binds, in order (a starred name counts once)."""
         if isinstance(target, ast.Name):
             return [target.id]
-        if isinstance(target, (ast.Tuple, ast.List)) and all(isinstance(e, ast.Name)
-                                                               for e in target.elts):
-            return [e.id for e in target.elts]
-        raise DefinitionError("assignment targets must be names")
+        if isinstance(target, (ast.Tuple, ast.List)):
+            elts = [e.value if isinstance(e, ast.Starred) else e for e in target.elts]
+            if all(isinstance(e, ast.Name) for e in elts) and sum(
+                    isinstance(e, ast.Starred) for e in target.elts) <= 1:
+                return [e.id for e in elts]
+        raise DefinitionError("assignment targets must be names, or a tuple of names with at "
+                              "most one *name")
+
+    def _unpack(self, target: ast.Tuple | ast.List, value: Any) -> None:
+        """``a, b = op(...)`` and ``_, lse, *_ = op(...)``: Python's unpacking of a tuple."""
+        if not isinstance(value, (list, tuple)):
+            raise DefinitionError(f"cannot unpack a single value into {len(target.elts)} names")
+        star = [i for i, e in enumerate(target.elts) if isinstance(e, ast.Starred)]
+        n_fixed = len(target.elts) - len(star)
+        if (not star and len(value) != n_fixed) or (star and len(value) < n_fixed):
+            raise DefinitionError(f"cannot unpack {len(value)} values into "
+                                  f"{n_fixed}{'+' if star else ''} names")
+        for i, e in enumerate(target.elts):
+            if isinstance(e, ast.Starred):
+                self.env[e.value.id] = list(value[i:len(value) - (n_fixed - i)])
+            elif star and i > star[0]:  # counted from the end
+                self.env[e.id] = value[len(value) - (len(target.elts) - i)]
+            else:
+                self.env[e.id] = value[i]
 
     def _expr(self, node: ast.expr, depth: int, names: list[str] | None) -> Any:
         if depth > MAX_DEPTH:
@@ -337,6 +355,8 @@ class _Body:
         args = [self._expr(a, depth + 1, None) for a in node.args]
         kwargs = {kw.arg: self._expr(kw.value, depth + 1, None) for kw in node.keywords}
         kind = callee.kind
+        if kind in ("ops.shape", "ops.at"):  # host-side vectors: a list of size scalars
+            return self._vector_op(kind[4:], args, kwargs)
         if kind.startswith("ops."):
             outs = self.b.op(kind[4:], args, kwargs, names)
             return outs[0] if len(outs) == 1 else tuple(outs)
@@ -365,6 +385,22 @@ class _Body:
             return method(*args, **kwargs)
         except TypeError as e:  # wrong arguments to one of our builder methods
             raise DefinitionError(f"{kind[3:]}(): {e}") from None
+
+
+    def _vector_op(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        if kwargs or len(args) != (1 if name == "shape" else 2):
+            raise DefinitionError(f"ops.{name}() expects "
+                                  f"{'(tensor)' if name == 'shape' else '(vector, index)'}")
+        if name == "shape":
+            if not isinstance(args[0], TensorHandle):
+                raise DefinitionError("ops.shape() expects a tensor")
+            return args[0].shape()
+        vector, index = args
+        if not isinstance(vector, list) or isinstance(index, bool) or not isinstance(index, int):
+            raise DefinitionError("ops.at() expects a vector and an integer index")
+        if not -len(vector) <= index < len(vector):
+            raise DefinitionError(f"ops.at(): index {index} out of range for {len(vector)} items")
+        return vector[index]
 
 
 class _InputList:

@@ -262,3 +262,52 @@ register(OpSpec("size", (Param("arg", "T"), Param("dim", "I")), OpClass.SCALAR, 
 
 def is_scalar_only(ins: list) -> bool:
     return all(isinstance(v, ScalarValue) for v in ins)
+
+
+# ---- random numbers ----------------------------------------------------------------------------
+# uniform(minval, maxval, shape) and normal(mean, std, shape), with nvFuser's optional rng_seed and
+# rng_offset scalar operands. No kernel generates them yet: they run as fallback segments through
+# the torch reference (see optimizer.analysis.opclass.FALLBACK_OPS).
+
+
+def _rng_infer(ins, attrs):
+    dtype = attrs["dtype"] or DType.float32
+    if not dtype.is_float:
+        raise DefinitionError(f"random numbers must be floating point, got {dtype.value}")
+    for v in ins:
+        if isinstance(v, TensorValue):
+            raise DefinitionError(f"{v.name}: the parameters of a random op are scalars")
+    return [OutSig(dtype, tuple(False for _ in attrs["shape"]))]
+
+
+for _name, _a, _b in (("uniform", "minval", "maxval"), ("normal", "mean", "std")):
+    register(OpSpec(_name, (Param(_a, "S"), Param(_b, "S"), Param("shape", "SH", aliases=("size",)),
+                            Param("dtype", "DT", DType.float32), Param("rng_seed", "S?", None),
+                            Param("rng_offset", "S?", None)),
+                    OpClass.FACTORY, _rng_infer,
+                    lambda s, a, ev: [tuple(eval_shape_list(a["shape"], ev, "shape"))], cost=8))
+
+
+# ---- layout and scans (fallback segments) -------------------------------------------------------
+
+
+def _stride_order_infer(ins, attrs):
+    arg = _tensor(ins[0])
+    if sorted(attrs["stride_order"]) != list(range(arg.rank)):
+        raise DefinitionError(f"stride_order {attrs['stride_order']} is not a permutation of "
+                              f"range({arg.rank})")
+    return [OutSig(arg.dtype, arg.broadcast)]
+
+
+register(OpSpec("stride_order", (Param("arg", "T"), Param("stride_order", "IL")),
+                OpClass.POINTWISE, _stride_order_infer, lambda s, a, ev: [s[0]], cost=0))
+
+
+def _cumsum_infer(ins, attrs):
+    arg = _tensor(ins[0])
+    norm_axis(attrs["dim"], arg.rank)
+    return [OutSig(arg.dtype if arg.dtype.is_float else DType.int64, arg.broadcast)]
+
+
+register(OpSpec("cumsum", (Param("arg", "T"), Param("dim", "I")), OpClass.POINTWISE,
+                _cumsum_infer, lambda s, a, ev: [s[0]], cost=1))

@@ -171,9 +171,8 @@ def _reshape_infer(ins, attrs):
 
 def _reshape_shape(in_shapes, attrs, ev):
     numel = math.prod(in_shapes[0])
-    out = [ev(x) for x in attrs["new_shape"]]
+    out = [check_extent(ev(x), f"new_shape[{i}]") for i, x in enumerate(attrs["new_shape"])]
     for i, e in enumerate(out):
-        check_extent(e, f"new_shape[{i}]")
         if e < -1:
             raise InputError(f"new_shape[{i}] is {e}; extents must be >= 0 (or -1 to infer)")
     known = math.prod(e for e in out if e != -1)

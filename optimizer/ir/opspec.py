@@ -13,6 +13,7 @@ The op families register themselves from ``ops_pointwise``, ``ops_shape`` and ``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -157,6 +158,10 @@ def norm_axes(axes: list[int], rank: int, what: str = "dims") -> tuple[int, ...]
 
 
 def check_extent(value: Any, what: str) -> int:
+    # nvFuser computes extents like 192 * reciprocal(n) in floating point: a float within rounding
+    # of an integer is that integer.
+    if isinstance(value, float) and math.isfinite(value) and abs(value - round(value)) < 1e-6:
+        return int(round(value))
     if isinstance(value, bool) or not isinstance(value, int):
         raise InputError(f"{what} must be an integer, got {value!r}")
     return value

@@ -1,0 +1,15 @@
+# From NVIDIA/Fuser 81c4b22fd750, tests/python/direct/test_python_frontend.py line 1012 (fusion_func).
+# BSD-3-Clause, Copyright NVIDIA CORPORATION: see LICENSE in this folder.
+from nvfuser import DataType, FusionDefinition
+
+
+def fusion_func(fd: FusionDefinition):
+    T0 = fd.define_tensor(shape=[-1, -1, -1, -1], contiguity=[True, True, True, True], dtype=DataType.Float, is_cpu=False, stride_order=[3, 2, 1, 0])
+    S1 = fd.define_scalar(0.0, dtype=DataType.Double)
+    T2 = fd.ops.gt(T0, S1)
+    S3 = fd.define_scalar(0.0, dtype=DataType.Double)
+    T4 = fd.ops.where(T2, T0, S3)
+    fd.add_output(T4)
+    fd.add_output(T4, T0)
+    fd.add_output(T4)
+    fd.add_output(T0)
