@@ -127,7 +127,9 @@ def _steps(plan: Plan) -> _Steps:
         segments.append((seg, sources, returned, frees))
     expand = []
     for t in fusion.outputs:
-        compact = tuple(bound.compact_shape(t)) != tuple(bound.shapes[t])
+        # fusion inputs come at their logical shape already (stride 0 on expanded axes)
+        compact = t not in bound.inputs and \
+            tuple(bound.compact_shape(t)) != tuple(bound.shapes[t])
         expand.append((0, bound.shapes[t], bound.broadcast[t]) if compact else None)
     steps = _Steps(segments, expand)
     plan._steps = steps  # type: ignore[attr-defined]

@@ -293,7 +293,9 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
         step.frees = tuple(sorted(frees.get(i, ())))
     outputs = []
     for t in fusion.outputs:
-        compact = tuple(bound.compact_shape(t)) != tuple(bound.shapes[t])
+        # fusion inputs come at their logical shape already (stride 0 on expanded axes)
+        compact = t not in bound.inputs and \
+            tuple(bound.compact_shape(t)) != tuple(bound.shapes[t])
         outputs.append((slot_of[t], bound.shapes[t] if compact else None,
                         bound.broadcast[t] if compact else None))
     aliases = [(fusion.outputs.index(o), slot_of[i]) for o, i in fusion.aliases.items()]

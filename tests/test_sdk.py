@@ -141,3 +141,14 @@ def test_alias_input_still_updates_the_input_in_place():
     x = torch.zeros(2, 3)
     _defined(body).execute([x])
     assert torch.equal(x, torch.ones(2, 3))
+
+
+def test_an_expanded_input_returned_as_an_output():
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor(shape=[-1, -1], contiguity=[None, True], dtype=DataType.Float)
+        fd.add_output(t0)
+        fd.add_output(fd.ops.neg(t0))
+    x = torch.arange(4.0).reshape(1, 4).expand(3, 4)
+    same, negated = fd.execute([x])
+    torch.testing.assert_close(same, x)
+    torch.testing.assert_close(negated, -x)
