@@ -172,7 +172,7 @@ def execute_plan(plan: Plan, args: list[Any], runner: SegmentRunner = reference_
     for t, how in zip(fusion.outputs, steps.expand):
         value = env[t]
         outputs.append(value if how is None else expand_compact(value, how[1], how[2]))
+    for out, inp in fusion.aliases.items():  # in-place updates first: an output that is the
+        env[inp].copy_(outputs[fusion.outputs.index(out)])  # input shows its new values
     unshare(outputs, args)
-    for out, inp in fusion.aliases.items():
-        env[inp].copy_(outputs[fusion.outputs.index(out)])
     return Execution(outputs, timings, backend)

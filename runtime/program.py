@@ -189,10 +189,10 @@ class Program:
                 slots[b] = None
         outputs = [slots[i] if shape is None else expand_compact(slots[i], shape, broadcast)
                    for i, shape, broadcast in self.outputs]
+        for out, arg in self.aliases:  # in-place updates first, as execute_plan does
+            args[arg].copy_(outputs[out])
         if self.may_share:
             unshare(outputs, args, self.may_share)
-        for out, arg in self.aliases:
-            args[arg].copy_(outputs[out])
         return outputs
 
 
