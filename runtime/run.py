@@ -15,7 +15,13 @@ from typing import Any
 import torch
 
 from optimizer.plan.plan import Plan
-from runtime.executor import Execution, SegmentRunner, execute_plan, reference_runner
+from runtime.executor import (
+    Execution,
+    SegmentRunner,
+    check_matches_plan,
+    execute_plan,
+    reference_runner,
+)
 from runtime.program import Program, baked_positions, build_program, signature
 
 _programs: OrderedDict[tuple, Program] = OrderedDict()
@@ -58,7 +64,5 @@ def run_plan(plan: Plan, args: list[Any], *, timed: bool = False) -> Execution:
     runner, backend = runner_for(args)
     if timed or backend == "reference":
         return execute_plan(plan, list(args), runner, backend, timed=timed)
-    from runtime.executor import check_matches_plan
-
     check_matches_plan(plan, args)  # a clear error for arguments the plan was not made for
     return Execution(program_for(plan, args).run(list(args)), [], backend)

@@ -32,3 +32,20 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(params=CORPUS_FILES, ids=[p.stem for p in CORPUS_FILES])
 def corpus_file(request) -> Path:
     return request.param
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real fusecut service (uvicorn on loopback, its own SQLite file) for one test module."""
+    from tests.server import Server
+
+    with Server(tmp_path_factory.mktemp("svc") / "plans.sqlite") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        yield client

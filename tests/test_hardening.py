@@ -20,22 +20,10 @@ import uvicorn
 
 from service.app import create_app
 from service.settings import Settings
-from tests.server import Server, free_port
+from tests.server import free_port
 from tests.test_service import SMALL, assert_problem, small_metas
 
 INT64_MAX = 2**63 - 1
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with Server(tmp_path_factory.mktemp("hard") / "plans.sqlite") as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
 
 
 def kserve_body(data: list, datatype: str = "INT64") -> dict:

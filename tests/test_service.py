@@ -61,18 +61,6 @@ def small_metas(rows: int = 6, cols: int = 10) -> list[dict]:
             {"dtype": "float64", "value": 0.5}]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with Server(tmp_path_factory.mktemp("svc") / "plans.sqlite") as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
-
-
 def assert_problem(response: httpx.Response, status: int, *mentions: str) -> dict:
     """A problem+json refusal with this status whose detail names each of ``mentions``."""
     assert response.status_code == status, response.text
