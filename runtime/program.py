@@ -133,21 +133,24 @@ class Program:
             values[out] = eval_scalar_op(op, [values[n] for n in inputs], attrs, dtype)
         return values
 
-    def call(self, args: list[Any]) -> list[torch.Tensor] | None:
-        """The warm call: the outputs, or None when ``args`` do not match the signature."""
+    def call(self, args: list[Any], into: list[torch.Tensor | None] | None = None
+             ) -> list[torch.Tensor] | None:
+        """The warm call: the outputs, or None when ``args`` do not match the signature.
+        ``into``: as for ``run_python``."""
         native = self.native
         if native is not None:
-            return native[0](native[1], args, current_stream(self.device.index))
+            return native[0](native[1], args, current_stream(self.device.index), into)
         if signature(args, self.baked) != self.signature:
             return None
         if self.native_ready is not None and self.native_ready():  # built since: use it
             self.native, self.native_ready = _native_program(self), None
-        return self.run_python(args)
+        return self.run_python(args, into)
 
-    def run(self, args: list[Any]) -> list[torch.Tensor]:
+    def run(self, args: list[Any], into: list[torch.Tensor | None] | None = None
+            ) -> list[torch.Tensor]:
         """Run on arguments known to match (the caller looked the program up by them)."""
-        outs = self.call(args)
-        return outs if outs is not None else self.run_python(args)
+        outs = self.call(args, into)
+        return outs if outs is not None else self.run_python(args, into)
 
     @staticmethod
     def _values(step: Launch, slots: list[Any], scalars: dict[str, Any]) -> list[Any]:
@@ -162,8 +165,12 @@ class Program:
                 values.append(dvalue if kind == DOUBLE else ivalue)
         return values
 
-    def run_python(self, args: list[Any]) -> list[torch.Tensor]:
+    def run_python(self, args: list[Any], into: list[torch.Tensor | None] | None = None
+                   ) -> list[torch.Tensor]:
+        """Run in Python; ``into``: per output, a tensor to write it to (a slice of a whole
+        output, seed 004): kernels write there directly when it is dense, else it is copied."""
         slots: list[Any] = list(args) + [None] * len(self.buffers)
+        provided = self._provided(into) if into is not None else {}
         scalars = self.scalars(args)
         device = self.device
         stream = 0
@@ -174,7 +181,8 @@ class Program:
             if isinstance(step, Launch):
                 for b in step.allocs:
                     shape, dtype = self.buffers[b - self.n_args]
-                    slots[b] = torch.empty(shape, dtype=dtype, device=device)
+                    slots[b] = provided[b] if b in provided else \
+                        torch.empty(shape, dtype=dtype, device=device)
                 if step.kernel is not None:
                     launch_kernel(step.kernel, self._values(step, slots, scalars), stream)
             elif isinstance(step, LibraryCall):
@@ -191,14 +199,46 @@ class Program:
                    for i, shape, broadcast in self.outputs]
         for out, arg in self.aliases:  # in-place updates first, as execute_plan does
             args[arg].copy_(outputs[out])
+        if into is not None:
+            for (slot, _, _), target in zip(self.outputs, into):
+                if target is not None and slot not in provided:  # slots hold compact values
+                    target.copy_(slots[slot].reshape(target.shape))
+            return outputs
         if self.may_share:
             unshare(outputs, args, self.may_share)
         return outputs
 
+    def _provided(self, into: list[torch.Tensor | None]) -> dict[int, torch.Tensor]:
+        """Kernel-written output buffers that can be the given targets themselves."""
+        provided = {}
+        kernel_written = {b for step in self.steps if isinstance(step, Launch)
+                          for b in step.allocs}
+        for (slot, _, _), target in zip(self.outputs, into):
+            if target is None or slot not in kernel_written:
+                continue
+            shape, dtype = self.buffers[slot - self.n_args]
+            if target.dtype == dtype and target.is_contiguous() and \
+                    target.numel() == _numel(shape):
+                provided[slot] = target.view(shape)
+        return provided
+
+
+def _numel(shape) -> int:
+    n = 1
+    for e in shape:
+        n *= e
+    return n
+
 
 def build_program(plan: Plan, args: list[Any], sig: tuple | None = None) -> Program:
     """Compile every kernel of ``plan`` for these arguments and lay out the warm call (kernels
-    are loaded on the arguments' device)."""
+    are loaded on the arguments' device). A plan with a host program (stream-parallel axes)
+    runs it instead, segment programs per stage."""
+    if plan.host is not None:
+        from runtime.streams import HostCall
+
+        baked = baked_positions(plan.fusion)
+        return HostCall(plan, sig if sig is not None else signature(args, baked), baked)
     tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
     if tensor is not None and tensor.is_cuda:
         with torch.cuda.device(tensor.device):
