@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from codegen.rng import CUDA_PHILOX, CUDA_RANDOM
+
 HEADER = """
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -93,6 +95,9 @@ template <typename T> __device__ __forceinline__ T fc_clampi(T i, T hi) {
   return i < 0 ? 0 : (i > hi ? hi : i);
 }
 """),
+    Piece("fc_philox", ("fc_philox",), CUDA_PHILOX),
+    Piece("fc_random", ("fc_uniform_f", "fc_uniform_d", "fc_normal_f", "fc_normal_d"), CUDA_RANDOM,
+          ("fc_philox",)),
     Piece("fc_shfl", ("fc_shfl",), """\
 template <typename T> __device__ __forceinline__ T fc_shfl(T v, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
