@@ -231,7 +231,7 @@ class Emitter:
         if name == "cast":
             src = self.dtype(op.inputs[0])
             x = self.operand(op.inputs[0], idx)
-            if out_dtype.is_half and src.compute is not DType.bool:
+            if cuda.narrow(out_dtype) and src.compute is not DType.bool:
                 if src.compute is DType.float32 and _SIMPLE.fullmatch(x):
                     return _Unrounded(x)  # already a float: rounding it is the whole cast
                 return self._unrounded_let(
@@ -270,7 +270,7 @@ class Emitter:
             expr = f"({args[0]} + {args[3]} * {args[1]} * {args[2]})"
         else:
             expr = cuda.ternary(op.name, *args, ct)
-        if out_dtype.is_half:
+        if cuda.narrow(out_dtype):
             return self._unrounded_let(tensor, expr)
         if cuda.compute(out_dtype) != cuda.compute(ct) and not out_dtype.is_bool:
             expr = f"({cuda.compute(out_dtype)})({expr})"
@@ -300,7 +300,7 @@ class Emitter:
         elif op.name == "prod" and count != 1:
             x = "*".join([f"({x})"] * count) if count <= 4 else \
                 f"{'pow' if out_dtype is DType.float64 else 'powf'}({x}, {count})"
-        if out_dtype.is_half:
+        if cuda.narrow(out_dtype):
             x = cuda.round_half(x, out_dtype)
         return x if _SIMPLE.fullmatch(x) else self.let_value(tensor, x)  # a squeeze is a name
 
@@ -450,7 +450,8 @@ class Emitter:
                 return hit
         lane = "0u"
         last = _LANE_SUM.fullmatch(idx[-1]) if idx else None
-        if last is not None and _balanced(last.group(1)):  # the vector lane apart: lanes may then share a Philox block
+        # the vector lane apart: the lanes of a vector may then share a Philox block
+        if last is not None and _balanced(last.group(1)):
             idx, lane = (*idx[:-1], last.group(1)), f"(unsigned int){last.group(2)}"
         terms, stride = [], 1
         for i, e in zip(reversed(idx), reversed(self.bound.shapes[tensor])):
