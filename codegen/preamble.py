@@ -97,21 +97,29 @@ template <typename T> __device__ __forceinline__ T fc_clampi(T i, T hi) {
 """),
     # ---- 8-bit floats, bit for bit as torch's c10 conversions (torch >= 2.12) ----
     Piece("fc_e4m3", ("fc_f_to_e4m3", "fc_e4m3_to_f"), """\
-// float8_e4m3fn: round to nearest even; a finite value past 448 and +-inf saturate to +-448
-// (torch's fp8e4m3fn_from_fp32_value); NaN stays NaN (0x7f). No infinities in the format.
+// float8_e4m3fn, as torch's fp8e4m3fn_from_fp32_value: round to nearest even; NaN stays NaN
+// (0x7f); no infinities in the format. Past 448 (and +-inf): torch >= 2.12 saturates to +-448,
+// older torch gives NaN (FC_E4M3_OVERFLOW_NAN, defined by runtime.compile to match the
+// installed torch).
 __device__ __forceinline__ unsigned char fc_f_to_e4m3(float f) {
   unsigned int bits = __float_as_uint(f), r;
   const unsigned int sign = bits & 0x80000000u;
   bits ^= sign;
   if (bits >= (1087u << 20)) {  // 480 and beyond, inf, NaN
+#ifdef FC_E4M3_OVERFLOW_NAN
+    r = 0x7fu;
+#else
     r = bits > 0x7f800000u ? 0x7fu : 0x7eu;
+#endif
   } else if (bits < (121u << 23)) {  // below 2^-6: subnormal, rounded by a float addition
     r = __float_as_uint(__fadd_rn(__uint_as_float(bits), __uint_as_float(141u << 23))) -
         (141u << 23);
   } else {
     bits += (unsigned int)(7 - 127) * (1u << 23) + 0x7ffffu + ((bits >> 20) & 1u);
     r = (bits >> 20) & 0xffu;
+#ifndef FC_E4M3_OVERFLOW_NAN
     if (r == 0x7fu) r = 0x7eu;  // rounding up into the NaN pattern saturates
+#endif
   }
   return (unsigned char)(r | (sign >> 24));
 }
