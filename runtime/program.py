@@ -42,7 +42,8 @@ _CONSTANT = {ctypes.c_double: DOUBLE, ctypes.c_bool: BOOL}
 _DYNAMIC = {ctypes.c_double: SCALAR_DOUBLE, ctypes.c_bool: SCALAR_BOOL}
 # torch dtype -> c10::ScalarType code (stable across torch versions)
 SCALAR_TYPE = {torch.uint8: 0, torch.int32: 3, torch.int64: 4, torch.float16: 5,
-               torch.float32: 6, torch.float64: 7, torch.bool: 11, torch.bfloat16: 15}
+               torch.float32: 6, torch.float64: 7, torch.bool: 11, torch.bfloat16: 15,
+               torch.float8_e5m2: 23, torch.float8_e4m3fn: 24}
 
 
 def signature(args: list[Any], baked: frozenset[int] = frozenset()) -> tuple:

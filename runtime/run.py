@@ -45,7 +45,10 @@ def runner_for(args: list[Any]) -> tuple[SegmentRunner, str]:
 
 def program_for(plan: Plan, args: list[Any]) -> Program:
     """The compiled program of ``plan`` for arguments like these (built on first use)."""
-    sig = signature(args, baked_positions(plan.fusion))
+    baked = getattr(plan, "_baked", None)
+    if baked is None:
+        baked = plan._baked = baked_positions(plan.fusion)  # type: ignore[attr-defined]
+    sig = signature(args, baked)
     key = (plan.plan_id, sig)
     with _lock:
         program = _programs.get(key)
