@@ -65,8 +65,8 @@ def cases():
     """(name, fusion, inputs, eager function)."""
     bf16 = dict(dtype=torch.bfloat16, device="cuda")
     f32 = dict(dtype=torch.float32, device="cuda")
-    yield ("linear+silu, 16 slices of 128x2048 @ 2048x2048 (bf16)", _definition(LINEAR_SILU),
-           [torch.randn(16, 128, 2048, **bf16), torch.randn(2048, 2048, **bf16) / 45],
+    yield ("linear+silu, 16 slices of 256x8192 @ 8192x4096 (bf16)", _definition(LINEAR_SILU),
+           [torch.randn(16, 256, 8192, **bf16), torch.randn(4096, 8192, **bf16) / 90],
            linear_silu_eager)
     yield ("linear+silu, 8 slices of 1024x4096 @ 4096x4096 (bf16)", _definition(LINEAR_SILU),
            [torch.randn(8, 1024, 4096, **bf16), torch.randn(4096, 4096, **bf16) / 64],

@@ -79,11 +79,13 @@ class LibraryCall:
     output: int
     dtype: torch.dtype
     frees: tuple[int, ...] = ()
+    compact: tuple[int, ...] | None = None  # the stored shape, when extent-1 axes are dropped
 
     def run(self, slots: list[Any]) -> None:
         a, b, *bias = (slots[i] for i in self.inputs)
         r = F.linear(a, b, *bias) if self.op == "linear" else torch.matmul(a, b)
-        slots[self.output] = r.to(self.dtype).contiguous()
+        r = r.to(self.dtype).contiguous()
+        slots[self.output] = r if self.compact is None else r.view(self.compact)
 
 
 LIBRARY_OPS = {"linear": 1, "matmul": 2}
@@ -270,10 +272,13 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
         library = library_op(seg)
         if library is not None:
             out = new_buffer(None, None)
-            slot_of[sub.output_map[sub.fusion.outputs[0]]] = out
+            result = sub.output_map[sub.fusion.outputs[0]]
+            slot_of[result] = out
+            squeezed = len(sub.fusion.ops) == 2  # the C++ launcher keeps the same data unsqueezed
             steps.append(LibraryCall(library.name, arg_slots, out,
-                                     TORCH_DTYPE[fusion.tensors[sub.output_map[
-                                         sub.fusion.outputs[0]]].dtype]))
+                                     TORCH_DTYPE[fusion.tensors[result].dtype],
+                                     compact=tuple(bound.compact_shape(result)) if squeezed
+                                     else None))
             for s in arg_slots:
                 reads[s] = len(steps) - 1
             continue
@@ -364,13 +369,18 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
 
 def library_op(segment):
     """The linear or matmul op a library segment is, when it is exactly that one op on its
-    inputs (anything else runs through the torch reference)."""
+    inputs, or that op and a squeeze of extent-1 axes to the compact form (the same data: a
+    slice of a stream loop has its stream axis at extent 1). Anything else runs through the
+    torch reference."""
     sub = segment.sub.fusion
-    if segment.kind is not Kind.LIBRARY or len(sub.ops) != 1:
+    if segment.kind is not Kind.LIBRARY or not 1 <= len(sub.ops) <= 2:
         return None
-    op = sub.ops[0]
+    op, *squeeze = sub.ops
+    result = squeeze[0].outputs if squeeze else op.outputs
+    if squeeze and (squeeze[0].name != "squeeze" or list(squeeze[0].inputs) != list(op.outputs)):
+        return None
     if op.name not in LIBRARY_OPS or list(op.inputs) != list(sub.inputs) or \
-            list(op.outputs) != list(sub.outputs):
+            list(result) != list(sub.outputs):
         return None
     if op.name == "linear" and len(op.inputs) != (3 if op.attrs.get("has_bias") else 2):
         return None

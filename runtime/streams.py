@@ -111,12 +111,16 @@ def _run_loop(plan: Plan, step: Step, env: dict[str, Any], scalars: dict[str, An
     caller = torch.cuda.current_stream(device)
     entry = caller.record_event()
     streams = stream_pool(device, plan.host.num_streams)
-    for i in range(step.stage.extent):
-        stream = streams[i % len(streams)]
-        stream.wait_event(entry)  # Synchronize Stream 0
-        with torch.cuda.stream(stream):  # SetCurrentStream to Stream ( StreamIdx % n )
+    try:
+        for i in range(step.stage.extent):
+            stream = streams[i % len(streams)]
+            stream.wait_event(entry)  # Synchronize Stream 0
+            torch.cuda.set_stream(stream)  # SetCurrentStream to Stream ( StreamIdx % n )
             _run_iteration(plan, step, env, scalars, i, True)
-        caller.wait_stream(stream)  # Synchronize Stream ( StreamIdx % n )
+            torch.cuda.set_stream(caller)  # SetCurrentStream to Stream 0
+            caller.wait_event(stream.record_event())  # Synchronize Stream ( StreamIdx % n )
+    finally:
+        torch.cuda.set_stream(caller)
 
 
 def _run_iteration(plan: Plan, step: Step, env: dict[str, Any], scalars: dict[str, Any],
