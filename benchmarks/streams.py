@@ -99,15 +99,39 @@ def measure(name, fusion, inputs, eager, iters: int, bandwidth: float) -> list[s
         systems.append((f"{n} streams", lambda n=n: split.execute(inputs, num_streams=n)))
     times = medians_in_rounds([fn for _, fn in systems], iters)
     by_name = dict(zip((s for s, _ in systems), times))
+    graphs = [(s, graphed(fn)) for s, fn in systems if s.startswith(("fusecut", "1 ", "2 ", "4 ",
+                                                                     "8 "))]
+    kernel_times = medians_in_rounds([g for _, g in graphs if g is not None], iters)
+    kernels = dict(zip((s for s, g in graphs if g is not None), kernel_times))
     floor = split.plan(inputs).json["totals"]["lower_bound_bytes"] / bandwidth
     row = [name, f"{floor * 1e6:.0f}"]
     for column in COLUMNS[2:]:
         t = by_name.get(column)
-        row.append(f"{t * 1e6:.0f}" if t is not None else "n/a")
+        k = kernels.get(column)
+        cell = f"{t * 1e6:.0f}" if t is not None else "n/a"
+        row.append(cell + (f" ({k * 1e6:.0f})" if k is not None else ""))
     best = min(STREAMS, key=lambda n: by_name[f"{n} streams"])
     row.append(f"{by_name['fusecut unsplit'] / by_name[f'{best} streams']:.2f}x at {best}")
     print(" | ".join(row), flush=True)
     return row
+
+
+def graphed(fn):
+    """``fn`` captured in a CUDA graph (its kernels and stream waits without the Python that
+    launches them): the replay, or None when it does not capture."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph.replay
+    except Exception as exc:  # noqa: BLE001 - a system that does not capture loses its column
+        print(f"capture failed: {exc}", file=sys.stderr)
+        return None
 
 
 COLUMNS = ["case", "floor (us)", "eager", "torch.compile", "fusecut unsplit",
@@ -123,8 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = [measure(*case, args.iters, bandwidth) for case in cases()]
     table = markdown_table(COLUMNS + ["best streams vs unsplit"], rows)
     notes = (f"Median microseconds per `fd.execute` call (Python included), CUDA events, "
-             f"{args.iters} calls in rotating rounds; copy bandwidth {bandwidth / 1e9:.0f} GB/s. "
-             "Streams: the host program (seed 004) with `num_streams` = 1, 2, 4, 8.")
+             f"{args.iters} calls in rotating rounds; in parentheses the same call captured in a "
+             "CUDA graph and replayed (kernels, library calls and stream waits alone). Copy "
+             f"bandwidth {bandwidth / 1e9:.0f} GB/s. Streams: the host program (seed 004) with "
+             "`num_streams` = 1, 2, 4, 8; unsplit: the same fusion without its stream axes.")
     print(table)
     print(write_result("streams", device, "Stream lowering: host program on 1-8 streams",
                        table, notes))

@@ -65,7 +65,7 @@ def run_host(plan: Plan, args: list[Any]) -> Execution:
             _run_loop(plan, step, env, scalars, gpu)
         else:
             for j in step.segments:
-                env.update(_run_segment(plan, step, j, env, scalars, gpu, {}))
+                env.update(_run_segment(plan, step, j, env, scalars, gpu, {}, {}))
     outputs = []
     for t, how in zip(fusion.outputs, _steps(plan).expand):
         outputs.append(env[t] if how is None else expand_compact(env[t], how[1], how[2]))
@@ -76,25 +76,40 @@ def run_host(plan: Plan, args: list[Any]) -> Execution:
 
 
 def _run_segment(plan: Plan, step: Step, j: int, env: dict[str, Any], scalars: dict[str, Any],
-                 gpu: bool, into: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+                 gpu: bool, into: dict[str, torch.Tensor], programs: dict[int, Any]
+                 ) -> dict[str, torch.Tensor]:
     """Run segment ``j`` (as planned for this step) on the values in ``env``; outputs named in
-    ``into`` are written there. Returns the segment's outputs by tensor."""
-    sub = plan.segments[j].sub
-    seg_plan = step.plans[j]
-    sources = [sub.input_map[n] for n in sub.fusion.inputs]
-    args = [env[s] if s in plan.fusion.tensors else scalars[s] for s in sources]
-    names = [sub.output_map[n] for n in sub.fusion.outputs]
-    targets = [into.get(t) for t in names]
+    ``into`` are written there. Returns the segment's outputs by tensor. ``programs``: the
+    program each segment ran last in this loop (iterations differ only in addresses)."""
+    sources, names = _segment_io(plan, j)
+    args = [env[s] if is_tensor else scalars[s] for s, is_tensor in sources]
+    targets = [into.get(t) for t in names] if into else None
     if gpu:
         from runtime.run import program_for
 
-        outs = program_for(seg_plan, args).run(args, targets if into else None)
+        program = programs.get(j)
+        outs = program.call(args, targets) if program is not None else None
+        if outs is None:
+            program = programs[j] = program_for(step.plans[j], args)
+            outs = program.run(args, targets)
     else:
-        outs = execute_plan(seg_plan, args).outputs
-        for value, target in zip(outs, targets):
+        outs = execute_plan(step.plans[j], args).outputs
+        for value, target in zip(outs, targets or ()):
             if target is not None:
                 target.copy_(value.reshape(target.shape))
     return {t: into.get(t, value) for t, value in zip(names, outs)}
+
+
+def _segment_io(plan: Plan, j: int) -> tuple[list[tuple[str, bool]], list[str]]:
+    """Segment ``j``'s arguments (original names, whether a tensor) and results, once."""
+    cache = plan.__dict__.setdefault("_segment_io", {})
+    io = cache.get(j)
+    if io is None:
+        sub = plan.segments[j].sub
+        io = cache[j] = ([(sub.input_map[n], sub.input_map[n] in plan.fusion.tensors)
+                          for n in sub.fusion.inputs],
+                         [sub.output_map[n] for n in sub.fusion.outputs])
+    return io
 
 
 def _run_loop(plan: Plan, step: Step, env: dict[str, Any], scalars: dict[str, Any],
@@ -104,9 +119,10 @@ def _run_loop(plan: Plan, step: Step, env: dict[str, Any], scalars: dict[str, An
     for t in step.allocations:  # ALLOCATE: whole, before the loop, on the caller's stream
         env[t] = torch.empty(bound.compact_shape(t), dtype=TORCH_DTYPE[plan.fusion.tensors[
             t].dtype], device=device)
+    programs: dict[int, Any] = {}
     if not gpu:
         for i in range(step.stage.extent):
-            _run_iteration(plan, step, env, scalars, i, False)
+            _run_iteration(plan, step, env, scalars, i, False, programs)
         return
     caller = torch.cuda.current_stream(device)
     entry = caller.record_event()
@@ -116,7 +132,7 @@ def _run_loop(plan: Plan, step: Step, env: dict[str, Any], scalars: dict[str, An
             stream = streams[i % len(streams)]
             stream.wait_event(entry)  # Synchronize Stream 0
             torch.cuda.set_stream(stream)  # SetCurrentStream to Stream ( StreamIdx % n )
-            _run_iteration(plan, step, env, scalars, i, True)
+            _run_iteration(plan, step, env, scalars, i, True, programs)
             torch.cuda.set_stream(caller)  # SetCurrentStream to Stream 0
             caller.wait_event(stream.record_event())  # Synchronize Stream ( StreamIdx % n )
     finally:
@@ -124,10 +140,10 @@ def _run_loop(plan: Plan, step: Step, env: dict[str, Any], scalars: dict[str, An
 
 
 def _run_iteration(plan: Plan, step: Step, env: dict[str, Any], scalars: dict[str, Any],
-                   i: int, gpu: bool) -> None:
+                   i: int, gpu: bool, programs: dict[int, Any]) -> None:
     """One iteration: HirAliasSelect of every slice, then the loop's segments on them."""
     local = {t: env[t] if axis is None else env[t].narrow(axis, i, 1)
              for t, axis in step.slices.items()}
     into = {t: local[t] for t in step.allocations}
     for j in step.segments:
-        local.update(_run_segment(plan, step, j, local, scalars, gpu, into))
+        local.update(_run_segment(plan, step, j, local, scalars, gpu, into, programs))
