@@ -21,16 +21,21 @@ from optimizer.plan.plan import Plan
 from runtime.executor import Execution, _steps, check_matches_plan, execute_plan, expand_compact
 from runtime.tensors import TORCH_DTYPE, unshare
 
-_pools: dict[int, list[torch.cuda.Stream]] = {}
+_pools: dict[int, list[tuple[torch.cuda.Stream, torch.cuda.Event]]] = {}
 _pool_lock = threading.Lock()
 
 
 def stream_pool(device: torch.device, count: int) -> list[torch.cuda.Stream]:
     """``count`` streams of ``device``, created once and reused by every loop."""
+    return [stream for stream, _ in _pool(device, count)]
+
+
+def _pool(device: torch.device, count: int) -> list[tuple[torch.cuda.Stream, torch.cuda.Event]]:
+    """The pool's streams, each with an event that marks its latest iteration's end."""
     with _pool_lock:
         pool = _pools.setdefault(device.index, [])
         while len(pool) < count:
-            pool.append(torch.cuda.Stream(device))
+            pool.append((torch.cuda.Stream(device), torch.cuda.Event()))
         return pool[:count]
 
 
@@ -126,17 +131,19 @@ def _run_loop(plan: Plan, step: Step, env: dict[str, Any], scalars: dict[str, An
         return
     caller = torch.cuda.current_stream(device)
     entry = caller.record_event()
-    streams = stream_pool(device, plan.host.num_streams)
+    pool = _pool(device, plan.host.num_streams)
+    set_stream = torch._C._cuda_setStream  # torch.cuda.set_stream without its Python checks
     try:
         for i in range(step.stage.extent):
-            stream = streams[i % len(streams)]
-            stream.wait_event(entry)  # Synchronize Stream 0
-            torch.cuda.set_stream(stream)  # SetCurrentStream to Stream ( StreamIdx % n )
-            _run_iteration(plan, step, env, scalars, i, True, programs)
-            torch.cuda.set_stream(caller)  # SetCurrentStream to Stream 0
-            caller.wait_event(stream.record_event())  # Synchronize Stream ( StreamIdx % n )
+            stream, done = pool[i % len(pool)]
+            entry.wait(stream)  # Synchronize Stream 0
+            set_stream(stream.stream_id, stream.device_index, stream.device_type)
+            _run_iteration(plan, step, env, scalars, i, True, programs)  # on the slice's stream
+            done.record(stream)
+            set_stream(caller.stream_id, caller.device_index, caller.device_type)
+            caller.wait_event(done)  # Synchronize Stream ( StreamIdx % numberOfStreams )
     finally:
-        torch.cuda.set_stream(caller)
+        set_stream(caller.stream_id, caller.device_index, caller.device_type)
 
 
 def _run_iteration(plan: Plan, step: Step, env: dict[str, Any], scalars: dict[str, Any],

@@ -300,6 +300,8 @@ def test_gpu_outputs_equal_the_unsplit_run(case):
 
 @pytest.mark.gpu
 def test_gpu_iterations_run_on_the_pools_streams(monkeypatch):
+    """Every segment program of a loop iteration runs on its stream (the stream handle each
+    program reads, in C++ or Python, to launch on)."""
     import runtime.program
     from runtime.streams import stream_pool
 
@@ -308,14 +310,14 @@ def test_gpu_iterations_run_on_the_pools_streams(monkeypatch):
     plan = plan_for(parsed, [(8, 1 << 16)], num_streams=4)
     run_plan(plan, args)  # compile first
     used = []
-    real = runtime.program.launch_kernel
-    monkeypatch.setattr(runtime.program, "launch_kernel",
-                        lambda launch, values, stream: (used.append(stream),
-                                                        real(launch, values, stream))[1])
+    real = runtime.program.current_stream
+    monkeypatch.setattr(runtime.program, "current_stream",
+                        lambda index: used.append(real(index)) or used[-1])
     caller = torch.cuda.current_stream().cuda_stream
     (out,) = run_plan(plan, args).outputs
     torch.cuda.synchronize()
     pool = [s.cuda_stream for s in stream_pool(args[0].device, 4)]
     assert used == [pool[i % 4] for i in range(8)]  # iteration i on stream i % 4
     assert caller not in used and len(set(used)) == 4
+    assert torch.cuda.current_stream().cuda_stream == caller  # the caller's stream is back
     assert torch.equal(out, args[0])
