@@ -150,6 +150,11 @@ def _pointwise(op: Op, args: list[Any], env: _Env, out: torch.dtype) -> torch.Te
         return torch.tensor(x, dtype=dtype, device=env.device)
 
     if name == "cast":
+        packed = getattr(torch, "float4_e2m1fn_x2", None)
+        if packed is not None and packed in (out, getattr(args[0], "dtype", None)) \
+                and out != getattr(args[0], "dtype", None):
+            raise InputError("cast: torch cannot convert packed fp4 (float4_e2m1fn_x2) values; "
+                             "only nvFuser's kernels unpack them")
         return t(args[0], out)
     if name == "set":
         return args[0]

@@ -97,6 +97,8 @@ def make_input(meta: InputMeta, device: str | torch.device = "cpu",
             flat = torch.arange(n, dtype=dt, **kw)
         else:
             flat = torch.randint(int(low), int(high), (n,), dtype=dt, generator=generator, **kw)
+    elif meta.dtype is DType.float4_e2m1fn_x2:  # torch cannot convert to packed fp4: raw bytes
+        flat = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=generator, **kw).view(dt)
     elif fn == "rand":
         flat = torch.rand(n, generator=generator, dtype=torch.float32, **kw).to(dt)
     elif fn in ("zeros", "empty"):
