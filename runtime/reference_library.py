@@ -182,7 +182,10 @@ def _preprocess_grouped_matmul_input_sf(op, args, env, outs):
 
 def _no_reference(what: str):
     def run(op, args, env, outs):
-        raise InputError(f"{op.name}: no torch reference ({what}); it parses and plans, but "
+        reason = what
+        if "dtype" in op.attrs and op.attrs["dtype"] is not None and "fp4" in what:
+            reason = f"block quantization to {op.attrs['dtype'].value} is not written yet"
+        raise InputError(f"{op.name}: no torch reference ({reason}); it parses and plans, but "
                          f"runs only through nvFuser's kernels")
 
     return run
@@ -194,6 +197,6 @@ LIBRARY_REFERENCE = {
     "argsort": _argsort, "grouped_mm": _grouped_mm,
     "preprocess_grouped_matmul_input_sf": _preprocess_grouped_matmul_input_sf,
     "cutlass_nvfp4_grouped_mm": _no_reference("NVFP4 operands and swizzled block scales"),
-    "nv_block_quantize": _no_reference("torch has no unpacked Float4_e2m1fn tensors"),
-    "nv_grouped_block_quantize": _no_reference("torch has no unpacked Float4_e2m1fn tensors"),
+    "nv_block_quantize": _no_reference("torch has no unpacked fp4 tensors"),
+    "nv_grouped_block_quantize": _no_reference("torch has no unpacked fp4 tensors"),
 }
