@@ -381,3 +381,15 @@ def test_every_registered_op_is_in_the_docs_table():
     docs = (Path(__file__).parent.parent / "docs" / "ops.md").read_text()
     missing = [name for name in all_specs() if f"| `{name}` |" not in docs]
     assert not missing, f"docs/ops.md lacks {missing}"
+
+
+@pytest.mark.parametrize("body", [SDPA, NVFP4], ids=["sdpa", "nvfp4"])
+def test_library_ops_round_trip_through_json_and_nvfuser_text(body):
+    from optimizer.ir import parse_text
+    from optimizer.ir.printer import print_fusion
+    from optimizer.ir.wire import fusion_from_json, fusion_to_json
+
+    f = fusion(body)
+    assert fusion_to_json(fusion_from_json(fusion_to_json(f))) == fusion_to_json(f)
+    again = parse_text(print_fusion(f)).fusion
+    assert fusion_to_json(again)["ops"] == fusion_to_json(f)["ops"]
