@@ -15,10 +15,13 @@ from optimizer.ir.dtypes import DType
 
 STORAGE = {DType.bool: "bool", DType.int32: "int", DType.int64: "long long",
            DType.float16: "__half", DType.bfloat16: "__nv_bfloat16", DType.float32: "float",
-           DType.float64: "double"}
+           DType.float64: "double", DType.float8_e4m3fn: "unsigned char",
+           DType.float8_e5m2: "unsigned char"}
 COMPUTE = {DType.bool: "bool", DType.int32: "int", DType.int64: "long long",
            DType.float16: "float", DType.bfloat16: "float", DType.float32: "float",
-           DType.float64: "double"}
+           DType.float64: "double", DType.float8_e4m3fn: "float", DType.float8_e5m2: "float"}
+# 8-bit floats: bits in an unsigned char, converted by preamble helpers exactly as torch does
+_FP8_NAME = {DType.float8_e4m3fn: "e4m3", DType.float8_e5m2: "e5m2"}
 
 
 def storage(d: DType) -> str:
@@ -50,31 +53,41 @@ def literal(value, d: DType) -> str:
     return text if d is DType.float64 else f"{text}f"
 
 
+def narrow(d: DType) -> bool:
+    """Stored narrower than its float compute type: an op producing it rounds its result."""
+    return d.is_half or d in _FP8_NAME
+
+
 def to_compute(expr: str, src: DType) -> str:
     """A loaded storage value as its compute type."""
     if src is DType.bfloat16:
         return f"__bfloat162float({expr})"
     if src is DType.float16:
         return f"__half2float({expr})"
+    if src in _FP8_NAME:
+        return f"fc_{_FP8_NAME[src]}_to_f({expr})"
     return expr
 
 
 def to_storage(expr: str, dst: DType) -> str:
-    """A compute value as storage type (round to nearest even for 16-bit floats)."""
+    """A compute value as storage type (round to nearest even for 16-bit and 8-bit floats)."""
     if dst is DType.bfloat16:
         return f"__float2bfloat16({expr})"
     if dst is DType.float16:
         return f"__float2half({expr})"
+    if dst in _FP8_NAME:
+        return f"fc_f_to_{_FP8_NAME[dst]}({expr})"
     return expr
 
 
 def convert(expr: str, src: DType, dst: DType) -> str:
-    """Cast a compute value of type ``src`` to compute type of ``dst`` (with 16-bit rounding)."""
+    """Cast a compute value of type ``src`` to compute type of ``dst`` (with 16-bit and 8-bit
+    rounding; a double reaches an 8-bit float through float, as in torch)."""
     if src == dst:
         return expr
     if dst.is_bool:
         return f"({expr} != 0)"
-    if dst.is_half:
+    if narrow(dst):
         return round_half(expr if src is DType.float32 else f"(float)({expr})", dst)
     return f"({compute(dst)})({expr})"
 

@@ -36,6 +36,7 @@ from optimizer.ir.ops_shape import pad_widths_by_axis, slice_bounds
 
 Index = tuple[str, ...]
 _SIMPLE = re.compile(r"[A-Za-z_]\w*(\[\w+\]|\.\w+)*")  # a name, maybe indexed: no work to repeat
+_LANE_SUM = re.compile(r"\((.+) \+ (_lane)\)")  # a vectorised kernel's innermost index
 BOOL_OPS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"}
 
 
@@ -100,6 +101,10 @@ class Emitter:
         # unrounded value (storing rounds it the same way): one conversion instead of three
         self._raw: dict[tuple[str, Index], str] = {}
         self.fast: frozenset[str] = frozenset()  # tensors whose op may use fast math
+        # A kernel that knows the row-major position of an index in its domain cheaply (the
+        # pointwise loop's flat counter) may supply it: flat_index(tensor, idx) -> (base, lane)
+        # expressions or None (random numbers need the linear index of each element).
+        self.flat_index: Callable[[str, Index], tuple[str, str] | None] | None = None
         self.names = names if names is not None else Names()
 
     # ---- helpers ------------------------------------------------------------------------------
@@ -226,7 +231,7 @@ class Emitter:
         if name == "cast":
             src = self.dtype(op.inputs[0])
             x = self.operand(op.inputs[0], idx)
-            if out_dtype.is_half and src.compute is not DType.bool:
+            if cuda.narrow(out_dtype) and src.compute is not DType.bool:
                 if src.compute is DType.float32 and _SIMPLE.fullmatch(x):
                     return _Unrounded(x)  # already a float: rounding it is the whole cast
                 return self._unrounded_let(
@@ -265,7 +270,7 @@ class Emitter:
             expr = f"({args[0]} + {args[3]} * {args[1]} * {args[2]})"
         else:
             expr = cuda.ternary(op.name, *args, ct)
-        if out_dtype.is_half:
+        if cuda.narrow(out_dtype):
             return self._unrounded_let(tensor, expr)
         if cuda.compute(out_dtype) != cuda.compute(ct) and not out_dtype.is_bool:
             expr = f"({cuda.compute(out_dtype)})({expr})"
@@ -295,7 +300,7 @@ class Emitter:
         elif op.name == "prod" and count != 1:
             x = "*".join([f"({x})"] * count) if count <= 4 else \
                 f"{'pow' if out_dtype is DType.float64 else 'powf'}({x}, {count})"
-        if out_dtype.is_half:
+        if cuda.narrow(out_dtype):
             x = cuda.round_half(x, out_dtype)
         return x if _SIMPLE.fullmatch(x) else self.let_value(tensor, x)  # a squeeze is a name
 
@@ -436,6 +441,45 @@ class Emitter:
         return self.let_value(tensor, cuda.convert(self.scalar(op.inputs[0]),
                                                    self.dtype(op.inputs[0]).compute, d))
 
+    def linear_index(self, tensor: str, idx: Index) -> tuple[str, str]:
+        """The row-major linear index of ``idx`` in ``tensor``'s shape, as (base, lane): an
+        unsigned 64-bit C expression and a small unsigned one to add to it."""
+        if self.flat_index is not None:
+            hit = self.flat_index(tensor, idx)
+            if hit is not None:
+                return hit
+        lane = "0u"
+        last = _LANE_SUM.fullmatch(idx[-1]) if idx else None
+        # the vector lane apart: the lanes of a vector may then share a Philox block
+        if last is not None and _balanced(last.group(1)):
+            idx, lane = (*idx[:-1], last.group(1)), f"(unsigned int){last.group(2)}"
+        terms, stride = [], 1
+        for i, e in zip(reversed(idx), reversed(self.bound.shapes[tensor])):
+            if i != "0" and e != 1:
+                term = f"(unsigned long long)({i})"
+                terms.append(term if stride == 1 else f"{term} * {stride}ULL")
+            stride *= e
+        return ("(" + " + ".join(reversed(terms)) + ")" if terms else "0ULL"), lane
+
+    def _op_uniform(self, op, tensor, idx):
+        """Philox values of (seed, offset, linear index): see codegen/rng.py."""
+        d = self.dtype(tensor)
+        ct = DType.float64 if d is DType.float64 else DType.float32
+        present = iter(op.inputs[2:])
+        key = [f"(unsigned long long)({self.scalar(next(present))})"
+               if op.attrs.get(f"has_{p}") else "0ULL" for p in ("rng_seed", "rng_offset")]
+        # uniform's bounds in its compute type; normal's mean and std always in double
+        pt = ct if op.name == "uniform" else DType.float64
+        a, b = (cuda.convert(self.scalar(n), self.dtype(n).compute, pt) for n in op.inputs[:2])
+        fn = f"fc_{op.name}_{'d' if ct is DType.float64 else 'f'}"
+        base, lane = self.linear_index(tensor, idx)
+        expr = f"{fn}({key[0]}, {key[1]}, {base}, {lane}, {a}, {b})"
+        if d.is_half:
+            return self._unrounded_let(tensor, expr)
+        return self.let_value(tensor, expr)
+
+    _op_normal = _op_uniform
+
     def _op_iota(self, op, tensor, idx):
         d = self.dtype(tensor)
         ct = cuda.compute(d)
@@ -469,6 +513,16 @@ def _delinearize(flat: str, shape, flags) -> Index:
         else:
             out.append(f"(({flat} / {stride}) % {e})")
     return tuple(out)
+
+
+def _balanced(expr: str) -> bool:
+    """Parentheses in ``expr`` pair up (it is one expression, not a piece of one)."""
+    depth = 0
+    for ch in expr:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def _declaration(ctype: str, name: str, expr: str, comment: str = "") -> str:

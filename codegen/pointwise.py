@@ -182,6 +182,16 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
 
     em = Emitter(bound, schedule.ops, set(schedule.inputs), load, itype, Names(recomputed))
     em.fast = fast_math_tensors(bound, schedule)
+    if rank:
+        flat_lane = ("(unsigned long long)flat", f"(unsigned int){LANE}" if vec > 1 else "0u")
+
+        def flat_index(t: str, idx: tuple[str, ...]) -> tuple[str, str] | None:
+            """The loop's flat counter (a multiple of the vector width) and the lane are the
+            linear index of a domain-shaped tensor."""
+            return flat_lane if idx == domain_idx and tuple(bound.shapes[t]) == tuple(domain) \
+                else None
+
+        em.flat_index = flat_index
     stores_after: list[str] = []
     vec_outputs: list[str] = []
     for t in schedule.outputs:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from codegen.rng import CUDA_PHILOX, CUDA_RANDOM
+
 HEADER = """
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -93,6 +95,71 @@ template <typename T> __device__ __forceinline__ T fc_clampi(T i, T hi) {
   return i < 0 ? 0 : (i > hi ? hi : i);
 }
 """),
+    # ---- 8-bit floats, bit for bit as torch's c10 conversions (torch >= 2.12) ----
+    Piece("fc_e4m3", ("fc_f_to_e4m3", "fc_e4m3_to_f"), """\
+// float8_e4m3fn, as torch's fp8e4m3fn_from_fp32_value: round to nearest even; NaN stays NaN
+// (0x7f); no infinities in the format. Past 448 (and +-inf): torch >= 2.12 saturates to +-448,
+// older torch gives NaN (FC_E4M3_OVERFLOW_NAN, defined by runtime.compile to match the
+// installed torch).
+__device__ __forceinline__ unsigned char fc_f_to_e4m3(float f) {
+  unsigned int bits = __float_as_uint(f), r;
+  const unsigned int sign = bits & 0x80000000u;
+  bits ^= sign;
+  if (bits >= (1087u << 20)) {  // 480 and beyond, inf, NaN
+#ifdef FC_E4M3_OVERFLOW_NAN
+    r = 0x7fu;
+#else
+    r = bits > 0x7f800000u ? 0x7fu : 0x7eu;
+#endif
+  } else if (bits < (121u << 23)) {  // below 2^-6: subnormal, rounded by a float addition
+    r = __float_as_uint(__fadd_rn(__uint_as_float(bits), __uint_as_float(141u << 23))) -
+        (141u << 23);
+  } else {
+    bits += (unsigned int)(7 - 127) * (1u << 23) + 0x7ffffu + ((bits >> 20) & 1u);
+    r = (bits >> 20) & 0xffu;
+#ifndef FC_E4M3_OVERFLOW_NAN
+    if (r == 0x7fu) r = 0x7eu;  // rounding up into the NaN pattern saturates
+#endif
+  }
+  return (unsigned char)(r | (sign >> 24));
+}
+__device__ __forceinline__ float fc_e4m3_to_f(unsigned char b) {
+  const unsigned int sign = (unsigned int)(b & 0x80u) << 24, em = b & 0x7fu;
+  if (em == 0x7fu) return __uint_as_float(sign | 0x7fc00000u);
+  // subnormal: m 2^-9
+  if (em < 8u) return __uint_as_float(sign | __float_as_uint((float)em * 0.001953125f));
+  return __uint_as_float(sign | ((em + (120u << 3)) << 20));
+}
+"""),
+    Piece("fc_e5m2", ("fc_f_to_e5m2", "fc_e5m2_to_f"), """\
+// float8_e5m2: round to nearest even; past the largest finite 57344 it rounds to +-inf (as IEEE
+// and torch's fp8e5m2_from_fp32_value do); NaN stays NaN (0x7f).
+__device__ __forceinline__ unsigned char fc_f_to_e5m2(float f) {
+  unsigned int bits = __float_as_uint(f), r;
+  const unsigned int sign = bits & 0x80000000u;
+  bits ^= sign;
+  if (bits >= (143u << 23)) {  // 65536 and beyond, inf, NaN
+    r = bits > 0x7f800000u ? 0x7fu : 0x7cu;
+  } else if (bits < (113u << 23)) {  // below 2^-14: subnormal, rounded by a float addition
+    r = __float_as_uint(__fadd_rn(__uint_as_float(bits), __uint_as_float(134u << 23))) -
+        (134u << 23);
+  } else {
+    bits += (unsigned int)(15 - 127) * (1u << 23) + 0xfffffu + ((bits >> 21) & 1u);
+    r = (bits >> 21) & 0xffu;
+  }
+  return (unsigned char)(r | (sign >> 24));
+}
+__device__ __forceinline__ float fc_e5m2_to_f(unsigned char b) {
+  const unsigned int sign = (unsigned int)(b & 0x80u) << 24, em = b & 0x7fu;
+  if (em >= 0x7cu) return __uint_as_float(sign | (em == 0x7cu ? 0x7f800000u : 0x7fc00000u));
+  // subnormal: m 2^-16
+  if (em < 4u) return __uint_as_float(sign | __float_as_uint((float)em * 1.52587890625e-05f));
+  return __uint_as_float(sign | ((em + (112u << 2)) << 21));
+}
+"""),
+    Piece("fc_philox", ("fc_philox",), CUDA_PHILOX),
+    Piece("fc_random", ("fc_uniform_f", "fc_uniform_d", "fc_normal_f", "fc_normal_d"), CUDA_RANDOM,
+          ("fc_philox",)),
     Piece("fc_shfl", ("fc_shfl",), """\
 template <typename T> __device__ __forceinline__ T fc_shfl(T v, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);

@@ -36,6 +36,7 @@ class PlanOptions:
     compute_weight: float = 1.0  # scales the recomputation term in the objective
     seed: int = 0
     kinds: tuple[str, ...] = tuple(k.value for k in Kind)  # segment kinds the plan may use
+    num_streams: int = 4  # CUDA streams a stream-parallel loop cycles through (seed 004)
 
     def __post_init__(self):
         unknown = set(self.kinds) - {k.value for k in Kind}
@@ -50,6 +51,10 @@ class PlanOptions:
                             f"{', '.join(SEGMENTERS)}")
         if not 0 < self.time_limit_s <= 600:
             raise PlanError(f"time_limit_s must be in (0, 600], got {self.time_limit_s}")
+        if isinstance(self.num_streams, bool) or not isinstance(self.num_streams, int) or \
+                not 1 <= self.num_streams <= MAX_STREAMS:
+            raise PlanError(f"num_streams must be an integer in [1, {MAX_STREAMS}], got "
+                            f"{self.num_streams!r}")
         for name in ("launch_weight", "compute_weight"):
             if getattr(self, name) < 0:
                 raise PlanError(f"{name} must be >= 0")
@@ -98,6 +103,7 @@ def make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions | Non
     return build_plan(graph, groups, options.segmenter, report, baseline, options.to_json())
 
 
+MAX_STREAMS = 64
 GREEDY_SHARE = 0.6  # of the time limit, at most, for binding and the greedy segmenter
 LATE_MESSAGE = "time limit reached in the greedy segmenter: its merges so far stand"
 

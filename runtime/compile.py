@@ -61,8 +61,19 @@ def nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
+@functools.lru_cache(maxsize=1)
+def defines() -> tuple[str, ...]:
+    """Macros that make kernels follow the installed torch where torch's own semantics changed:
+    torch < 2.12 casts a float past float8_e4m3fn's range (and inf) to NaN, later versions
+    saturate to +-448 (the preamble's fc_f_to_e4m3 does either)."""
+    import torch
+
+    overflow = torch.tensor([1000.0]).to(torch.float8_e4m3fn).float()
+    return ("FC_E4M3_OVERFLOW_NAN",) if bool(overflow.isnan()) else ()
+
+
 def cache_key(source: str, arch: str) -> str:
-    blob = "\0".join([source, arch, *OPTIONS, nvrtc_version()])
+    blob = "\0".join([source, arch, *OPTIONS, *defines(), nvrtc_version()])
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -101,7 +112,8 @@ def compile_cubin(source: str, arch: str = "sm_90", name: str = "fusecut") -> by
 def _nvrtc(source: str, arch: str, name: str) -> bytes:
     from cuda.core import Program, ProgramOptions
 
-    options = ProgramOptions(arch=arch, std="c++17", include_path=list(include_dirs()))
+    options = ProgramOptions(arch=arch, std="c++17", include_path=list(include_dirs()),
+                             define_macro=list(defines()) or None)
     try:
         program = Program(source, "c++", options=options)
         module = program.compile("cubin", name_expressions=())

@@ -42,7 +42,8 @@ _CONSTANT = {ctypes.c_double: DOUBLE, ctypes.c_bool: BOOL}
 _DYNAMIC = {ctypes.c_double: SCALAR_DOUBLE, ctypes.c_bool: SCALAR_BOOL}
 # torch dtype -> c10::ScalarType code (stable across torch versions)
 SCALAR_TYPE = {torch.uint8: 0, torch.int32: 3, torch.int64: 4, torch.float16: 5,
-               torch.float32: 6, torch.float64: 7, torch.bool: 11, torch.bfloat16: 15}
+               torch.float32: 6, torch.float64: 7, torch.bool: 11, torch.bfloat16: 15,
+               torch.float8_e5m2: 23, torch.float8_e4m3fn: 24}
 
 
 def signature(args: list[Any], baked: frozenset[int] = frozenset()) -> tuple:
@@ -78,11 +79,13 @@ class LibraryCall:
     output: int
     dtype: torch.dtype
     frees: tuple[int, ...] = ()
+    compact: tuple[int, ...] | None = None  # the stored shape, when extent-1 axes are dropped
 
     def run(self, slots: list[Any]) -> None:
         a, b, *bias = (slots[i] for i in self.inputs)
         r = F.linear(a, b, *bias) if self.op == "linear" else torch.matmul(a, b)
-        slots[self.output] = r.to(self.dtype).contiguous()
+        r = r.to(self.dtype).contiguous()
+        slots[self.output] = r if self.compact is None else r.view(self.compact)
 
 
 LIBRARY_OPS = {"linear": 1, "matmul": 2}
@@ -133,21 +136,24 @@ class Program:
             values[out] = eval_scalar_op(op, [values[n] for n in inputs], attrs, dtype)
         return values
 
-    def call(self, args: list[Any]) -> list[torch.Tensor] | None:
-        """The warm call: the outputs, or None when ``args`` do not match the signature."""
+    def call(self, args: list[Any], into: list[torch.Tensor | None] | None = None
+             ) -> list[torch.Tensor] | None:
+        """The warm call: the outputs, or None when ``args`` do not match the signature.
+        ``into``: as for ``run_python``."""
         native = self.native
         if native is not None:
-            return native[0](native[1], args, current_stream(self.device.index))
+            return native[0](native[1], args, current_stream(self.device.index), into)
         if signature(args, self.baked) != self.signature:
             return None
         if self.native_ready is not None and self.native_ready():  # built since: use it
             self.native, self.native_ready = _native_program(self), None
-        return self.run_python(args)
+        return self.run_python(args, into)
 
-    def run(self, args: list[Any]) -> list[torch.Tensor]:
+    def run(self, args: list[Any], into: list[torch.Tensor | None] | None = None
+            ) -> list[torch.Tensor]:
         """Run on arguments known to match (the caller looked the program up by them)."""
-        outs = self.call(args)
-        return outs if outs is not None else self.run_python(args)
+        outs = self.call(args, into)
+        return outs if outs is not None else self.run_python(args, into)
 
     @staticmethod
     def _values(step: Launch, slots: list[Any], scalars: dict[str, Any]) -> list[Any]:
@@ -162,8 +168,12 @@ class Program:
                 values.append(dvalue if kind == DOUBLE else ivalue)
         return values
 
-    def run_python(self, args: list[Any]) -> list[torch.Tensor]:
+    def run_python(self, args: list[Any], into: list[torch.Tensor | None] | None = None
+                   ) -> list[torch.Tensor]:
+        """Run in Python; ``into``: per output, a tensor to write it to (a slice of a whole
+        output, seed 004): kernels write there directly when it is dense, else it is copied."""
         slots: list[Any] = list(args) + [None] * len(self.buffers)
+        provided = self._provided(into) if into is not None else {}
         scalars = self.scalars(args)
         device = self.device
         stream = 0
@@ -174,7 +184,8 @@ class Program:
             if isinstance(step, Launch):
                 for b in step.allocs:
                     shape, dtype = self.buffers[b - self.n_args]
-                    slots[b] = torch.empty(shape, dtype=dtype, device=device)
+                    slots[b] = provided[b] if b in provided else \
+                        torch.empty(shape, dtype=dtype, device=device)
                 if step.kernel is not None:
                     launch_kernel(step.kernel, self._values(step, slots, scalars), stream)
             elif isinstance(step, LibraryCall):
@@ -191,14 +202,46 @@ class Program:
                    for i, shape, broadcast in self.outputs]
         for out, arg in self.aliases:  # in-place updates first, as execute_plan does
             args[arg].copy_(outputs[out])
+        if into is not None:
+            for (slot, _, _), target in zip(self.outputs, into):
+                if target is not None and slot not in provided:  # slots hold compact values
+                    target.copy_(slots[slot].reshape(target.shape))
+            return outputs
         if self.may_share:
             unshare(outputs, args, self.may_share)
         return outputs
 
+    def _provided(self, into: list[torch.Tensor | None]) -> dict[int, torch.Tensor]:
+        """Kernel-written output buffers that can be the given targets themselves."""
+        provided = {}
+        kernel_written = {b for step in self.steps if isinstance(step, Launch)
+                          for b in step.allocs}
+        for (slot, _, _), target in zip(self.outputs, into):
+            if target is None or slot not in kernel_written:
+                continue
+            shape, dtype = self.buffers[slot - self.n_args]
+            if target.dtype == dtype and target.is_contiguous() and \
+                    target.numel() == _numel(shape):
+                provided[slot] = target.view(shape)
+        return provided
+
+
+def _numel(shape) -> int:
+    n = 1
+    for e in shape:
+        n *= e
+    return n
+
 
 def build_program(plan: Plan, args: list[Any], sig: tuple | None = None) -> Program:
     """Compile every kernel of ``plan`` for these arguments and lay out the warm call (kernels
-    are loaded on the arguments' device)."""
+    are loaded on the arguments' device). A plan with a host program (stream-parallel axes)
+    runs it instead, segment programs per stage."""
+    if plan.host is not None:
+        from runtime.streams import HostCall
+
+        baked = baked_positions(plan.fusion)
+        return HostCall(plan, sig if sig is not None else signature(args, baked), baked)
     tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
     if tensor is not None and tensor.is_cuda:
         with torch.cuda.device(tensor.device):
@@ -229,10 +272,13 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
         library = library_op(seg)
         if library is not None:
             out = new_buffer(None, None)
-            slot_of[sub.output_map[sub.fusion.outputs[0]]] = out
+            result = sub.output_map[sub.fusion.outputs[0]]
+            slot_of[result] = out
+            squeezed = len(sub.fusion.ops) == 2  # the C++ launcher keeps the same data unsqueezed
             steps.append(LibraryCall(library.name, arg_slots, out,
-                                     TORCH_DTYPE[fusion.tensors[sub.output_map[
-                                         sub.fusion.outputs[0]]].dtype]))
+                                     TORCH_DTYPE[fusion.tensors[result].dtype],
+                                     compact=tuple(bound.compact_shape(result)) if squeezed
+                                     else None))
             for s in arg_slots:
                 reads[s] = len(steps) - 1
             continue
@@ -323,13 +369,18 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
 
 def library_op(segment):
     """The linear or matmul op a library segment is, when it is exactly that one op on its
-    inputs (anything else runs through the torch reference)."""
+    inputs, or that op and a squeeze of extent-1 axes to the compact form (the same data: a
+    slice of a stream loop has its stream axis at extent 1). Anything else runs through the
+    torch reference."""
     sub = segment.sub.fusion
-    if segment.kind is not Kind.LIBRARY or len(sub.ops) != 1:
+    if segment.kind is not Kind.LIBRARY or not 1 <= len(sub.ops) <= 2:
         return None
-    op = sub.ops[0]
+    op, *squeeze = sub.ops
+    result = squeeze[0].outputs if squeeze else op.outputs
+    if squeeze and (squeeze[0].name != "squeeze" or list(squeeze[0].inputs) != list(op.outputs)):
+        return None
     if op.name not in LIBRARY_OPS or list(op.inputs) != list(sub.inputs) or \
-            list(op.outputs) != list(sub.outputs):
+            list(result) != list(sub.outputs):
         return None
     if op.name == "linear" and len(op.inputs) != (3 if op.attrs.get("has_bias") else 2):
         return None

@@ -8,6 +8,7 @@ host.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from optimizer.ir.dtypes import DType, result_type
 from optimizer.ir.fusion import Fusion, Op, Ref
 from optimizer.ir.ops_misc import reduction_axes
 from optimizer.ir.ops_shape import pad_widths_by_axis, slice_bounds
+from runtime.philox import random_values
 from runtime.reference_library import LIBRARY_REFERENCE
 from runtime.tensors import TORCH_DTYPE, meta_of, to_torch_dtype
 
@@ -324,21 +326,16 @@ def _iota(op, args, env, outs):
 
 
 def _random(op, args, env, outs):
-    """uniform / normal from a torch generator seeded by (rng_seed, rng_offset) when given: the
-    same seed and offset give the same numbers (not nvFuser's Philox stream)."""
+    """uniform / normal: Philox4x32-10 values of (rng_seed, rng_offset, linear index), the same
+    numbers the generated kernels make (scheme in codegen/rng.py; seed and offset default to 0)."""
     a, b = args[0], args[1]
     rest = iter(args[2:])
-    seed = next(rest) if op.attrs.get("has_rng_seed") else None
+    seed = next(rest) if op.attrs.get("has_rng_seed") else 0
     offset = next(rest) if op.attrs.get("has_rng_offset") else 0
-    shape = [env.ev(e) for e in op.attrs["shape"]]
-    gen = None
-    if seed is not None:
-        gen = torch.Generator(device=env.device).manual_seed((int(seed) * 1_000_003 + int(offset))
-                                                             % (1 << 63))
-    draw = torch.rand if op.name == "uniform" else torch.randn
-    x = draw(shape, generator=gen, dtype=torch.float64, device=env.device)
-    x = a + (b - a) * x if op.name == "uniform" else a + b * x
-    return [x.to(outs[0])]
+    shape = env.bound.shapes[op.outputs[0]]
+    wide = outs[0] == torch.float64
+    x = random_values(op.name, math.prod(shape), wide, seed, offset, a, b, env.device)
+    return [x.reshape(shape).to(outs[0])]
 
 
 def _stride_order(op, args, env, outs):

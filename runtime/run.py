@@ -9,6 +9,7 @@ CUDA events around each.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -44,7 +45,10 @@ def runner_for(args: list[Any]) -> tuple[SegmentRunner, str]:
 
 def program_for(plan: Plan, args: list[Any]) -> Program:
     """The compiled program of ``plan`` for arguments like these (built on first use)."""
-    sig = signature(args, baked_positions(plan.fusion))
+    baked = getattr(plan, "_baked", None)
+    if baked is None:
+        baked = plan._baked = baked_positions(plan.fusion)  # type: ignore[attr-defined]
+    sig = signature(args, baked)
     key = (plan.plan_id, sig)
     with _lock:
         program = _programs.get(key)
@@ -61,8 +65,33 @@ def program_for(plan: Plan, args: list[Any]) -> Program:
 
 def run_plan(plan: Plan, args: list[Any], *, timed: bool = False) -> Execution:
     """Run ``plan`` on ``args``; with ``timed``, per-segment times (which synchronise)."""
+    if plan.host is not None:
+        return _run_host(plan, list(args), timed)
     runner, backend = runner_for(args)
     if timed or backend == "reference":
         return execute_plan(plan, list(args), runner, backend, timed=timed)
     check_matches_plan(plan, args)  # a clear error for arguments the plan was not made for
     return Execution(program_for(plan, args).run(list(args)), [], backend)
+
+
+def _run_host(plan: Plan, args: list[Any], timed: bool) -> Execution:
+    """A host program (stream loops): timed as a whole, since its segments overlap."""
+    from runtime.executor import SegmentTiming
+    from runtime.streams import run_host
+
+    if not timed:
+        return run_host(plan, args)
+    cuda = on_gpu(args)
+    start = time.perf_counter()
+    if cuda:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+    result = run_host(plan, args)
+    if cuda:
+        end.record()
+        end.synchronize()
+        seconds = begin.elapsed_time(end) / 1e3
+    else:
+        seconds = time.perf_counter() - start
+    result.timings = [SegmentTiming(0, "host_program", seconds, plan.io_bytes, result.backend)]
+    return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from optimizer.errors import InputError
-from optimizer.ir.dtypes import DType
+from optimizer.ir.dtypes import EXTENDED, DType
 from optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta
 
 TORCH_DTYPE: dict[DType, torch.dtype] = {
@@ -17,7 +17,7 @@ TORCH_DTYPE: dict[DType, torch.dtype] = {
     DType.float32: torch.float32,
     DType.float64: torch.float64,
     # torch has no unpacked fp4: DType.float4_e2m1fn has no torch tensor (planning only)
-    **{d: getattr(torch, d.value) for d in DType if d.reference_only and hasattr(torch, d.value)},
+    **{d: getattr(torch, d.value) for d in EXTENDED if hasattr(torch, d.value)},
 }
 FROM_TORCH: dict[torch.dtype, DType] = {v: k for k, v in TORCH_DTYPE.items()}
 

@@ -127,6 +127,7 @@ def plan(file: str = typer.Argument(..., help="nvFuser repro or definition ('-' 
          device: str = typer.Option("H100", help="device profile: H100, H200, A100"),
          inputs: str = typer.Option(None, help="input metadata as JSON (or @file)"),
          as_json: bool = typer.Option(False, "--json", help="print the Plan JSON alone"),
+         num_streams: int = typer.Option(4, help="CUDA streams a stream-parallel loop uses"),
          svg: Path = typer.Option(None, help="write a picture of the segments"),
          dot: Path = typer.Option(None, help="write the segment graph as Graphviz DOT")):
     """Plan a fusion: segments, boundary tensors and bytes against greedy and the lower bound."""
@@ -139,7 +140,8 @@ def plan(file: str = typer.Argument(..., help="nvFuser repro or definition ('-' 
     try:
         result = make_plan(parsed.fusion, metas, PlanOptions(segmenter=segmenter,
                                                              time_limit_s=time_limit,
-                                                             device=device)).to_json()
+                                                             device=device,
+                                                             num_streams=num_streams)).to_json()
     except FusecutError as e:
         fail(str(e))
     for path, draw, what in ((svg, to_svg, "picture"), (dot, to_dot, "DOT graph")):
@@ -194,6 +196,9 @@ def print_plan(result: dict) -> None:
     out.print(f"io_ratio {tot['io_ratio']:.3f}; saved {human_bytes(base['saved_bytes'])} against "
               f"greedy; solver {result['solver']['status']} in {result['solver']['wall_s']:.2f} s"
               f" ({result['solver']['message']})")
+    if result.get("host_program"):  # stream-parallel axes (seed 004): the host program
+        out.print("host program:")
+        out.print(result["host_program"], markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -21,7 +21,7 @@ from optimizer.ir.ops_misc import reduction_axes
 from optimizer.ir.opspec import OpClass, get_spec
 
 # Ops with no generated kernel: they run alone through the torch reference.
-FALLBACK_OPS = frozenset({"digamma", "gcd", "uniform", "normal", "stride_order", "cumsum"})
+FALLBACK_OPS = frozenset({"digamma", "gcd", "stride_order", "cumsum"})
 # Ops that move data between index spaces: allowed in pointwise segments only.
 VIEW_CLASSES = frozenset({OpClass.RESHAPE, OpClass.RESIZE, OpClass.GATHER})
 

@@ -19,8 +19,9 @@ class DType(str, Enum):
     bfloat16 = "bfloat16"
     float32 = "float32"
     float64 = "float64"
-    # Narrow and wide types nvFuser speaks: planned with their bytes, run through the torch
-    # reference (no generated kernel handles them yet; see REFERENCE_ONLY).
+    # Narrow and wide types nvFuser speaks, planned with their bytes. float8_e4m3fn and
+    # float8_e5m2 are stored and converted in generated kernels (computed in float32); the
+    # others run through the torch reference (see REFERENCE_ONLY).
     float8_e4m3fn = "float8_e4m3fn"
     float8_e5m2 = "float8_e5m2"
     float8_e8m0fnu = "float8_e8m0fnu"
@@ -86,7 +87,11 @@ _ITEMSIZE = {
 _NARROW_FLOATS = frozenset({DType.float8_e4m3fn, DType.float8_e5m2, DType.float8_e8m0fnu,
                             DType.float4_e2m1fn, DType.float4_e2m1fn_x2})
 _FLOATS = frozenset({DType.float16, DType.bfloat16, DType.float32, DType.float64}) | _NARROW_FLOATS
-REFERENCE_ONLY = _NARROW_FLOATS | {DType.complex64, DType.complex128, DType.uint64}
+# nvFuser's types beyond fusecut's core seven
+EXTENDED = _NARROW_FLOATS | {DType.complex64, DType.complex128, DType.uint64}
+# 8-bit floats generated kernels load and store (converted to and from float32 as torch does)
+KERNEL_FP8 = frozenset({DType.float8_e4m3fn, DType.float8_e5m2})
+REFERENCE_ONLY = EXTENDED - KERNEL_FP8
 
 # nvFuser's DataType member names -> canonical dtype. ``Null`` means "not given".
 NVFUSER_DTYPES: dict[str, DType | None] = {
@@ -116,7 +121,7 @@ NVFUSER_NAME: dict[DType, str] = {
     DType.bfloat16: "BFloat16",
     DType.float32: "Float",
     DType.float64: "Double",
-    **{d: n for n, d in NVFUSER_DTYPES.items() if d is not None and d in REFERENCE_ONLY},
+    **{d: n for n, d in NVFUSER_DTYPES.items() if d is not None and d in EXTENDED},
 }
 # Types nvFuser has that fusecut does not support, so the error can say so precisely.
 UNSUPPORTED_NVFUSER_DTYPES = {
@@ -141,7 +146,7 @@ TORCH_DTYPES: dict[str, DType] = {
     "float": DType.float32,
     "float64": DType.float64,
     "double": DType.float64,
-    **{d.value: d for d in REFERENCE_ONLY if d is not DType.float4_e2m1fn},
+    **{d.value: d for d in EXTENDED if d is not DType.float4_e2m1fn},
 }
 
 

@@ -266,17 +266,21 @@ def is_scalar_only(ins: list) -> bool:
 
 # ---- random numbers ----------------------------------------------------------------------------
 # uniform(minval, maxval, shape) and normal(mean, std, shape), with nvFuser's optional rng_seed and
-# rng_offset scalar operands. No kernel generates them yet: they run as fallback segments through
-# the torch reference (see optimizer.analysis.opclass.FALLBACK_OPS).
+# rng_offset scalar operands: pointwise factories, computed in generated kernels from Philox
+# counters (codegen/rng.py), so a value depends only on (seed, offset, element index).
 
 
 def _rng_infer(ins, attrs):
     dtype = attrs["dtype"] or DType.float32
-    if not dtype.is_float:
-        raise DefinitionError(f"random numbers must be floating point, got {dtype.value}")
+    if dtype not in (DType.float16, DType.bfloat16, DType.float32, DType.float64):
+        raise DefinitionError(f"random numbers must be float16, bfloat16, float32 or float64, "
+                              f"got {dtype.value}")
     for v in ins:
         if isinstance(v, TensorValue):
             raise DefinitionError(f"{v.name}: the parameters of a random op are scalars")
+    for v, what in zip(ins[2:], [p for p in ("rng_seed", "rng_offset") if attrs[f"has_{p}"]]):
+        if not v.dtype.is_int:
+            raise DefinitionError(f"{what} {v.name} must be an integer scalar, got {v.dtype.value}")
     return [OutSig(dtype, tuple(False for _ in attrs["shape"]))]
 
 

@@ -73,7 +73,12 @@ class Plan:
     solver: SolverReport
     baseline: Baseline | None
     options: dict[str, Any] = field(default_factory=dict)
-    host_program: str | None = None
+    host: Any = None  # the HostProgram (optimizer.hostir.lower) when axes are stream-parallel
+
+    @property
+    def host_program(self) -> str | None:
+        """The host program as text, in the style of nvFuser's host IR dumps (seed 004)."""
+        return self.host.text if self.host is not None else None
 
     @property
     def fusion(self):
@@ -116,6 +121,10 @@ def build_plan(graph: SegGraph, groups: list[tuple[frozenset[int], frozenset[str
                segmenter: str, solver: SolverReport, baseline: Baseline | None,
                options: dict[str, Any]) -> Plan:
     bound, profile = graph.bound, graph.profile
+    if graph.stage_of:
+        from optimizer.hostir.lower import segment_order
+
+        groups = segment_order(graph.stage_of, groups)
     schedules: list[Schedule] = []
     for k, (ops, written) in enumerate(groups):
         sched = graph.classify(ops, written)
@@ -144,7 +153,12 @@ def build_plan(graph: SegGraph, groups: list[tuple[frozenset[int], frozenset[str
             readers = tuple(readers_of.get(t, ()))
             if readers:
                 boundaries.append(Boundary(t, k, readers))
-    return Plan(bound, profile, segmenter, segments, boundaries, solver, baseline, options)
+    plan = Plan(bound, profile, segmenter, segments, boundaries, solver, baseline, options)
+    if graph.stage_of:
+        from optimizer.hostir.lower import lower
+
+        plan.host = lower(plan, graph)
+    return plan
 
 
 def check_segmentation(graph: SegGraph, schedules: list[Schedule]) -> None:

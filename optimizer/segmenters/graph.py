@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from optimizer.analysis.opclass import Role, is_view, role
 from optimizer.analysis.shapes import Bound
+from optimizer.hostir.streams import stage_of_ops
 from optimizer.ir.opspec import OpClass, get_spec
 from optimizer.schedulers.kinds import ALL_KINDS, Kind, Rejection, Schedule, classify
 from optimizer.schedulers.profiles import DeviceProfile
@@ -37,6 +38,8 @@ class SegGraph:
         self.roles = {i: role(fusion.ops[i], bound) for i in self.ops}
         self.outputs = set(fusion.outputs)
         self.inputs = set(fusion.tensor_inputs())
+        # op -> stream stage (seed 004); segments never mix stages ({}: no stream axes)
+        self.stage_of: dict[int, int] = stage_of_ops(bound)
         self.forwarded: frozenset[int] = self._forwarding()
         self.placed: list[int] = [i for i in self.ops if i not in self.forwarded]
         self._cache: dict[tuple[frozenset[int], frozenset[str]], Schedule | Rejection] = {}
@@ -65,6 +68,9 @@ class SegGraph:
             if any(self.roles[c] not in (Role.FUSIBLE, Role.REDUCTION)
                    for c in self.consumers.get(out, ())):
                 continue  # library, fallback and segment_set read from global memory
+            if self.stage_of and any(self.stage_of[c] != self.stage_of[i]
+                                     for c in self.consumers.get(out, ())):
+                continue  # recomputing it in another stream stage would mix stages
             forwarded.add(i)
             roots[out] = root
         return frozenset(forwarded)
@@ -91,7 +97,12 @@ class SegGraph:
         key = (self.closure(ops), frozenset(written))
         hit = self._cache.get(key)
         if hit is None:
-            hit = classify(self.bound, key[0], key[1], self.profile, self.kinds)
+            stages = {self.stage_of[i] for i in key[0]} if self.stage_of else ()
+            if len(stages) > 1:
+                hit = Rejection(f"mixes ops of stream stages {sorted(stages)}: each stream "
+                                "loop runs whole segments")
+            else:
+                hit = classify(self.bound, key[0], key[1], self.profile, self.kinds)
             self._cache[key] = hit
         return hit
 

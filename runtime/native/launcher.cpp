@@ -248,13 +248,27 @@ bool matches(const InputSpec& spec, PyObject* arg, const at::Device& device) {
   return spec.value == nullptr || PyObject_RichCompareBool(arg, spec.value, Py_EQ) == 1;
 }
 
-// run(program, args, stream) -> list of output tensors, or None when the arguments do not
-// match the program's signature (the caller then takes the slow path).
+// The buffer of output slot ``slot`` as the caller's target tensor (a slice of a whole output,
+// seed 004), when the target can hold it as it is: same dtype, dense, as many elements.
+at::Tensor as_target(const std::vector<at::Tensor>& targets, int slot, const BufferSpec& spec) {
+  if (slot >= static_cast<int>(targets.size()) || !targets[slot].defined()) return {};
+  const at::Tensor& t = targets[slot];
+  int64_t numel = 1;
+  for (int64_t e : spec.sizes) numel *= e;
+  if (t.scalar_type() != spec.dtype || !t.is_contiguous() || t.numel() != numel) return {};
+  return t.view(spec.sizes);
+}
+
+// run(program, args, stream[, targets]) -> list of output tensors, or None when the arguments
+// do not match the program's signature (the caller then takes the slow path). ``targets``: per
+// output a tensor to write it to, or None; outputs that cannot be written there directly are
+// copied there.
 PyObject* run(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
-  if (argc != 3) {
-    PyErr_SetString(PyExc_TypeError, "run(program, args, stream)");
+  if (argc != 3 && argc != 4) {
+    PyErr_SetString(PyExc_TypeError, "run(program, args, stream[, targets])");
     return nullptr;
   }
+  PyObject* target_list = argc == 4 && argv[3] != Py_None ? argv[3] : nullptr;
   auto* prog = static_cast<Program*>(PyCapsule_GetPointer(argv[0], "fusecut.Program"));
   if (!prog) return nullptr;
   PyObject* seq = PySequence_Fast(argv[1], "fusion arguments must be a list or tuple");
@@ -284,13 +298,29 @@ PyObject* run(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
     for (Py_ssize_t i = 0; i < n_args; ++i) {
       if (prog->inputs[i].tensor) slots[i] = THPVariable_Unpack(items[i]);
     }
+    std::vector<at::Tensor> targets;  // by slot
+    if (target_list != nullptr) {
+      if (!PyList_Check(target_list) ||
+          PyList_GET_SIZE(target_list) != static_cast<Py_ssize_t>(prog->outputs.size())) {
+        throw std::runtime_error("targets must be a list with one entry per output");
+      }
+      targets.resize(slots.size());
+      for (size_t i = 0; i < prog->outputs.size(); ++i) {
+        PyObject* t = PyList_GET_ITEM(target_list, i);
+        if (t != Py_None && THPVariable_Check(t)) {
+          targets[prog->outputs[i].slot] = THPVariable_Unpack(t);
+        }
+      }
+    }
     std::vector<uint64_t> values;
     std::vector<void*> pointers;
     for (const Launch& l : prog->launches) {
       for (int b : l.allocs) {
         const BufferSpec& spec = prog->buffers[b - n_args];
-        slots[b] = at::empty(spec.sizes, at::TensorOptions().dtype(spec.dtype)
-                                                      .device(prog->device));
+        at::Tensor target = as_target(targets, b, spec);
+        slots[b] = target.defined() ? target
+                                    : at::empty(spec.sizes, at::TensorOptions().dtype(spec.dtype)
+                                                                .device(prog->device));
       }
       if (l.library.op != 0) {
         const Library& lib = l.library;
@@ -347,6 +377,13 @@ PyObject* run(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
         throw std::runtime_error("cuLaunchKernel failed with CUDA error " + std::to_string(err));
       }
       for (int b : l.frees) slots[b].reset();  // the caching allocator reuses it
+    }
+    for (const Output& o : prog->outputs) {  // targets not written in place: copy there
+      if (o.slot < static_cast<int>(targets.size()) && targets[o.slot].defined() &&
+          !targets[o.slot].is_same(slots[o.slot]) &&
+          targets[o.slot].data_ptr() != slots[o.slot].data_ptr()) {
+        targets[o.slot].copy_(slots[o.slot].reshape(targets[o.slot].sizes()));
+      }
     }
     result = PyList_New(prog->outputs.size());
     for (size_t i = 0; i < prog->outputs.size(); ++i) {

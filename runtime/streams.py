@@ -1,0 +1,149 @@
+"""Run a host program (seed 004): its stages in order, each stream loop's iterations on CUDA
+streams from a per-device pool.
+
+A loop records an event on the caller's stream once; iteration ``i`` runs on stream
+``i % num_streams``, which first waits for that event (the caller's work before the loop), then
+launches the loop's segments on slice ``i`` of its operands and allocations (views), and the
+caller's stream waits for it. Waits are stream-to-stream (``cudaStreamWaitEvent``), never a
+device or host synchronisation. On the CPU the same loop runs in order, through the reference.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from optimizer.hostir.lower import Step
+from optimizer.plan.plan import Plan
+from runtime.executor import Execution, _steps, check_matches_plan, execute_plan, expand_compact
+from runtime.tensors import TORCH_DTYPE, unshare
+
+_pools: dict[int, list[torch.cuda.Stream]] = {}
+_pool_lock = threading.Lock()
+
+
+def stream_pool(device: torch.device, count: int) -> list[torch.cuda.Stream]:
+    """``count`` streams of ``device``, created once and reused by every loop."""
+    with _pool_lock:
+        pool = _pools.setdefault(device.index, [])
+        while len(pool) < count:
+            pool.append(torch.cuda.Stream(device))
+        return pool[:count]
+
+
+@dataclass
+class HostCall:
+    """A host program as the SDK's warm call sees a compiled program: ``call`` answers None
+    for arguments unlike the ones it was built for."""
+
+    plan: Plan
+    signature: tuple
+    baked: frozenset[int]
+
+    def call(self, args: list[Any]) -> list[torch.Tensor] | None:
+        from runtime.program import signature
+
+        if signature(args, self.baked) != self.signature:
+            return None
+        return self.run(args)
+
+    def run(self, args: list[Any]) -> list[torch.Tensor]:
+        return run_host(self.plan, list(args)).outputs
+
+
+def run_host(plan: Plan, args: list[Any]) -> Execution:
+    """Run ``plan``'s host program on ``args``."""
+    scalars = check_matches_plan(plan, args)
+    fusion = plan.fusion
+    gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    env: dict[str, Any] = dict(zip(fusion.inputs, args))
+    for step in plan.host.steps:
+        if step.is_loop:
+            _run_loop(plan, step, env, scalars, gpu)
+        else:
+            for j in step.segments:
+                env.update(_run_segment(plan, step, j, env, scalars, gpu, {}, {}))
+    outputs = []
+    for t, how in zip(fusion.outputs, _steps(plan).expand):
+        outputs.append(env[t] if how is None else expand_compact(env[t], how[1], how[2]))
+    for out, inp in fusion.aliases.items():
+        env[inp].copy_(outputs[fusion.outputs.index(out)])
+    unshare(outputs, args)
+    return Execution(outputs, [], "cuda" if gpu else "reference")
+
+
+def _run_segment(plan: Plan, step: Step, j: int, env: dict[str, Any], scalars: dict[str, Any],
+                 gpu: bool, into: dict[str, torch.Tensor], programs: dict[int, Any]
+                 ) -> dict[str, torch.Tensor]:
+    """Run segment ``j`` (as planned for this step) on the values in ``env``; outputs named in
+    ``into`` are written there. Returns the segment's outputs by tensor. ``programs``: the
+    program each segment ran last in this loop (iterations differ only in addresses)."""
+    sources, names = _segment_io(plan, j)
+    args = [env[s] if is_tensor else scalars[s] for s, is_tensor in sources]
+    targets = [into.get(t) for t in names] if into else None
+    if gpu:
+        from runtime.run import program_for
+
+        program = programs.get(j)
+        outs = program.call(args, targets) if program is not None else None
+        if outs is None:
+            program = programs[j] = program_for(step.plans[j], args)
+            outs = program.run(args, targets)
+    else:
+        outs = execute_plan(step.plans[j], args).outputs
+        for value, target in zip(outs, targets or ()):
+            if target is not None:
+                target.copy_(value.reshape(target.shape))
+    return {t: into.get(t, value) for t, value in zip(names, outs)}
+
+
+def _segment_io(plan: Plan, j: int) -> tuple[list[tuple[str, bool]], list[str]]:
+    """Segment ``j``'s arguments (original names, whether a tensor) and results, once."""
+    cache = plan.__dict__.setdefault("_segment_io", {})
+    io = cache.get(j)
+    if io is None:
+        sub = plan.segments[j].sub
+        io = cache[j] = ([(sub.input_map[n], sub.input_map[n] in plan.fusion.tensors)
+                          for n in sub.fusion.inputs],
+                         [sub.output_map[n] for n in sub.fusion.outputs])
+    return io
+
+
+def _run_loop(plan: Plan, step: Step, env: dict[str, Any], scalars: dict[str, Any],
+              gpu: bool) -> None:
+    bound = plan.bound
+    device = next((v.device for v in env.values() if isinstance(v, torch.Tensor)), None)
+    for t in step.allocations:  # ALLOCATE: whole, before the loop, on the caller's stream
+        env[t] = torch.empty(bound.compact_shape(t), dtype=TORCH_DTYPE[plan.fusion.tensors[
+            t].dtype], device=device)
+    programs: dict[int, Any] = {}
+    if not gpu:
+        for i in range(step.stage.extent):
+            _run_iteration(plan, step, env, scalars, i, False, programs)
+        return
+    caller = torch.cuda.current_stream(device)
+    entry = caller.record_event()
+    streams = stream_pool(device, plan.host.num_streams)
+    try:
+        for i in range(step.stage.extent):
+            stream = streams[i % len(streams)]
+            stream.wait_event(entry)  # Synchronize Stream 0
+            torch.cuda.set_stream(stream)  # SetCurrentStream to Stream ( StreamIdx % n )
+            _run_iteration(plan, step, env, scalars, i, True, programs)
+            torch.cuda.set_stream(caller)  # SetCurrentStream to Stream 0
+            caller.wait_event(stream.record_event())  # Synchronize Stream ( StreamIdx % n )
+    finally:
+        torch.cuda.set_stream(caller)
+
+
+def _run_iteration(plan: Plan, step: Step, env: dict[str, Any], scalars: dict[str, Any],
+                   i: int, gpu: bool, programs: dict[int, Any]) -> None:
+    """One iteration: HirAliasSelect of every slice, then the loop's segments on them."""
+    local = {t: env[t] if axis is None else env[t].narrow(axis, i, 1)
+             for t, axis in step.slices.items()}
+    into = {t: local[t] for t in step.allocations}
+    for j in step.segments:
+        local.update(_run_segment(plan, step, j, local, scalars, gpu, into, programs))
