@@ -22,7 +22,8 @@ from optimizer.ir.fusion import Fusion, Op, Ref
 from optimizer.ir.ops_misc import reduction_axes
 from optimizer.ir.ops_shape import pad_widths_by_axis, slice_bounds
 from runtime.philox import random_values
-from runtime.tensors import TORCH_DTYPE, meta_of
+from runtime.reference_library import LIBRARY_REFERENCE
+from runtime.tensors import TORCH_DTYPE, meta_of, to_torch_dtype
 
 _UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "abs": torch.abs, "neg": torch.neg, "relu": torch.relu, "sign": torch.sign,
@@ -110,12 +111,21 @@ def run_reference(fusion: Fusion, args: list[Any], bound: Bound | None = None,
 
 def run_op(op: Op, env: _Env) -> list[torch.Tensor]:
     fusion = env.fusion
-    out_dtypes = [TORCH_DTYPE[fusion.tensors[o].dtype] for o in op.outputs]
     args = [env.get(n) for n in op.inputs]
     name = op.name
+    out_dtypes = _out_dtypes(op, fusion)
+    if name in LIBRARY_REFERENCE:
+        return LIBRARY_REFERENCE[name](op, args, env, out_dtypes)
     if name in _SPECIAL:
         return _SPECIAL[name](op, args, env, out_dtypes)
     return [_pointwise(op, args, env, out_dtypes[0])]
+
+
+def _out_dtypes(op: Op, fusion: Fusion) -> list[torch.dtype]:
+    try:
+        return [to_torch_dtype(fusion.tensors[o].dtype) for o in op.outputs]
+    except InputError as e:
+        raise InputError(f"{op.name}: {e}") from None
 
 
 def _compute_type(op: Op, env: _Env) -> DType:
@@ -142,6 +152,11 @@ def _pointwise(op: Op, args: list[Any], env: _Env, out: torch.dtype) -> torch.Te
         return torch.tensor(x, dtype=dtype, device=env.device)
 
     if name == "cast":
+        packed = getattr(torch, "float4_e2m1fn_x2", None)
+        if packed is not None and packed in (out, getattr(args[0], "dtype", None)) \
+                and out != getattr(args[0], "dtype", None):
+            raise InputError("cast: torch cannot convert packed fp4 (float4_e2m1fn_x2) values; "
+                             "only nvFuser's kernels unpack them")
         return t(args[0], out)
     if name == "set":
         return args[0]

@@ -23,7 +23,11 @@ FROM_TORCH: dict[torch.dtype, DType] = {v: k for k, v in TORCH_DTYPE.items()}
 
 
 def to_torch_dtype(dtype: DType) -> torch.dtype:
-    return TORCH_DTYPE[dtype]
+    try:
+        return TORCH_DTYPE[dtype]
+    except KeyError:
+        raise InputError(f"torch has no {dtype.value} tensors: values of this dtype can be planned "
+                         f"but not made or run here") from None
 
 
 def from_torch_dtype(dtype: torch.dtype) -> DType:
@@ -79,7 +83,7 @@ def make_input(meta: InputMeta, device: str | torch.device = "cpu",
     fill = meta.fill or {}
     fn = fill.get("fn", "randn")
     n = storage_extent(meta.shape, meta.strides)
-    dt = TORCH_DTYPE[meta.dtype]
+    dt = to_torch_dtype(meta.dtype)
     kw = {"device": device}
     if meta.dtype.is_bool:
         base = torch.rand(n, generator=generator, **kw)
@@ -93,6 +97,8 @@ def make_input(meta: InputMeta, device: str | torch.device = "cpu",
             flat = torch.arange(n, dtype=dt, **kw)
         else:
             flat = torch.randint(int(low), int(high), (n,), dtype=dt, generator=generator, **kw)
+    elif meta.dtype is DType.float4_e2m1fn_x2:  # torch cannot convert to packed fp4: raw bytes
+        flat = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=generator, **kw).view(dt)
     elif fn == "rand":
         flat = torch.rand(n, generator=generator, dtype=torch.float32, **kw).to(dt)
     elif fn in ("zeros", "empty"):

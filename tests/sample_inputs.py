@@ -37,7 +37,9 @@ def _meta(fusion: Fusion, name: str, n: int) -> InputMeta:
         return ScalarMeta(dtype, SCALAR_VALUES[kind])
     t = fusion.tensors[name]
     shape = tuple(n if e == -1 else e for e in (t.declared_shape or ()))
-    meta = tensor_meta(shape, t.dtype)
+    # integer tensors are often indices: keep them within the symbolic extent
+    fill = {"low": 0, "high": max(n, 1)} if t.dtype.is_int else {}
+    meta = tensor_meta(shape, t.dtype, **fill)
     if t.stride_order:  # stride_order[i] is the rank of axis i's stride (0 = innermost)
         order = sorted(range(len(shape)), key=lambda i: t.stride_order[i])
         strides = [0] * len(shape)
@@ -45,8 +47,9 @@ def _meta(fusion: Fusion, name: str, n: int) -> InputMeta:
         for i in order:
             strides[i] = step
             step *= max(shape[i], 1)
-        meta = tensor_meta(shape, t.dtype, tuple(strides))
+        meta = tensor_meta(shape, t.dtype, tuple(strides), **fill)
     if any(b and e != 1 for e, b in zip(shape, t.broadcast)):  # symbolic broadcast: expanded
         meta = tensor_meta(shape, t.dtype, tuple(0 if b else s for s, b in zip(meta.strides,
-                                                                                 t.broadcast)))
+                                                                                 t.broadcast)),
+                           **fill)
     return meta

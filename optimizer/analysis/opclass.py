@@ -5,7 +5,8 @@ The registry's op class says what an op is; here it becomes what a segment may h
   factories, and reductions over broadcast axes only, which are squeezes in disguise);
 - REDUCTION ops anchor reduction, normalization and inner-outer segments;
 - LIBRARY ops (matmul, linear) run alone through cuBLAS;
-- FALLBACK ops run alone through the torch reference (no generated kernel exists for them);
+- FALLBACK ops (FALLBACK_OPS and the FALLBACK op class) run alone through the torch reference
+  (no generated kernel exists for them);
 - SEGMENT_SET forces its input across a segment boundary.
 """
 
@@ -15,6 +16,7 @@ from enum import Enum
 
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.fusion import Op
+from optimizer.ir.ops_library import LIBRARY_CALLS
 from optimizer.ir.ops_misc import reduction_axes
 from optimizer.ir.opspec import OpClass, get_spec
 
@@ -44,6 +46,10 @@ def is_trivial_reduction(op: Op, bound: Bound) -> bool:
 
 def role(op: Op, bound: Bound) -> Role:
     spec = get_spec(op.name)
+    if spec.op_class is OpClass.FALLBACK:
+        return Role.FALLBACK
+    if op.name in LIBRARY_CALLS:
+        return Role.LIBRARY
     if op.name in FALLBACK_OPS or any(
             v in bound.fusion.tensors and bound.fusion.tensors[v].dtype.reference_only
             for v in (*op.inputs, *op.outputs)):

@@ -8,7 +8,8 @@ Each ``OpSpec`` holds
 - ``op_class``: what the segmenter and code generator may do with it (see ``OpClass``);
 - ``cost``: arithmetic per output element in "simple op" units, for the cost model.
 
-The op families register themselves from ``ops_pointwise``, ``ops_shape`` and ``ops_misc``.
+The op families register themselves from ``ops_pointwise``, ``ops_shape``, ``ops_misc`` and
+``ops_library``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class OpClass(str, Enum):
     LIBRARY = "library"  # linear, matmul: cuBLAS through torch
     SEGMENT_SET = "segment_set"  # forced segment boundary
     SCALAR = "scalar"  # host-side scalar work (size, arithmetic on scalars)
+    FALLBACK = "fallback"  # no generated kernel: alone, through the torch reference (scatter...)
 
 
 REQUIRED = object()
@@ -109,7 +111,7 @@ def all_specs() -> dict[str, OpSpec]:
 
 def _ensure_loaded() -> None:
     # The families register on import; importing here (not at module top) avoids a cycle.
-    from optimizer.ir import ops_misc, ops_pointwise, ops_shape  # noqa: F401
+    from optimizer.ir import ops_library, ops_misc, ops_pointwise, ops_shape  # noqa: F401
 
 
 def bind_arguments(spec: OpSpec, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
