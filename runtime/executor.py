@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -136,6 +137,20 @@ def _steps(plan: Plan) -> _Steps:
     return steps
 
 
+def time_call(fn: Callable[[], Any], cuda: bool) -> tuple[Any, float]:
+    """``fn()`` and the seconds it took: CUDA events on a GPU (which synchronises), the host
+    clock otherwise."""
+    if not cuda:
+        start = time.perf_counter()
+        return fn(), time.perf_counter() - start
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    result = fn()
+    end.record()
+    end.synchronize()
+    return result, begin.elapsed_time(end) / 1e3
+
+
 def execute_plan(plan: Plan, args: list[Any], runner: SegmentRunner = reference_runner,
                  backend: str = "reference", timed: bool = False) -> Execution:
     """Run the plan on ``args``; with ``timed``, measure each segment (CUDA events on a GPU,
@@ -149,21 +164,11 @@ def execute_plan(plan: Plan, args: list[Any], runner: SegmentRunner = reference_
     for seg, sources, returned, frees in steps.segments:
         seg_args = [env[name] if is_tensor else scalars[name] for name, is_tensor in sources]
         if timed:
-            start = time.perf_counter()
-            if cuda:
-                begin = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                begin.record()
-        outs = runner(plan, seg, seg_args, scalars)
-        if timed:
-            if cuda:
-                end.record()
-                end.synchronize()
-                seconds = begin.elapsed_time(end) / 1e3
-            else:
-                seconds = time.perf_counter() - start
+            outs, seconds = time_call(partial(runner, plan, seg, seg_args, scalars), cuda)
             timings.append(SegmentTiming(seg.index, seg.kind.value, seconds,
                                          seg.read_bytes + seg.write_bytes, backend))
+        else:
+            outs = runner(plan, seg, seg_args, scalars)
         for name, value in zip(returned, outs):
             env[name] = value
         for t in frees:  # boundary tensors die after their last reader

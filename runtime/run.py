@@ -9,7 +9,6 @@ CUDA events around each.
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from typing import Any
 
@@ -76,22 +75,11 @@ def run_plan(plan: Plan, args: list[Any], *, timed: bool = False) -> Execution:
 
 def _run_host(plan: Plan, args: list[Any], timed: bool) -> Execution:
     """A host program (stream loops): timed as a whole, since its segments overlap."""
-    from runtime.executor import SegmentTiming
+    from runtime.executor import SegmentTiming, time_call
     from runtime.streams import run_host
 
     if not timed:
         return run_host(plan, args)
-    cuda = on_gpu(args)
-    start = time.perf_counter()
-    if cuda:
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-    result = run_host(plan, args)
-    if cuda:
-        end.record()
-        end.synchronize()
-        seconds = begin.elapsed_time(end) / 1e3
-    else:
-        seconds = time.perf_counter() - start
+    result, seconds = time_call(lambda: run_host(plan, args), on_gpu(args))
     result.timings = [SegmentTiming(0, "host_program", seconds, plan.io_bytes, result.backend)]
     return result
