@@ -15,9 +15,10 @@ from typing import Any
 from optimizer.analysis.cost import read_bytes, segment_time, write_bytes
 from optimizer.analysis.shapes import bind
 from optimizer.errors import PlanError
+from optimizer.hostir.lower import build_lowered_plan
 from optimizer.ir.fusion import Fusion
 from optimizer.ir.inputs import InputMeta
-from optimizer.plan.plan import Baseline, Plan, SolverReport, build_plan
+from optimizer.plan.plan import Baseline, Plan, SolverReport
 from optimizer.schedulers.kinds import Kind
 from optimizer.schedulers.profiles import get_profile
 from optimizer.segmenters.graph import SegGraph
@@ -100,7 +101,7 @@ def make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions | Non
         from optimizer.segmenters.mincut import refine
 
         groups, report = refine(graph, greedy_plan, options, deadline)
-    return build_plan(graph, groups, options.segmenter, report, baseline, options.to_json())
+    return build_lowered_plan(graph, groups, options.segmenter, report, baseline, options.to_json())
 
 
 MAX_STREAMS = 64

@@ -14,6 +14,8 @@ planning, no compilation, no metadata objects and no per-segment timing.
 from __future__ import annotations
 
 import ctypes
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -235,13 +237,7 @@ def _numel(shape) -> int:
 
 def build_program(plan: Plan, args: list[Any], sig: tuple | None = None) -> Program:
     """Compile every kernel of ``plan`` for these arguments and lay out the warm call (kernels
-    are loaded on the arguments' device). A plan with a host program (stream-parallel axes)
-    runs it instead, segment programs per stage."""
-    if plan.host is not None:
-        from runtime.streams import HostCall
-
-        baked = baked_positions(plan.fusion)
-        return HostCall(plan, sig if sig is not None else signature(args, baked), baked)
+    are loaded on the arguments' device)."""
     tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
     if tensor is not None and tensor.is_cuda:
         with torch.cuda.device(tensor.device):
@@ -364,6 +360,32 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
             program.native = _native_program(program)
         elif launcher.failure() is None and launcher.enabled():
             program.native_ready = launcher.native
+    return program
+
+
+_programs: OrderedDict[tuple, Program] = OrderedDict()
+_lock = threading.Lock()
+MAX_PROGRAMS = 256
+
+
+def program_for(plan: Plan, args: list[Any]) -> Program:
+    """The compiled program of ``plan`` for arguments like these, from a process-wide cache
+    (built on first use)."""
+    baked = getattr(plan, "_baked", None)
+    if baked is None:
+        baked = plan._baked = baked_positions(plan.fusion)  # type: ignore[attr-defined]
+    sig = signature(args, baked)
+    key = (plan.plan_id, sig)
+    with _lock:
+        program = _programs.get(key)
+        if program is not None:
+            _programs.move_to_end(key)
+            return program
+    program = build_program(plan, args, sig)
+    with _lock:
+        _programs[key] = program
+        while len(_programs) > MAX_PROGRAMS:
+            _programs.popitem(last=False)
     return program
 
 

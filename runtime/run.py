@@ -8,8 +8,6 @@ CUDA events around each.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -18,15 +16,14 @@ from optimizer.plan.plan import Plan
 from runtime.executor import (
     Execution,
     SegmentRunner,
+    SegmentTiming,
     check_matches_plan,
     execute_plan,
     reference_runner,
+    time_call,
 )
-from runtime.program import Program, baked_positions, build_program, signature
-
-_programs: OrderedDict[tuple, Program] = OrderedDict()
-_lock = threading.Lock()
-MAX_PROGRAMS = 256
+from runtime.program import Program, baked_positions, build_program, program_for, signature
+from runtime.streams import HostCall, run_host
 
 
 def on_gpu(args: list[Any]) -> bool:
@@ -42,24 +39,13 @@ def runner_for(args: list[Any]) -> tuple[SegmentRunner, str]:
     return reference_runner, "reference"
 
 
-def program_for(plan: Plan, args: list[Any]) -> Program:
-    """The compiled program of ``plan`` for arguments like these (built on first use)."""
-    baked = getattr(plan, "_baked", None)
-    if baked is None:
-        baked = plan._baked = baked_positions(plan.fusion)  # type: ignore[attr-defined]
-    sig = signature(args, baked)
-    key = (plan.plan_id, sig)
-    with _lock:
-        program = _programs.get(key)
-        if program is not None:
-            _programs.move_to_end(key)
-            return program
-    program = build_program(plan, args, sig)
-    with _lock:
-        _programs[key] = program
-        while len(_programs) > MAX_PROGRAMS:
-            _programs.popitem(last=False)
-    return program
+def compile_plan(plan: Plan, args: list[Any], sig: tuple | None = None) -> Program | HostCall:
+    """What a warm call of ``plan`` runs for arguments like ``args``: its compiled program, or
+    its host program when axes are stream-parallel (whose segments compile as they first run)."""
+    if plan.host is not None:
+        baked = baked_positions(plan.fusion)
+        return HostCall(plan, sig if sig is not None else signature(args, baked), baked)
+    return build_program(plan, args, sig)
 
 
 def run_plan(plan: Plan, args: list[Any], *, timed: bool = False) -> Execution:
@@ -75,9 +61,6 @@ def run_plan(plan: Plan, args: list[Any], *, timed: bool = False) -> Execution:
 
 def _run_host(plan: Plan, args: list[Any], timed: bool) -> Execution:
     """A host program (stream loops): timed as a whole, since its segments overlap."""
-    from runtime.executor import SegmentTiming, time_call
-    from runtime.streams import run_host
-
     if not timed:
         return run_host(plan, args)
     result, seconds = time_call(lambda: run_host(plan, args), on_gpu(args))

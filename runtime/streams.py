@@ -19,6 +19,7 @@ import torch
 from optimizer.hostir.lower import Step
 from optimizer.plan.plan import Plan
 from runtime.executor import Execution, _steps, check_matches_plan, execute_plan, expand_compact
+from runtime.program import program_for, signature
 from runtime.tensors import TORCH_DTYPE, unshare
 
 _pools: dict[int, list[tuple[torch.cuda.Stream, torch.cuda.Event]]] = {}
@@ -49,8 +50,6 @@ class HostCall:
     baked: frozenset[int]
 
     def call(self, args: list[Any]) -> list[torch.Tensor] | None:
-        from runtime.program import signature
-
         if signature(args, self.baked) != self.signature:
             return None
         return self.run(args)
@@ -90,8 +89,6 @@ def _run_segment(plan: Plan, step: Step, j: int, env: dict[str, Any], scalars: d
     args = [env[s] if is_tensor else scalars[s] for s, is_tensor in sources]
     targets = [into.get(t) for t in names] if into else None
     if gpu:
-        from runtime.run import program_for
-
         program = programs.get(j)
         outs = program.call(args, targets) if program is not None else None
         if outs is None:

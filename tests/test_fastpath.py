@@ -81,7 +81,7 @@ def test_warm_calls_neither_plan_nor_compile(name, monkeypatch, native_built):
     fusion, fd, args = definition(name, device="cuda")
     first = fd.execute(args)
     planned = Counted(monkeypatch, fusecut.local, "make_plan")
-    built = Counted(monkeypatch, fusecut.local, "build_program")
+    built = Counted(monkeypatch, fusecut.local, "compile_plan")
     compiled = Counted(monkeypatch, runtime.compile, "_nvrtc")
     cached = runtime.compile.STATS.memory_hits + runtime.compile.STATS.disk_hits
     for _ in range(5):

@@ -19,8 +19,8 @@ from optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta
 from optimizer.ir.wire import meta_from_json
 from optimizer.planner import PlanOptions, make_plan
 from runtime.executor import Execution
-from runtime.program import Program, baked_positions, build_program, signature
-from runtime.run import on_gpu, run_plan
+from runtime.program import Program, baked_positions, signature
+from runtime.run import compile_plan, on_gpu, run_plan
 from runtime.tensors import meta_of
 
 
@@ -97,7 +97,7 @@ class Local:
         program = self.programs.get(key)
         if program is None:
             planned = self.plan(inputs, **options)._internal
-            program = build_program(planned, inputs, sig)
+            program = compile_plan(planned, inputs, sig)
             with self._lock:
                 if len(self.programs) >= self.MAX_PROGRAMS:
                     self.programs.pop(next(iter(self.programs)))

@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import Any
 
 from optimizer.analysis.shapes import Bound, bind
 from optimizer.errors import PlanError
 from optimizer.hostir.streams import Stage, stream_stages
+from optimizer.hostir.text import print_host_program
 from optimizer.ir.inputs import TensorMeta, contiguous_strides
+from optimizer.plan.plan import Baseline, Plan, SolverReport, build_plan
+from optimizer.schedulers.kinds import Kind
+from optimizer.segmenters.graph import SegGraph
+from optimizer.segmenters.greedy import greedy_groups
 
 
 @dataclass
@@ -58,15 +64,20 @@ def stored_axis(bound: Bound, tensor: str, axis: int | None) -> int | None:
     return sum(1 for b in bound.broadcast[tensor][:axis] if not b)
 
 
-def segment_order(stage_of: dict[int, int], groups: list) -> list:
-    """Groups in stage order (stable): a stage's segments run together, inside its loop."""
-    return sorted(groups, key=lambda g: min(stage_of[i] for i in g[0]))
+def build_lowered_plan(graph: SegGraph, groups: list, segmenter: str, solver: SolverReport,
+                       baseline: Baseline | None, options: dict[str, Any]) -> Plan:
+    """``build_plan``; when axes are stream-parallel, with the segments in stage order (stable: a
+    stage's segments run together, inside its loop) and the plan's host program."""
+    if not graph.stage_of:
+        return build_plan(graph, groups, segmenter, solver, baseline, options)
+    groups = sorted(groups, key=lambda g: min(graph.stage_of[i] for i in g[0]))
+    plan = build_plan(graph, groups, segmenter, solver, baseline, options)
+    plan.host = lower(plan, graph)
+    return plan
 
 
-def lower(plan, graph) -> HostProgram:
+def lower(plan: Plan, graph: SegGraph) -> HostProgram:
     """The host program of ``plan`` (whose segments are in stage order)."""
-    from optimizer.hostir.text import print_host_program
-
     bound = plan.bound
     stages = stream_stages(bound)
     stage_of = graph.stage_of
@@ -106,15 +117,11 @@ def _in_order(plan, step: Step, what: str) -> list[str]:
                               for t in getattr(plan.segments[j].schedule, what)))
 
 
-def segment_plan(plan, segment, axes: dict[str, int | None], views: set[str] = frozenset()):
+def segment_plan(plan: Plan, segment, axes: dict[str, int | None], views: set[str] = frozenset()):
     """``segment`` planned alone: at the plan's sizes, or (``axes``: the loop's stream axes by
     tensor) at the sizes of one slice, where each stream axis has extent 1. Slices of ``views``
     are views into whole tensors (their strides); other sliced tensors live within an iteration,
     dense."""
-    from optimizer.plan.plan import SolverReport, build_plan
-    from optimizer.schedulers.kinds import Kind
-    from optimizer.segmenters.graph import SegGraph
-
     sub = segment.sub
     fusion, metas = sub.fusion, list(sub.inputs)
     if axes:
@@ -144,10 +151,10 @@ def segment_plan(plan, segment, axes: dict[str, int | None], views: set[str] = f
     try:
         return build_plan(graph, [(whole, frozenset(fusion.outputs))], "fixed", report, None,
                           plan.options)
-    except PlanError:  # the slice does not schedule as one segment: plan it on its own
-        from optimizer.planner import PlanOptions, make_plan
-
-        return make_plan(fusion, metas, PlanOptions(segmenter="greedy", kinds=tuple(kinds)))
+    except PlanError:  # the slice does not schedule as one segment: segment it greedily
+        groups = greedy_groups(graph)
+        return build_plan(graph, list(zip(groups, graph.derive_writes(groups))), "greedy",
+                          SolverReport("GREEDY", message=report.message), None, plan.options)
 
 
 # ops whose attributes spell out their output's extents

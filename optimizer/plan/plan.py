@@ -121,10 +121,6 @@ def build_plan(graph: SegGraph, groups: list[tuple[frozenset[int], frozenset[str
                segmenter: str, solver: SolverReport, baseline: Baseline | None,
                options: dict[str, Any]) -> Plan:
     bound, profile = graph.bound, graph.profile
-    if graph.stage_of:
-        from optimizer.hostir.lower import segment_order
-
-        groups = segment_order(graph.stage_of, groups)
     schedules: list[Schedule] = []
     for k, (ops, written) in enumerate(groups):
         sched = graph.classify(ops, written)
@@ -153,12 +149,7 @@ def build_plan(graph: SegGraph, groups: list[tuple[frozenset[int], frozenset[str
             readers = tuple(readers_of.get(t, ()))
             if readers:
                 boundaries.append(Boundary(t, k, readers))
-    plan = Plan(bound, profile, segmenter, segments, boundaries, solver, baseline, options)
-    if graph.stage_of:
-        from optimizer.hostir.lower import lower
-
-        plan.host = lower(plan, graph)
-    return plan
+    return Plan(bound, profile, segmenter, segments, boundaries, solver, baseline, options)
 
 
 def check_segmentation(graph: SegGraph, schedules: list[Schedule]) -> None:
