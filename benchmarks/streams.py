@@ -78,11 +78,29 @@ def cases():
         yield name, parsed.fusion, [torch.randn(s, **f32) for s in shapes], eager
 
 
-def measure(name, fusion, inputs, eager, iters: int, bandwidth: float) -> list[str]:
+def measure_fusecut(name, fusion, inputs, iters: int) -> tuple[dict, dict, int]:
+    """Per system (unsplit, 1-8 streams): median seconds per call, and per graph replay; and the
+    plan's lower-bound bytes."""
     flat = copy.deepcopy(fusion)
     flat.stream_axes = []
     unsplit = fusecut.FusionDefinition.from_fusion(flat)
     split = fusecut.FusionDefinition.from_fusion(fusion)
+    systems = [("fusecut unsplit", lambda: unsplit.execute(inputs))]
+    want = unsplit.execute(inputs)
+    for n in STREAMS:
+        got = split.execute(inputs, num_streams=n)
+        for g, w in zip(got, want):
+            assert torch.allclose(g.float(), w.float(), rtol=2e-2, atol=2e-2), (name, n)
+        systems.append((f"{n} streams", lambda n=n: split.execute(inputs, num_streams=n)))
+    calls = dict(zip((s for s, _ in systems),
+                     medians_in_rounds([fn for _, fn in systems], iters)))
+    graphs = [(s, graphed(fn)) for s, fn in systems]
+    replays = dict(zip((s for s, g in graphs if g is not None),
+                       medians_in_rounds([g for _, g in graphs if g is not None], iters)))
+    return calls, replays, split.plan(inputs).json["totals"]["lower_bound_bytes"]
+
+
+def measure_torch(name, inputs, eager, iters: int) -> dict:
     systems = [("eager", lambda: eager(*inputs))]
     try:
         compiled = torch.compile(eager)
@@ -90,29 +108,17 @@ def measure(name, fusion, inputs, eager, iters: int, bandwidth: float) -> list[s
         systems.append(("torch.compile", lambda: compiled(*inputs)))
     except Exception as exc:  # noqa: BLE001 - a missing compiler only loses its column
         print(f"torch.compile failed on {name}: {exc}", file=sys.stderr)
-    systems.append(("fusecut unsplit", lambda: unsplit.execute(inputs)))
-    want = unsplit.execute(inputs)
-    for n in STREAMS:
-        got = split.execute(inputs, num_streams=n)
-        for g, w in zip(got, want):
-            assert torch.allclose(g.float(), w.float(), rtol=2e-2, atol=2e-2), (name, n)
-        systems.append((f"{n} streams", lambda n=n: split.execute(inputs, num_streams=n)))
-    times = medians_in_rounds([fn for _, fn in systems], iters)
-    by_name = dict(zip((s for s, _ in systems), times))
-    graphs = [(s, graphed(fn)) for s, fn in systems if s.startswith(("fusecut", "1 ", "2 ", "4 ",
-                                                                     "8 "))]
-    kernel_times = medians_in_rounds([g for _, g in graphs if g is not None], iters)
-    kernels = dict(zip((s for s, g in graphs if g is not None), kernel_times))
-    floor = split.plan(inputs).json["totals"]["lower_bound_bytes"] / bandwidth
+    return dict(zip((s for s, _ in systems), medians_in_rounds([fn for _, fn in systems], iters)))
+
+
+def row_for(name, calls: dict, replays: dict, floor: float) -> list[str]:
     row = [name, f"{floor * 1e6:.0f}"]
     for column in COLUMNS[2:]:
-        t = by_name.get(column)
-        k = kernels.get(column)
+        t, k = calls.get(column), replays.get(column)
         cell = f"{t * 1e6:.0f}" if t is not None else "n/a"
         row.append(cell + (f" ({k * 1e6:.0f})" if k is not None else ""))
-    best = min(STREAMS, key=lambda n: by_name[f"{n} streams"])
-    row.append(f"{by_name['fusecut unsplit'] / by_name[f'{best} streams']:.2f}x at {best}")
-    print(" | ".join(row), flush=True)
+    best = min(STREAMS, key=lambda n: calls[f"{n} streams"])
+    row.append(f"{calls['fusecut unsplit'] / calls[f'{best} streams']:.2f}x at {best}")
     return row
 
 
@@ -144,7 +150,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     device = torch.cuda.get_device_name()
     bandwidth = copy_bandwidth()
-    rows = [measure(*case, args.iters, bandwidth) for case in cases()]
+    measured = [(name, inputs, eager, *measure_fusecut(name, fusion, inputs, args.iters))
+                for name, fusion, inputs, eager in cases()]
+    # torch.compile after every fusecut measurement: once dynamo has run, Python-heavy callers
+    # in the same process run slower, which would charge fusecut's host loop for torch.compile
+    rows = []
+    for name, inputs, eager, calls, replays, lower_bound in measured:
+        calls.update(measure_torch(name, inputs, eager, args.iters))
+        rows.append(row_for(name, calls, replays, lower_bound / bandwidth))
+        print(" | ".join(rows[-1]), flush=True)
     table = markdown_table(COLUMNS + ["best streams vs unsplit"], rows)
     notes = (f"Median microseconds per `fd.execute` call (Python included), CUDA events, "
              f"{args.iters} calls in rotating rounds; in parentheses the same call captured in a "
