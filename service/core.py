@@ -23,7 +23,6 @@ from optimizer.ir.wire import (
     FusionJSON,
     fusion_from_json,
     fusion_id,
-    fusion_to_json,
     meta_from_json,
     meta_to_json,
 )
@@ -38,12 +37,12 @@ from service import metrics
 from service.models import PlanOptionsModel
 from service.planning import (
     Refusal,
-    check_plan_numbers,
     check_sizes,
     parse_definition,
     plan_body,
     plan_options,
     plan_summary,
+    serialize,
     start_planners,
     warm_up,
 )
@@ -120,10 +119,10 @@ class Service:
             return cached, "hit"
         async with self.plan_slots:
             plan = await run_in_threadpool(make_plan, fusion, metas, options)
-        data = plan.to_json()
-        check_plan_numbers(data)
-        request = {"definition": fusion_to_json(fusion), "inputs": metas_json}
-        stored = self.store.put(data, request, request_key)
+            # serializing a large plan takes as long as planning: off the event loop too
+            data, body, request = await run_in_threadpool(serialize, plan, metas_json)
+        stored = self.store.put_bytes(data["plan_id"], data["fusion_id"], data["segmenter"], body,
+                                      request, request_key)
         self._hold(plan)
         metrics.record_plan(plan_summary(data), "miss")
         return stored, "miss"

@@ -32,7 +32,7 @@ from optimizer.ir.wire import (
     meta_from_json,
     meta_to_json,
 )
-from optimizer.plan.plan import plan_key
+from optimizer.plan.plan import Plan, plan_key
 from optimizer.planner import PlanOptions, make_plan
 from optimizer.schedulers.profiles import get_profile
 from service.models import PlanOptionsModel, PlanRequest
@@ -109,13 +109,20 @@ def _plan_body(raw: bytes, settings: Settings) -> Planned:
                     "plan_id = ?", pid)
     if known is not None:
         return Planned(pid, fid, known[2], b"", "", request_key, "hit", {})
-    data = make_plan(fusion, metas, options).to_json()
-    check_plan_numbers(data)
-    body_bytes = json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
-    request = json.dumps({"definition": fusion_to_json(fusion), "inputs": metas_json},
-                         separators=(",", ":"), allow_nan=False)
+    plan = make_plan(fusion, metas, options)
+    plan.fusion_id = fid  # known: not converted again
+    data, body_bytes, request = serialize(plan, metas_json)
     return Planned(data["plan_id"], data["fusion_id"], data["segmenter"], body_bytes, request,
                    request_key, "miss", plan_summary(data))
+
+
+def serialize(plan: Plan, metas_json: list[dict[str, Any]]) -> tuple[dict[str, Any], bytes, str]:
+    """A plan's JSON, as a dict and as strict JSON bytes (see ``plan_bytes``), and the request
+    that made it (the definition as wire JSON and the input metadata) as JSON text."""
+    data = plan.to_json()
+    request = json.dumps({"definition": fusion_to_json(plan.fusion), "inputs": metas_json},
+                         separators=(",", ":"), allow_nan=False)
+    return data, plan_bytes(data), request
 
 
 def plan_summary(data: dict[str, Any]) -> dict[str, Any]:
@@ -180,18 +187,21 @@ def plan_options(model: PlanOptionsModel, settings: Settings) -> PlanOptions:
     return PlanOptions(time_limit_s=limit, **kwargs)
 
 
-def check_plan_numbers(data: dict[str, Any]) -> None:
-    """Refuse a plan that is not strict JSON, or whose byte totals leave int64 (sizes made
-    inside a definition, by broadcast_in_dim to fixed shapes): the metrics never see them."""
+def plan_bytes(data: dict[str, Any]) -> bytes:
+    """The plan as strict JSON, refused (naming the value) if it is not, or if its byte totals
+    leave int64 (sizes made inside a definition, by broadcast_in_dim to fixed shapes): the
+    metrics never see them."""
     too_big = [k for k, v in data["totals"].items() if isinstance(v, (int, float))
                and v > INT64_MAX]
     if too_big:
         raise Problem(422, "sizes too large", f"the plan's totals.{too_big[0]} is over "
                                               f"2**63 - 1; reduce the definition's shapes")
-    where = non_finite(data)
-    if where is not None:  # never store or send a plan that is not JSON
+    try:
+        return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:  # NaN or infinity somewhere: find it (a walk only on this rare path)
+        where = non_finite(data)
         raise Problem(422, "cannot plan", f"the plan's {where} is not a finite number; "
-                                          f"check the options and input metadata")
+                                          f"check the options and input metadata") from None
 
 
 def check_sizes(fusion: Fusion, metas: list[InputMeta], limit: int) -> None:
