@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import threading
 from collections import OrderedDict
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -42,6 +43,7 @@ from service.planning import (
     plan_body,
     plan_options,
     plan_summary,
+    refusing,
     serialize,
     start_planners,
     warm_up,
@@ -61,6 +63,7 @@ class Service:
         self.worker = Worker(process=settings.worker)
         self.held: OrderedDict[str, Plan] = OrderedDict()
         self.parsed: OrderedDict[str, tuple[Fusion, list[InputMeta] | None]] = OrderedDict()
+        self.parsed_lock = threading.Lock()
         self.plan_slots = asyncio.Semaphore(settings.max_concurrent_plans)
         self.exec_slots = asyncio.Semaphore(settings.max_concurrent_executions)
         self.planners = start_planners(settings)
@@ -82,13 +85,17 @@ class Service:
         limit = self.settings.max_ops
         if isinstance(definition, str):
             key = hashlib.sha256(definition.encode()).hexdigest()
-            known = self.parsed.get(key)
-            if known is None:  # fusions are not mutated once parsed, so they can be shared
-                parsed = parse_text(definition, max_ops=limit)
-                known = self.parsed[key] = (parsed.fusion, parsed.inputs)
+            with self.parsed_lock:  # parse runs in threads
+                known = self.parsed.get(key)
+                if known is not None:
+                    self.parsed.move_to_end(key)
+                    return known
+            parsed = parse_text(definition, max_ops=limit)
+            known = (parsed.fusion, parsed.inputs)
+            with self.parsed_lock:  # fusions are not mutated once parsed: they can be shared
+                self.parsed[key] = known
                 if len(self.parsed) > PARSED_TEXTS:
                     self.parsed.popitem(last=False)
-            self.parsed.move_to_end(key)
             return known
         return parse_definition(definition, limit)
 
@@ -121,24 +128,34 @@ class Service:
             plan = await run_in_threadpool(make_plan, fusion, metas, options)
             # serializing a large plan takes as long as planning: off the event loop too
             data, body, request = await run_in_threadpool(serialize, plan, metas_json)
-        stored = self.store.put_bytes(data["plan_id"], data["fusion_id"], data["segmenter"], body,
-                                      request, request_key)
+        stored = await run_in_threadpool(self.store.put_bytes, data["plan_id"], data["fusion_id"],
+                                         data["segmenter"], body, request, request_key)
         self._hold(plan)
         metrics.record_plan(plan_summary(data), "miss")
         return stored, "miss"
 
-    async def plan_request(self, raw: bytes) -> tuple[StoredPlan, str]:
-        """POST /v1/plan's body planned in a planner process: (the stored plan, "hit"/"miss")."""
-        async with self.plan_slots:
-            try:
-                result = await asyncio.get_running_loop().run_in_executor(
-                    self.planners, plan_body, raw, self.settings)
-            except BrokenProcessPool:  # a planner died (out of memory?): start new ones
-                self.planners = start_planners(self.settings)
-                raise Problem(503, "planner crashed", "the planner process died on this "
-                                                      "request; it has been restarted") from None
+    async def off_loop(self, fn, *args, in_process: bool = True):
+        """``fn(*args)`` in a planner process (or, for a small job, a thread): CPU work on
+        untrusted input never runs on the event loop. Its refusals are raised as Problems."""
+        if not in_process:
+            result = await run_in_threadpool(refusing, fn, *args)
+        else:
+            async with self.plan_slots:
+                try:
+                    result = await asyncio.get_running_loop().run_in_executor(
+                        self.planners, refusing, fn, *args)
+                except BrokenProcessPool:  # a planner died (out of memory?): start new ones
+                    self.planners = start_planners(self.settings)
+                    raise Problem(503, "planner crashed", "the planner process died on this "
+                                                          "request; it has been restarted"
+                                  ) from None
         if isinstance(result, Refusal):
             raise Problem(result.status, result.title, result.detail, **result.extra)
+        return result
+
+    async def plan_request(self, raw: bytes) -> tuple[StoredPlan, str]:
+        """POST /v1/plan's body planned in a planner process: (the stored plan, "hit"/"miss")."""
+        result = await self.off_loop(plan_body, raw, self.settings)
         if result.cache == "hit":
             stored = self.store.get(result.plan_id)
             if stored is not None:
@@ -168,7 +185,7 @@ class Service:
     async def plan_for_tensors(self, definition: str | FusionJSON, options: PlanOptionsModel,
                                tensors: dict[str, Any]) -> Plan:
         """The plan of a definition for these tensors (planned now unless stored)."""
-        fusion, _ = self.parse(definition)
+        fusion, _ = await run_in_threadpool(self.parse, definition)  # Python: the loop runs
         check_names(fusion, tensors)
         tensors = expand_declared_broadcasts(fusion, tensors)
         metas: list[InputMeta] = []

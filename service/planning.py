@@ -64,10 +64,11 @@ class Refusal:
     extra: dict[str, Any]
 
 
-def plan_body(raw: bytes, settings: Settings) -> Planned | Refusal:
-    """Plan the POST /v1/plan body ``raw``; a refusal is returned (pickles simply), not raised."""
+def refusing(fn, *args):
+    """``fn(*args)``, or the Refusal its Problem or fusecut error says: returned, not raised,
+    since it pickles simply (a Problem would not come back from a planner process)."""
     try:
-        return _plan_body(raw, settings)
+        return fn(*args)
     except Problem as e:
         return Refusal(e.status, e.title, e.detail, e.extra)
     except FusecutError as e:
@@ -75,7 +76,8 @@ def plan_body(raw: bytes, settings: Settings) -> Planned | Refusal:
         return Refusal(422, title, str(e), {})
 
 
-def _plan_body(raw: bytes, settings: Settings) -> Planned:
+def plan_body(raw: bytes, settings: Settings) -> Planned:
+    """Plan the POST /v1/plan body ``raw`` (run through ``refusing``)."""
     try:
         body = PlanRequest.model_validate_json(raw)
     except ValidationError as e:

@@ -226,6 +226,26 @@ def test_big_bodies_and_definitions_stall_no_other_request(server):
     assert len(latencies) >= 10 and max(latencies) < 0.1, max(latencies)
 
 
+def test_big_execute_bodies_stall_no_other_request(server):
+    # A KServe-JSON execute body is validated, decoded and answered away from the event loop:
+    # before, its 2M values held the loop for seconds (pydantic, torch.tensor, json.dumps).
+    n = 2_000_000
+    # bodies encoded beforehand: encoding in the posting thread would stall this process's poller
+    good = json.dumps(kserve_body([k % 1000 for k in range(n)])).encode()  # ~10 MB
+    bad = json.dumps(kserve_body([1, 2**64] * (n // 2))).encode()
+    post = lambda raw: httpx.post(f"{server.url}/v1/execute", content=raw,  # noqa: E731
+                                  headers={"content-type": "application/json"}, timeout=120)
+    latencies, response = healthz_latencies_during(server.url, lambda: post(good))
+    assert response.status_code == 200, response.text[:300]
+    out = response.json()["outputs"][0]
+    assert out["shape"] == [n] and out["data"][:3] == [0, -1, -2] and out["data"][-1] == -999
+    assert len(latencies) >= 10 and max(latencies) < 0.1, max(latencies)
+    # bad data is refused as before, naming the value and the datatype's range
+    latencies, response = healthz_latencies_during(server.url, lambda: post(bad))
+    assert_problem(response, 422, "out of the range of INT64")
+    assert len(latencies) >= 3 and max(latencies) < 0.1, max(latencies)
+
+
 # ---- defect 5: the OpenAPI document and /docs ------------------------------------------------
 
 def test_openapi_is_complete_and_valid(http):
