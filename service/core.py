@@ -52,6 +52,7 @@ from service.problems import Problem
 from service.settings import Settings
 from service.store import PlanStore, StoredPlan
 
+Parsed = tuple[Fusion, list[InputMeta] | None, str | None]  # see Service.parse
 HELD_PLANS = 64  # Plan objects kept in memory for executions
 PARSED_TEXTS = 256  # parsed definition texts kept: a client that repeats one skips the parser
 
@@ -62,7 +63,7 @@ class Service:
         self.store = PlanStore(settings.db_path)
         self.worker = Worker(process=settings.worker)
         self.held: OrderedDict[str, Plan] = OrderedDict()
-        self.parsed: OrderedDict[str, tuple[Fusion, list[InputMeta] | None]] = OrderedDict()
+        self.parsed: OrderedDict[str, Parsed] = OrderedDict()
         self.parsed_lock = threading.Lock()
         self.plan_slots = asyncio.Semaphore(settings.max_concurrent_plans)
         self.exec_slots = asyncio.Semaphore(settings.max_concurrent_executions)
@@ -80,8 +81,9 @@ class Service:
 
     # ---- definitions ---------------------------------------------------------------------------
 
-    def parse(self, definition: str | FusionJSON) -> tuple[Fusion, list[InputMeta] | None]:
-        """The fusion, and the input metadata of a text's ``inputs = [...]`` list if it has one."""
+    def parse(self, definition: str | FusionJSON) -> Parsed:
+        """The fusion, the input metadata of a text's ``inputs = [...]`` list if it has one, and
+        the text's definition function name."""
         limit = self.settings.max_ops
         if isinstance(definition, str):
             key = hashlib.sha256(definition.encode()).hexdigest()
@@ -91,7 +93,7 @@ class Service:
                     self.parsed.move_to_end(key)
                     return known
             parsed = parse_text(definition, max_ops=limit)
-            known = (parsed.fusion, parsed.inputs)
+            known = (parsed.fusion, parsed.inputs, parsed.function_name)
             with self.parsed_lock:  # fusions are not mutated once parsed: they can be shared
                 self.parsed[key] = known
                 if len(self.parsed) > PARSED_TEXTS:
@@ -112,7 +114,8 @@ class Service:
         return plan
 
     async def plan(self, fusion: Fusion, metas: list[InputMeta], options: PlanOptions,
-                   request_key: str | None = None) -> tuple[StoredPlan, str]:
+                   request_key: str | None = None, name: str | None = None
+                   ) -> tuple[StoredPlan, str]:
         """(the stored plan, "hit" or "miss"); a miss solves and stores the plan."""
         check_sizes(fusion, metas, self.settings.max_plan_tensor_bytes)
         profile = get_profile(options.device, options.device_overrides)
@@ -127,7 +130,7 @@ class Service:
         async with self.plan_slots:
             plan = await run_in_threadpool(make_plan, fusion, metas, options)
             # serializing a large plan takes as long as planning: off the event loop too
-            data, body, request = await run_in_threadpool(serialize, plan, metas_json)
+            data, body, request = await run_in_threadpool(serialize, plan, metas_json, name)
         stored = await run_in_threadpool(self.store.put_bytes, data["plan_id"], data["fusion_id"],
                                          data["segmenter"], body, request, request_key)
         self._hold(plan)
@@ -185,7 +188,7 @@ class Service:
     async def plan_for_tensors(self, definition: str | FusionJSON, options: PlanOptionsModel,
                                tensors: dict[str, Any]) -> Plan:
         """The plan of a definition for these tensors (planned now unless stored)."""
-        fusion, _ = await run_in_threadpool(self.parse, definition)  # Python: the loop runs
+        fusion, _, function_name = await run_in_threadpool(self.parse, definition)
         check_names(fusion, tensors)
         tensors = expand_declared_broadcasts(fusion, tensors)
         metas: list[InputMeta] = []
@@ -195,7 +198,7 @@ class Service:
                 metas.append(ScalarMeta(fusion.scalars[name].dtype, scalar_value(name, value)))
             else:
                 metas.append(meta_of(value))
-        stored, _ = await self.plan(fusion, metas, self.options(options))
+        stored, _ = await self.plan(fusion, metas, self.options(options), name=function_name)
         return await self.plan_object(stored.plan_id)
 
     # ---- executions ----------------------------------------------------------------------------

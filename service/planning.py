@@ -88,7 +88,7 @@ def plan_body(raw: bytes, settings: Settings) -> Planned:
                     request_key)
     if known is not None:
         return Planned(known[0], known[1], known[2], b"", "", request_key, "hit", {})
-    fusion, text_inputs = parse_definition(body.definition, settings.max_ops)
+    fusion, text_inputs, name = parse_definition(body.definition, settings.max_ops)
     if body.inputs is not None:
         if len(body.inputs) != len(fusion.inputs):
             raise Problem(422, "inputs do not match",
@@ -113,17 +113,21 @@ def plan_body(raw: bytes, settings: Settings) -> Planned:
         return Planned(pid, fid, known[2], b"", "", request_key, "hit", {})
     plan = make_plan(fusion, metas, options)
     plan.fusion_id = fid  # known: not converted again
-    data, body_bytes, request = serialize(plan, metas_json)
+    data, body_bytes, request = serialize(plan, metas_json, name)
     return Planned(data["plan_id"], data["fusion_id"], data["segmenter"], body_bytes, request,
                    request_key, "miss", plan_summary(data))
 
 
-def serialize(plan: Plan, metas_json: list[dict[str, Any]]) -> tuple[dict[str, Any], bytes, str]:
+def serialize(plan: Plan, metas_json: list[dict[str, Any]],
+              name: str | None = None) -> tuple[dict[str, Any], bytes, str]:
     """A plan's JSON, as a dict and as strict JSON bytes (see ``plan_bytes``), and the request
-    that made it (the definition as wire JSON and the input metadata) as JSON text."""
+    that made it (the definition as wire JSON, the input metadata, and the definition
+    function's name if it had one: the dashboard shows it) as JSON text."""
     data = plan.to_json()
-    request = json.dumps({"definition": fusion_to_json(plan.fusion), "inputs": metas_json},
-                         separators=(",", ":"), allow_nan=False)
+    request = {"definition": fusion_to_json(plan.fusion), "inputs": metas_json}
+    if name is not None:
+        request["name"] = name
+    request = json.dumps(request, separators=(",", ":"), allow_nan=False)
     return data, plan_bytes(data), request
 
 
@@ -164,15 +168,17 @@ def _lookup(db_path: str, query: str, key: str) -> tuple | None:
         return None
 
 
-def parse_definition(definition: Any, max_ops: int) -> tuple[Fusion, list[InputMeta] | None]:
-    """The fusion of a text or wire-JSON definition, and the text's ``inputs = [...]`` if any."""
+def parse_definition(definition: Any, max_ops: int
+                     ) -> tuple[Fusion, list[InputMeta] | None, str | None]:
+    """The fusion of a text or wire-JSON definition, the text's ``inputs = [...]`` if any, and
+    its definition function's name if it has one."""
     if isinstance(definition, str):
         parsed = parse_text(definition, max_ops=max_ops)
-        return parsed.fusion, parsed.inputs
+        return parsed.fusion, parsed.inputs, parsed.function_name
     if len(definition.ops) > max_ops:
         raise Problem(413, "definition too large",
                       f"the definition has {len(definition.ops)} ops; the limit is {max_ops}")
-    return fusion_from_json(definition, max_ops), None
+    return fusion_from_json(definition, max_ops), None, None
 
 
 def plan_options(model: PlanOptionsModel, settings: Settings) -> PlanOptions:
