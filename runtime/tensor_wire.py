@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from optimizer.errors import InputError
+from runtime import safetensors_io
 from runtime.json_tensors import decode, encode
 
 DATATYPES = {"BOOL": torch.bool, "INT32": torch.int32, "INT64": torch.int64,
@@ -41,19 +42,12 @@ def to_array(tensor: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def load_safetensors(blob: bytes) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load
-
-    try:
-        return load(blob)
-    except Exception as e:  # the format's own errors: bad header, truncated data
-        raise InputError(f"the tensors are not a valid safetensors file: {e}") from None
+def load_safetensors(blob: bytes | bytearray | memoryview) -> dict[str, torch.Tensor]:
+    return safetensors_io.load(blob)
 
 
 def dump_safetensors(tensors: dict[str, torch.Tensor]) -> bytes:
-    from safetensors.torch import save
-
-    return save({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
+    return bytes(safetensors_io.dump(tensors))
 
 
 def expand_declared_broadcasts(fusion, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

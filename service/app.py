@@ -21,7 +21,8 @@ from starlette.concurrency import run_in_threadpool
 
 from optimizer.ir.wire import FusionJSON
 from optimizer.plan.plan import Plan
-from runtime.tensor_wire import NAMES, dump_safetensors, from_array, load_safetensors, to_array
+from runtime import safetensors_io
+from runtime.tensor_wire import NAMES, from_array, load_safetensors, to_array
 from service import metrics, openapi, problems
 from service.core import Service
 from service.dashboard import render
@@ -197,7 +198,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         plan = await resolve(definition, plan_id, options, tensors)
         response = await service.execute(plan, tensors)
         outputs = dict(zip(plan.fusion.outputs, response["outputs"]))
-        content = await run_in_threadpool(dump_safetensors, outputs)
+        content = await run_in_threadpool(safetensors_io.dump, outputs)  # a view, no copy
         return Response(content, media_type=SAFETENSORS,
                         headers={"X-Fusecut-Plan-Id": plan.plan_id,
                                  "X-Fusecut-Backend": response["backend"],

@@ -246,6 +246,30 @@ def test_big_execute_bodies_stall_no_other_request(server):
     assert len(latencies) >= 3 and max(latencies) < 0.1, max(latencies)
 
 
+def test_big_safetensors_bodies_stall_no_other_request(server):
+    # 100 MB in and out: read and written by torch copies that let the event loop's thread run
+    # (the safetensors package held the GIL for 0.2-0.3 s of each)
+    import torch
+
+    from runtime.tensor_wire import dump_safetensors, load_safetensors
+
+    n = 25_000_000
+    definition = ("def big(fd):\n"
+                  "    T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+                  "    fd.add_output(fd.ops.neg(T0))\n")
+    plan = httpx.post(f"{server.url}/v1/plan", timeout=60, json={
+        "definition": definition, "inputs": [{"shape": [n], "dtype": "float32"}]}).json()
+    x = torch.arange(n, dtype=torch.float32)
+    body = dump_safetensors({"T0": x})
+    post = lambda: httpx.post(f"{server.url}/v1/execute", content=body,  # noqa: E731
+                              headers={"content-type": "application/octet-stream",
+                                       "x-fusecut-plan-id": plan["plan_id"]}, timeout=120)
+    latencies, response = healthz_latencies_during(server.url, post)
+    assert response.status_code == 200, response.text[:300]
+    assert torch.equal(load_safetensors(response.content)["T1"], -x)
+    assert len(latencies) >= 10 and max(latencies) < 0.1, max(latencies)
+
+
 # ---- defect 5: the OpenAPI document and /docs ------------------------------------------------
 
 def test_openapi_is_complete_and_valid(http):
