@@ -284,10 +284,10 @@ def test_repeated_texts_are_parsed_once(tmp_path, monkeypatch):
     real = core.parse_text
     monkeypatch.setattr(core, "parse_text",
                         lambda text, **kw: calls.append(text) or real(text, **kw))
-    first, _ = service.parse(SMALL)
-    again, _ = service.parse(SMALL)
+    first, _, _ = service.parse(SMALL)
+    again, _, _ = service.parse(SMALL)
     assert again is first and len(calls) == 1
-    other, _ = service.parse(SMALL + "\n")  # another text: parsed on its own
+    other, _, _ = service.parse(SMALL + "\n")  # another text: parsed on its own
     assert other is not first and len(calls) == 2
     with pytest.raises(Exception, match="frobnicate"):  # refusals are not remembered
         service.parse(SMALL.replace("fd.ops.exp", "fd.ops.frobnicate"))
