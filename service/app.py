@@ -94,7 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         outcome = "hit"
         if cached is None:
             cached, outcome = await service.plan_request(raw)
-            service.store.link(raw_key, cached.plan_id)
+            await run_in_threadpool(service.store.link, raw_key, cached.plan_id)
         else:
             metrics.PLANS.labels(cached.segmenter, "hit").inc()
         return Response(cached.body, media_type=JSON, headers={"X-Fusecut-Cache": outcome})

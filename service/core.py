@@ -117,14 +117,18 @@ class Service:
                    request_key: str | None = None, name: str | None = None
                    ) -> tuple[StoredPlan, str]:
         """(the stored plan, "hit" or "miss"); a miss solves and stores the plan."""
-        check_sizes(fusion, metas, self.settings.max_plan_tensor_bytes)
-        profile = get_profile(options.device, options.device_overrides)
-        metas_json = [meta_to_json(m) for m in metas]
-        pid = plan_key(fusion_id(fusion), metas_json, options.to_json(), profile.to_json())
+        def key() -> tuple[list[dict[str, Any]], str]:  # the fusion id converts all of it
+            check_sizes(fusion, metas, self.settings.max_plan_tensor_bytes)
+            profile = get_profile(options.device, options.device_overrides)
+            metas_json = [meta_to_json(m) for m in metas]
+            return metas_json, plan_key(fusion_id(fusion), metas_json, options.to_json(),
+                                        profile.to_json())
+
+        metas_json, pid = await run_in_threadpool(key)
         cached = self.store.get(pid)
         if cached is not None:
             if request_key:
-                self.store.link(request_key, pid)
+                await run_in_threadpool(self.store.link, request_key, pid)
             metrics.PLANS.labels(options.segmenter, "hit").inc()
             return cached, "hit"
         async with self.plan_slots:
@@ -162,7 +166,7 @@ class Service:
         if result.cache == "hit":
             stored = self.store.get(result.plan_id)
             if stored is not None:
-                self.store.link(result.request_key, stored.plan_id)
+                await run_in_threadpool(self.store.link, result.request_key, stored.plan_id)
                 metrics.PLANS.labels(stored.segmenter, "hit").inc()
                 return stored, "hit"
             raise Problem(503, "plan store changed", "the stored plan went away; try again")
