@@ -21,10 +21,17 @@ from starlette.concurrency import run_in_threadpool
 
 from optimizer.ir.wire import FusionJSON
 from optimizer.plan.plan import Plan
-from runtime.tensor_wire import dump_safetensors, from_json, load_safetensors, to_json
+from runtime import safetensors_io
+from runtime.tensor_wire import NAMES, from_array, load_safetensors, to_array
 from service import metrics, openapi, problems
 from service.core import Service
 from service.dashboard import render
+from service.execute_bodies import (
+    INLINE_BODY_BYTES,
+    INLINE_VALUES,
+    decode_execute,
+    encode_execute,
+)
 from service.models import ExecuteRequest, PlanOptionsModel, PlanRequest
 from service.problems import Problem, validation_problem
 from service.settings import Settings
@@ -87,7 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         outcome = "hit"
         if cached is None:
             cached, outcome = await service.plan_request(raw)
-            service.store.link(raw_key, cached.plan_id)
+            await run_in_threadpool(service.store.link, raw_key, cached.plan_id)
         else:
             metrics.PLANS.labels(cached.segmenter, "hit").inc()
         return Response(cached.body, media_type=JSON, headers={"X-Fusecut-Cache": outcome})
@@ -141,17 +148,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                       f"application/octet-stream (safetensors), not {content_type or 'nothing'}")
 
     async def execute_json(request: Request) -> Response:
-        body = parse_model(ExecuteRequest, await request.body())
-        names = [t.name for t in body.inputs]
-        if len(set(names)) != len(names):
-            raise Problem(422, "inputs do not match", f"input names repeat: {names}")
-        limit = settings.max_tensor_bytes // 8
-        tensors = {t.name: from_json(t.model_dump(), limit) for t in body.inputs}
-        plan = await resolve(body.definition, body.plan_id, body.options, tensors)
+        # Validated and decoded off the event loop (see execute_bodies), in a planner process
+        # when big; the loop only turns numpy arrays into tensors and back.
+        raw = await request.body()
+        body = await service.off_loop(decode_execute, raw, settings,
+                                      in_process=len(raw) > INLINE_BODY_BYTES)
+        tensors = await run_in_threadpool(lambda: {
+            name: from_array(values, datatype) for name, (values, datatype) in body.arrays.items()})
+        definition: str | FusionJSON | None = body.definition_text
+        if body.definition_json is not None:
+            definition = await run_in_threadpool(parse_model, FusionJSON, body.definition_json)
+        options = parse_model(PlanOptionsModel, body.options_json)
+        plan = await resolve(definition, body.plan_id, options, tensors)
         response = await service.execute(plan, tensors)
-        outputs = [to_json(name, t) for name, t in zip(plan.fusion.outputs, response["outputs"])]
-        return JSONResponse({"plan_id": plan.plan_id, "backend": response["backend"],
-                             "outputs": outputs, "segments": response["timings"]})
+        outputs = await run_in_threadpool(lambda: [
+            (name, to_array(t), NAMES[t.dtype])
+            for name, t in zip(plan.fusion.outputs, response["outputs"])])
+        values = sum(v.size for _, v, _ in outputs)
+        content = await service.off_loop(encode_execute, plan.plan_id, response["backend"],
+                                         outputs, response["timings"],
+                                         in_process=values > INLINE_VALUES)
+        return Response(content, media_type=JSON)
 
     async def execute_safetensors(request: Request, content_type: str) -> Response:
         definition: Any = None
@@ -177,11 +194,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 definition = parse_model(FusionJSON, definition)
             if text_part(form, "options"):
                 options = parse_model(PlanOptionsModel, text_part(form, "options"))
-        tensors = load_safetensors(raw)
+        tensors = await run_in_threadpool(load_safetensors, raw)
         plan = await resolve(definition, plan_id, options, tensors)
         response = await service.execute(plan, tensors)
         outputs = dict(zip(plan.fusion.outputs, response["outputs"]))
-        return Response(dump_safetensors(outputs), media_type=SAFETENSORS,
+        content = await run_in_threadpool(safetensors_io.dump, outputs)  # a view, no copy
+        return Response(content, media_type=SAFETENSORS,
                         headers={"X-Fusecut-Plan-Id": plan.plan_id,
                                  "X-Fusecut-Backend": response["backend"],
                                  "X-Fusecut-Segments": json.dumps(response["timings"])})

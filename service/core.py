@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import threading
 from collections import OrderedDict
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -23,7 +24,6 @@ from optimizer.ir.wire import (
     FusionJSON,
     fusion_from_json,
     fusion_id,
-    fusion_to_json,
     meta_from_json,
     meta_to_json,
 )
@@ -38,12 +38,13 @@ from service import metrics
 from service.models import PlanOptionsModel
 from service.planning import (
     Refusal,
-    check_plan_numbers,
     check_sizes,
     parse_definition,
     plan_body,
     plan_options,
     plan_summary,
+    refusing,
+    serialize,
     start_planners,
     warm_up,
 )
@@ -51,6 +52,7 @@ from service.problems import Problem
 from service.settings import Settings
 from service.store import PlanStore, StoredPlan
 
+Parsed = tuple[Fusion, list[InputMeta] | None, str | None]  # see Service.parse
 HELD_PLANS = 64  # Plan objects kept in memory for executions
 PARSED_TEXTS = 256  # parsed definition texts kept: a client that repeats one skips the parser
 
@@ -61,7 +63,8 @@ class Service:
         self.store = PlanStore(settings.db_path)
         self.worker = Worker(process=settings.worker)
         self.held: OrderedDict[str, Plan] = OrderedDict()
-        self.parsed: OrderedDict[str, tuple[Fusion, list[InputMeta] | None]] = OrderedDict()
+        self.parsed: OrderedDict[str, Parsed] = OrderedDict()
+        self.parsed_lock = threading.Lock()
         self.plan_slots = asyncio.Semaphore(settings.max_concurrent_plans)
         self.exec_slots = asyncio.Semaphore(settings.max_concurrent_executions)
         self.planners = start_planners(settings)
@@ -78,18 +81,23 @@ class Service:
 
     # ---- definitions ---------------------------------------------------------------------------
 
-    def parse(self, definition: str | FusionJSON) -> tuple[Fusion, list[InputMeta] | None]:
-        """The fusion, and the input metadata of a text's ``inputs = [...]`` list if it has one."""
+    def parse(self, definition: str | FusionJSON) -> Parsed:
+        """The fusion, the input metadata of a text's ``inputs = [...]`` list if it has one, and
+        the text's definition function name."""
         limit = self.settings.max_ops
         if isinstance(definition, str):
             key = hashlib.sha256(definition.encode()).hexdigest()
-            known = self.parsed.get(key)
-            if known is None:  # fusions are not mutated once parsed, so they can be shared
-                parsed = parse_text(definition, max_ops=limit)
-                known = self.parsed[key] = (parsed.fusion, parsed.inputs)
+            with self.parsed_lock:  # parse runs in threads
+                known = self.parsed.get(key)
+                if known is not None:
+                    self.parsed.move_to_end(key)
+                    return known
+            parsed = parse_text(definition, max_ops=limit)
+            known = (parsed.fusion, parsed.inputs, parsed.function_name)
+            with self.parsed_lock:  # fusions are not mutated once parsed: they can be shared
+                self.parsed[key] = known
                 if len(self.parsed) > PARSED_TEXTS:
                     self.parsed.popitem(last=False)
-            self.parsed.move_to_end(key)
             return known
         return parse_definition(definition, limit)
 
@@ -106,44 +114,59 @@ class Service:
         return plan
 
     async def plan(self, fusion: Fusion, metas: list[InputMeta], options: PlanOptions,
-                   request_key: str | None = None) -> tuple[StoredPlan, str]:
+                   request_key: str | None = None, name: str | None = None
+                   ) -> tuple[StoredPlan, str]:
         """(the stored plan, "hit" or "miss"); a miss solves and stores the plan."""
-        check_sizes(fusion, metas, self.settings.max_plan_tensor_bytes)
-        profile = get_profile(options.device, options.device_overrides)
-        metas_json = [meta_to_json(m) for m in metas]
-        pid = plan_key(fusion_id(fusion), metas_json, options.to_json(), profile.to_json())
+        def key() -> tuple[list[dict[str, Any]], str]:  # the fusion id converts all of it
+            check_sizes(fusion, metas, self.settings.max_plan_tensor_bytes)
+            profile = get_profile(options.device, options.device_overrides)
+            metas_json = [meta_to_json(m) for m in metas]
+            return metas_json, plan_key(fusion_id(fusion), metas_json, options.to_json(),
+                                        profile.to_json())
+
+        metas_json, pid = await run_in_threadpool(key)
         cached = self.store.get(pid)
         if cached is not None:
             if request_key:
-                self.store.link(request_key, pid)
+                await run_in_threadpool(self.store.link, request_key, pid)
             metrics.PLANS.labels(options.segmenter, "hit").inc()
             return cached, "hit"
         async with self.plan_slots:
             plan = await run_in_threadpool(make_plan, fusion, metas, options)
-        data = plan.to_json()
-        check_plan_numbers(data)
-        request = {"definition": fusion_to_json(fusion), "inputs": metas_json}
-        stored = self.store.put(data, request, request_key)
+            # serializing a large plan takes as long as planning: off the event loop too
+            data, body, request = await run_in_threadpool(serialize, plan, metas_json, name)
+        stored = await run_in_threadpool(self.store.put_bytes, data["plan_id"], data["fusion_id"],
+                                         data["segmenter"], body, request, request_key)
         self._hold(plan)
         metrics.record_plan(plan_summary(data), "miss")
         return stored, "miss"
 
-    async def plan_request(self, raw: bytes) -> tuple[StoredPlan, str]:
-        """POST /v1/plan's body planned in a planner process: (the stored plan, "hit"/"miss")."""
-        async with self.plan_slots:
-            try:
-                result = await asyncio.get_running_loop().run_in_executor(
-                    self.planners, plan_body, raw, self.settings)
-            except BrokenProcessPool:  # a planner died (out of memory?): start new ones
-                self.planners = start_planners(self.settings)
-                raise Problem(503, "planner crashed", "the planner process died on this "
-                                                      "request; it has been restarted") from None
+    async def off_loop(self, fn, *args, in_process: bool = True):
+        """``fn(*args)`` in a planner process (or, for a small job, a thread): CPU work on
+        untrusted input never runs on the event loop. Its refusals are raised as Problems."""
+        if not in_process:
+            result = await run_in_threadpool(refusing, fn, *args)
+        else:
+            async with self.plan_slots:
+                try:
+                    result = await asyncio.get_running_loop().run_in_executor(
+                        self.planners, refusing, fn, *args)
+                except BrokenProcessPool:  # a planner died (out of memory?): start new ones
+                    self.planners = start_planners(self.settings)
+                    raise Problem(503, "planner crashed", "the planner process died on this "
+                                                          "request; it has been restarted"
+                                  ) from None
         if isinstance(result, Refusal):
             raise Problem(result.status, result.title, result.detail, **result.extra)
+        return result
+
+    async def plan_request(self, raw: bytes) -> tuple[StoredPlan, str]:
+        """POST /v1/plan's body planned in a planner process: (the stored plan, "hit"/"miss")."""
+        result = await self.off_loop(plan_body, raw, self.settings)
         if result.cache == "hit":
             stored = self.store.get(result.plan_id)
             if stored is not None:
-                self.store.link(result.request_key, stored.plan_id)
+                await run_in_threadpool(self.store.link, result.request_key, stored.plan_id)
                 metrics.PLANS.labels(stored.segmenter, "hit").inc()
                 return stored, "hit"
             raise Problem(503, "plan store changed", "the stored plan went away; try again")
@@ -169,7 +192,7 @@ class Service:
     async def plan_for_tensors(self, definition: str | FusionJSON, options: PlanOptionsModel,
                                tensors: dict[str, Any]) -> Plan:
         """The plan of a definition for these tensors (planned now unless stored)."""
-        fusion, _ = self.parse(definition)
+        fusion, _, function_name = await run_in_threadpool(self.parse, definition)
         check_names(fusion, tensors)
         tensors = expand_declared_broadcasts(fusion, tensors)
         metas: list[InputMeta] = []
@@ -179,7 +202,7 @@ class Service:
                 metas.append(ScalarMeta(fusion.scalars[name].dtype, scalar_value(name, value)))
             else:
                 metas.append(meta_of(value))
-        stored, _ = await self.plan(fusion, metas, self.options(options))
+        stored, _ = await self.plan(fusion, metas, self.options(options), name=function_name)
         return await self.plan_object(stored.plan_id)
 
     # ---- executions ----------------------------------------------------------------------------

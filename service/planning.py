@@ -22,17 +22,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from optimizer.errors import FusecutError
+from optimizer.gcpause import gc_paused
 from optimizer.ir.fusion import Fusion
 from optimizer.ir.inputs import InputMeta, TensorMeta
 from optimizer.ir.nvtext import parse_text
 from optimizer.ir.wire import (
+    canonical_json,
     fusion_from_json,
-    fusion_id,
     fusion_to_json,
     meta_from_json,
     meta_to_json,
 )
-from optimizer.plan.plan import plan_key
+from optimizer.plan.plan import Plan, plan_key
 from optimizer.planner import PlanOptions, make_plan
 from optimizer.schedulers.profiles import get_profile
 from service.models import PlanOptionsModel, PlanRequest
@@ -64,15 +65,24 @@ class Refusal:
     extra: dict[str, Any]
 
 
-def plan_body(raw: bytes, settings: Settings) -> Planned | Refusal:
-    """Plan the POST /v1/plan body ``raw``; a refusal is returned (pickles simply), not raised."""
+def refusing(fn, *args):
+    """``fn(*args)``, or the Refusal its Problem or fusecut error says: returned, not raised,
+    since it pickles simply (a Problem would not come back from a planner process)."""
     try:
-        return _plan_body(raw, settings)
+        return fn(*args)
     except Problem as e:
         return Refusal(e.status, e.title, e.detail, e.extra)
     except FusecutError as e:
         title = next((t for cls, t in TITLES.items() if isinstance(e, cls)), "invalid request")
         return Refusal(422, title, str(e), {})
+
+
+def plan_body(raw: bytes, settings: Settings) -> Planned:
+    """Plan the POST /v1/plan body ``raw`` (run through ``refusing``). The collector is paused
+    throughout: parsing and planning build large structures that all survive the request, and
+    its full passes over them took about a fifth of a 20,000-op request's CPU time."""
+    with gc_paused():
+        return _plan_body(raw, settings)
 
 
 def _plan_body(raw: bytes, settings: Settings) -> Planned:
@@ -86,7 +96,7 @@ def _plan_body(raw: bytes, settings: Settings) -> Planned:
                     request_key)
     if known is not None:
         return Planned(known[0], known[1], known[2], b"", "", request_key, "hit", {})
-    fusion, text_inputs = parse_definition(body.definition, settings.max_ops)
+    fusion, text_inputs, name = parse_definition(body.definition, settings.max_ops)
     if body.inputs is not None:
         if len(body.inputs) != len(fusion.inputs):
             raise Problem(422, "inputs do not match",
@@ -102,20 +112,35 @@ def _plan_body(raw: bytes, settings: Settings) -> Planned:
     check_sizes(fusion, metas, settings.max_plan_tensor_bytes)
     options = plan_options(body.options, settings)
     metas_json = [meta_to_json(m) for m in metas]
-    fid = fusion_id(fusion)
+    definition = fusion_to_json(fusion)  # converted once: the id, and the stored request
+    fid = hashlib.sha256(canonical_json(definition).encode()).hexdigest()  # as wire.fusion_id
     profile = get_profile(options.device, options.device_overrides)
     pid = plan_key(fid, metas_json, options.to_json(), profile.to_json())
     known = _lookup(settings.db_path, "SELECT plan_id, fusion_id, segmenter FROM plans WHERE "
                     "plan_id = ?", pid)
     if known is not None:
         return Planned(pid, fid, known[2], b"", "", request_key, "hit", {})
-    data = make_plan(fusion, metas, options).to_json()
-    check_plan_numbers(data)
-    body_bytes = json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
-    request = json.dumps({"definition": fusion_to_json(fusion), "inputs": metas_json},
-                         separators=(",", ":"), allow_nan=False)
+    plan = make_plan(fusion, metas, options)
+    plan.fusion_id = fid  # known: not converted again
+    data, body_bytes, request = serialize(plan, metas_json, name, definition)
     return Planned(data["plan_id"], data["fusion_id"], data["segmenter"], body_bytes, request,
                    request_key, "miss", plan_summary(data))
+
+
+def serialize(plan: Plan, metas_json: list[dict[str, Any]], name: str | None = None,
+              definition: dict[str, Any] | None = None) -> tuple[dict[str, Any], bytes, str]:
+    """A plan's JSON, as a dict and as strict JSON bytes (see ``plan_bytes``), and the request
+    that made it (the definition as wire JSON, converted here unless given, the input
+    metadata, and the definition function's name if it had one: the dashboard shows it) as
+    JSON text."""
+    data = plan.to_json()
+    if definition is None:
+        definition = fusion_to_json(plan.fusion)
+    request = {"definition": definition, "inputs": metas_json}
+    if name is not None:
+        request["name"] = name
+    request = json.dumps(request, separators=(",", ":"), allow_nan=False)
+    return data, plan_bytes(data), request
 
 
 def plan_summary(data: dict[str, Any]) -> dict[str, Any]:
@@ -155,15 +180,17 @@ def _lookup(db_path: str, query: str, key: str) -> tuple | None:
         return None
 
 
-def parse_definition(definition: Any, max_ops: int) -> tuple[Fusion, list[InputMeta] | None]:
-    """The fusion of a text or wire-JSON definition, and the text's ``inputs = [...]`` if any."""
+def parse_definition(definition: Any, max_ops: int
+                     ) -> tuple[Fusion, list[InputMeta] | None, str | None]:
+    """The fusion of a text or wire-JSON definition, the text's ``inputs = [...]`` if any, and
+    its definition function's name if it has one."""
     if isinstance(definition, str):
         parsed = parse_text(definition, max_ops=max_ops)
-        return parsed.fusion, parsed.inputs
+        return parsed.fusion, parsed.inputs, parsed.function_name
     if len(definition.ops) > max_ops:
         raise Problem(413, "definition too large",
                       f"the definition has {len(definition.ops)} ops; the limit is {max_ops}")
-    return fusion_from_json(definition, max_ops), None
+    return fusion_from_json(definition, max_ops), None, None
 
 
 def plan_options(model: PlanOptionsModel, settings: Settings) -> PlanOptions:
@@ -180,18 +207,21 @@ def plan_options(model: PlanOptionsModel, settings: Settings) -> PlanOptions:
     return PlanOptions(time_limit_s=limit, **kwargs)
 
 
-def check_plan_numbers(data: dict[str, Any]) -> None:
-    """Refuse a plan that is not strict JSON, or whose byte totals leave int64 (sizes made
-    inside a definition, by broadcast_in_dim to fixed shapes): the metrics never see them."""
+def plan_bytes(data: dict[str, Any]) -> bytes:
+    """The plan as strict JSON, refused (naming the value) if it is not, or if its byte totals
+    leave int64 (sizes made inside a definition, by broadcast_in_dim to fixed shapes): the
+    metrics never see them."""
     too_big = [k for k, v in data["totals"].items() if isinstance(v, (int, float))
                and v > INT64_MAX]
     if too_big:
         raise Problem(422, "sizes too large", f"the plan's totals.{too_big[0]} is over "
                                               f"2**63 - 1; reduce the definition's shapes")
-    where = non_finite(data)
-    if where is not None:  # never store or send a plan that is not JSON
+    try:
+        return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:  # NaN or infinity somewhere: find it (a walk only on this rare path)
+        where = non_finite(data)
         raise Problem(422, "cannot plan", f"the plan's {where} is not a finite number; "
-                                          f"check the options and input metadata")
+                                          f"check the options and input metadata") from None
 
 
 def check_sizes(fusion: Fusion, metas: list[InputMeta], limit: int) -> None:

@@ -125,11 +125,13 @@ class PlanStore:
                                  "VALUES (?, ?)", (request_key, plan_id))
             self._remember(self._requests, request_key, plan_id)
 
-    def recent(self, n: int) -> list[dict[str, Any]]:
+    def recent(self, n: int) -> list[tuple[dict[str, Any], str | None]]:
+        """The ``n`` newest plans, each with the name of the definition function that made it
+        (None for a wire-JSON definition)."""
         with self._lock:
-            rows = self._db.execute("SELECT plan FROM plans ORDER BY created DESC LIMIT ?",
-                                    (n,)).fetchall()
-        return [json.loads(r[0]) for r in rows]
+            rows = self._db.execute("SELECT plan, json_extract(request, '$.name') FROM plans "
+                                    "ORDER BY created DESC LIMIT ?", (n,)).fetchall()
+        return [(json.loads(plan), name) for plan, name in rows]
 
     def count(self) -> int:
         with self._lock:

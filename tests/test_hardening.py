@@ -226,6 +226,80 @@ def test_big_bodies_and_definitions_stall_no_other_request(server):
     assert len(latencies) >= 10 and max(latencies) < 0.1, max(latencies)
 
 
+def test_four_concurrent_4000_op_plans_stall_no_other_request(server):
+    # issue 12: four concurrent 4,000-op plans pushed /healthz to 938 ms. Each is parsed,
+    # planned (1 s limit) and serialized in a planner process.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from benchmarks.fusiongen import generate
+
+    bodies = [json.dumps({"definition": generate(4000, seed=seed),
+                          "options": {"time_limit_s": 1, "segmenter": "greedy"}}).encode()
+              for seed in range(4)]
+
+    def plan_all(bodies):
+        with ThreadPoolExecutor(4) as pool:
+            return list(pool.map(lambda raw: httpx.post(
+                f"{server.url}/v1/plan", content=raw, timeout=120,
+                headers={"content-type": "application/json"}), bodies))
+
+    # four small plans first: the four planner processes start (importing for a second each, on
+    # this 2-core machine) before the measurement, as they do once in a service's life
+    plan_all([json.dumps({"definition": chain_text(2 + k), "inputs": [
+        {"shape": [4], "dtype": "float32"}]}).encode() for k in range(4)])
+    latencies, responses = healthz_latencies_during(server.url, lambda: plan_all(bodies))
+    assert [r.status_code for r in responses] == [200] * 4, [r.text[:200] for r in responses]
+    assert len(latencies) >= 10 and max(latencies) < 0.1, max(latencies)
+
+
+def test_big_execute_bodies_stall_no_other_request(server):
+    # A KServe-JSON execute body is validated, decoded and answered away from the event loop:
+    # before, its 2M values held the loop for seconds (pydantic, torch.tensor, json.dumps).
+    n = 2_000_000
+    # bodies encoded beforehand: encoding in the posting thread would stall this process's poller
+    good = json.dumps(kserve_body([k % 1000 for k in range(n)])).encode()  # ~10 MB
+    bad = json.dumps(kserve_body([1, 2**64] * (n // 2))).encode()
+    post = lambda raw: httpx.post(f"{server.url}/v1/execute", content=raw,  # noqa: E731
+                                  headers={"content-type": "application/json"}, timeout=120)
+    latencies, response = healthz_latencies_during(server.url, lambda: post(good))
+    assert response.status_code == 200, response.text[:300]
+    out = response.json()["outputs"][0]
+    assert out["shape"] == [n] and out["data"][:3] == [0, -1, -2] and out["data"][-1] == -999
+    assert len(latencies) >= 10 and max(latencies) < 0.1, max(latencies)
+    # bad data is refused as before, naming the value and the datatype's range
+    latencies, response = healthz_latencies_during(server.url, lambda: post(bad))
+    assert_problem(response, 422, "out of the range of INT64")
+    assert len(latencies) >= 3 and max(latencies) < 0.1, max(latencies)
+
+
+def test_big_safetensors_bodies_stall_no_other_request(server):
+    # 100 MB in, read by numpy copies that let the event loop's thread run (the safetensors
+    # package held the GIL for 0.2-0.3 s of it), and passed to the worker process out of band.
+    # A small output: reading a 100 MB response would stall this process's poller, not the
+    # service.
+    import torch
+
+    from runtime.tensor_wire import dump_safetensors, load_safetensors
+
+    rows, cols = 25_000, 1000
+    definition = ("def column_sums(fd):\n"
+                  "    T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], "
+                  "dtype=DataType.Float)\n"
+                  "    fd.add_output(fd.ops.sum(T0, dims=[0], keepdim=False, "
+                  "dtype=DataType.Null))\n")
+    plan = httpx.post(f"{server.url}/v1/plan", timeout=60, json={
+        "definition": definition, "inputs": [{"shape": [rows, cols], "dtype": "float32"}]}).json()
+    x = torch.arange(rows * cols, dtype=torch.float32).reshape(rows, cols) % 7
+    body = dump_safetensors({"T0": x})
+    post = lambda: httpx.post(f"{server.url}/v1/execute", content=body,  # noqa: E731
+                              headers={"content-type": "application/octet-stream",
+                                       "x-fusecut-plan-id": plan["plan_id"]}, timeout=120)
+    latencies, response = healthz_latencies_during(server.url, post)
+    assert response.status_code == 200, response.text[:300]
+    torch.testing.assert_close(load_safetensors(response.content)["T1"], x.sum(0))
+    assert len(latencies) >= 10 and max(latencies) < 0.1, max(latencies)
+
+
 # ---- defect 5: the OpenAPI document and /docs ------------------------------------------------
 
 def test_openapi_is_complete_and_valid(http):

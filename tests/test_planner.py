@@ -270,3 +270,49 @@ def test_the_time_limit_covers_every_planning_stage(segmenter):
     assert time.process_time() - start < 1.0 + 1.0
     assert "time limit reached" in plan.solver.message
     assert {t for s in plan.segments for t in s.schedule.outputs} >= set(p.fusion.outputs)
+
+
+def test_the_level_grouping_is_a_valid_plan_that_runs_to_the_same_outputs():
+    # what a greedy segmenter cut short by the time limit falls back to
+    from optimizer.analysis.opclass import Role
+    from optimizer.schedulers.kinds import Kind
+    from optimizer.schedulers.profiles import get_profile
+    from optimizer.segmenters.graph import SegGraph
+    from optimizer.segmenters.levels import level_groups
+
+    parsed = parse_text(generate(200, seed=5, rows=16, cols=32))  # finite values
+    graph = SegGraph(bind(parsed.fusion, parsed.inputs), get_profile("H100", {}), frozenset(Kind))
+    groups = level_groups(graph)
+    placed = sorted(i for g in groups for i in g)
+    assert placed == sorted(graph.placed)  # every placed op once
+    anchors = sum(graph.roles[i] is not Role.FUSIBLE for i in graph.placed)
+    assert len(groups) <= 2 * anchors + 1 < len(graph.placed) / 4  # a group per level
+    # 1 ms: the greedy segmenter is cut short at once and the level grouping stands
+    plan = make_plan(parsed.fusion, parsed.inputs, PlanOptions(segmenter="greedy",
+                                                              time_limit_s=0.001))
+    assert "grouping by dependency level" in plan.solver.message
+    assert [s.schedule.ops for s in plan.segments] == [
+        tuple(sorted(graph.closure(g))) for g in groups]
+    args = [make_input(m, generator=torch.Generator().manual_seed(2)) for m in parsed.inputs]
+    for a, b in zip(execute_plan(plan, args).outputs, run_reference(parsed.fusion, args),
+                    strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("segmenter", ["cpsat", "greedy"])
+def test_a_20000_op_fusion_plans_and_serializes_within_its_limit_plus_1_s(segmenter):
+    # before: the stages after the greedy segmenter's deadline built and serialized one segment
+    # per op (12,500): 3.1 s of planning and 3.0 s of to_json for a 2 s limit
+    from optimizer.plan.restore import restore_plan
+
+    parsed = parse_text(generate(19_990, seed=3))
+    start = time.process_time()  # CPU time: the deadline is wall-clock; a loaded machine
+    plan = make_plan(parsed.fusion, parsed.inputs,  # only lowers the CPU share
+                     PlanOptions(segmenter=segmenter, time_limit_s=2.0))
+    data = plan.to_json()
+    elapsed = time.process_time() - start
+    assert elapsed < 2.0 + 1.0, elapsed
+    assert "time limit reached" in data["solver"]["message"]
+    assert data["totals"]["segments"] < 2000
+    restore_plan(parsed.fusion, parsed.inputs, data)  # every segment classifies, in order

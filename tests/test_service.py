@@ -284,10 +284,10 @@ def test_repeated_texts_are_parsed_once(tmp_path, monkeypatch):
     real = core.parse_text
     monkeypatch.setattr(core, "parse_text",
                         lambda text, **kw: calls.append(text) or real(text, **kw))
-    first, _ = service.parse(SMALL)
-    again, _ = service.parse(SMALL)
+    first, _, _ = service.parse(SMALL)
+    again, _, _ = service.parse(SMALL)
     assert again is first and len(calls) == 1
-    other, _ = service.parse(SMALL + "\n")  # another text: parsed on its own
+    other, _, _ = service.parse(SMALL + "\n")  # another text: parsed on its own
     assert other is not first and len(calls) == 2
     with pytest.raises(Exception, match="frobnicate"):  # refusals are not remembered
         service.parse(SMALL.replace("fd.ops.exp", "fd.ops.frobnicate"))
@@ -576,6 +576,50 @@ def test_metrics_add_up_over_several_uvicorn_workers(tmp_path):
         s = metric_samples(httpx.get(f"{multi.url}/metrics").text)
     assert count(s, "fusecut_plans_total") == 12
     assert count(s, "fusecut_http_requests_total", route="/v1/plan") == 12
+
+
+def dashboard_cards(html: str) -> dict[str, tuple[str, str]]:
+    """plan id -> (the card's title, its options line), as the page shows them."""
+    import html as html_lib
+    import re
+
+    cards = re.findall(r"<h2>(.*?) <span class='id'>plan ([0-9a-f]{32})</span></h2>\n"
+                       r"<div class='options'>(.*?)</div>", html)
+    return {pid: (html_lib.unescape(title), html_lib.unescape(options))
+            for title, pid, options in cards}
+
+
+def test_dashboard_cards_name_the_fusion_and_show_the_options(server):
+    # issue 12: cards showed only hashes. Their own service: the page lists the newest plans.
+    with Server(server.db_path.parent / "named.sqlite") as own, \
+            httpx.Client(base_url=own.url, timeout=60) as http:
+        text = http.post("/v1/plan", json={
+            "definition": SMALL.replace("def fusion(fd)", "def nvfuser_fusion_id7(fd)"),
+            "inputs": small_metas(5, 9),
+            "options": {"segmenter": "greedy", "time_limit_s": 3,
+                        "device_overrides": {"bandwidth": 2e12}}}).json()
+        wire = http.post("/v1/plan", json={
+            "definition": fusion_to_json(SMALL_FUSION), "inputs": small_metas(5, 11),
+            "options": {"segmenter": "mincut", "device": "A100",
+                        "kinds": ["pointwise", "reduction", "library", "fallback"]}}).json()
+        executed = http.post("/v1/execute", json={
+            "definition": "def scaled_negation(fd):\n"
+                          "    T0 = fd.define_tensor(shape=[-1], contiguity=[True], "
+                          "dtype=DataType.Float)\n"
+                          "    fd.add_output(fd.ops.neg(T0))\n",
+            "inputs": [{"name": "T0", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]}]})
+        assert executed.status_code == 200, executed.text
+        cards = dashboard_cards(http.get("/dashboard").text)
+    assert cards[text["plan_id"]] == (
+        "nvfuser_fusion_id7 (9 ops)",  # with the two size ops of T3.shape()
+        "options: segmenter=greedy · time_limit_s=3 · device=H100 · "
+        "device_overrides={bandwidth=2e+12} · launch_weight=1 · compute_weight=1 · seed=0 · "
+        "kinds=all")
+    title, options = cards[wire["plan_id"]]
+    assert title == "cast, size, broadcast_in_dim, mul, ... (9 ops)"  # wire JSON has no name
+    assert "segmenter=mincut" in options and "device=A100" in options
+    assert "kinds=fallback/library/pointwise/reduction" in options
+    assert cards[executed.json()["plan_id"]][0] == "scaled_negation (1 op)"
 
 
 def test_health_readiness_and_dashboard(http):

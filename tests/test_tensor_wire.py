@@ -46,3 +46,42 @@ def test_to_device_keeps_expanded_axes():
     assert moved.device.type == "meta" and moved.shape == (4, 5) and moved.stride() == (0, 1)
     plain = torch.randn(3, 4).t()
     assert to_device(plain, "meta").stride() == plain.stride()
+
+
+def test_safetensors_are_read_and_written_as_the_safetensors_package_does():
+    # fusecut's own reader and writer (torch and numpy copies that let other threads run)
+    import safetensors.torch as package
+
+    tensors = {"a": torch.randn(3, 4), "b": torch.arange(5), "c": torch.randn(2, 3).bfloat16(),
+               "empty": torch.empty(0, 3), "flag": torch.tensor(True),
+               "half": torch.randn(7).half()}
+    for read in (load_safetensors(package.save(tensors)), package.load(dump_safetensors(tensors))):
+        assert set(read) == set(tensors)
+        for name, t in tensors.items():
+            assert read[name].dtype == t.dtype and torch.equal(read[name], t), name
+    read = load_safetensors(package.save(tensors))["a"]
+    read[0, 0] = 1.0  # writable: the runtime may update inputs in place
+
+
+@pytest.mark.parametrize("blob, why", [
+    (b"", "shorter than"),
+    ((16).to_bytes(8, "little") + b"{}", "runs past the end"),
+    ((2).to_bytes(8, "little") + b"[]", "not a JSON object"),
+    ((3).to_bytes(8, "little") + b"{x}", "not JSON"),
+])
+def test_invalid_safetensors_are_refused_naming_the_problem(blob, why):
+    with pytest.raises(InputError, match=why):
+        load_safetensors(blob)
+
+
+def test_safetensors_offsets_must_tile_the_data():
+    good = dump_safetensors({"a": torch.randn(4), "b": torch.randn(2)})
+    for blob, why in ((good[:-1], "the data has"), (good + b"\0", "the data has")):
+        with pytest.raises(InputError, match=why):
+            load_safetensors(blob)
+    header = b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}'
+    with pytest.raises(InputError, match="4 bytes for shape"):
+        load_safetensors(len(header).to_bytes(8, "little") + header + bytes(4))
+    header = b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}'
+    with pytest.raises(InputError, match="does not start where"):
+        load_safetensors(len(header).to_bytes(8, "little") + header + bytes(8))

@@ -16,6 +16,7 @@ from typing import Any
 from optimizer.analysis.cost import lower_bound_bytes, read_bytes, segment_time, write_bytes
 from optimizer.analysis.shapes import Bound
 from optimizer.errors import PlanError
+from optimizer.gcpause import gc_paused
 from optimizer.ir.printer import print_fusion
 from optimizer.ir.wire import fusion_id, fusion_to_json, meta_to_json
 from optimizer.plan.subfusion import SubFusion, translate
@@ -107,7 +108,8 @@ class Plan:
                         self.profile.to_json())
 
     def to_json(self) -> dict[str, Any]:
-        return plan_json(self)
+        with gc_paused():  # every container built here survives: see gcpause
+            return plan_json(self)
 
 
 def plan_key(fid: str, metas: list[dict], options: dict, device: dict) -> str:
