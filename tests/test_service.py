@@ -614,7 +614,7 @@ def test_dashboard_cards_name_the_fusion_and_show_the_options(server):
         "nvfuser_fusion_id7 (9 ops)",  # with the two size ops of T3.shape()
         "options: segmenter=greedy · time_limit_s=3 · device=H100 · "
         "device_overrides={bandwidth=2e+12} · launch_weight=1 · compute_weight=1 · seed=0 · "
-        "kinds=all")
+        "kinds=all · num_streams=4")
     title, options = cards[wire["plan_id"]]
     assert title == "cast, size, broadcast_in_dim, mul, ... (9 ops)"  # wire JSON has no name
     assert "segmenter=mincut" in options and "device=A100" in options
