@@ -40,6 +40,7 @@ from optimizer.ir.ops_misc import reduction_axes
 from optimizer.plan.plan import SolverReport
 from optimizer.schedulers.kinds import Kind
 from optimizer.segmenters.graph import SegGraph
+from optimizer.segmenters.unionfind import DisjointSets
 
 Group = tuple[frozenset[int], frozenset[str]]
 KIB = 1024
@@ -415,13 +416,7 @@ def _coarsen(graph: SegGraph, window: list[Group]) -> list[frozenset[int]]:
     fusion = graph.fusion
     ops = sorted({i for g, _ in window for i in g})
     home = {i: k for k, (g, _) in enumerate(window) for i in g}
-    parent = {i: i for i in ops}
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
+    sets = DisjointSets(ops)
 
     solo = {Role.LIBRARY, Role.FALLBACK, Role.SEGMENT_SET}
     for i in ops:
@@ -434,10 +429,7 @@ def _coarsen(graph: SegGraph, window: list[Group]) -> list[frozenset[int]]:
         if len(readers) != 1:
             continue
         (c,) = readers
-        if c not in parent or graph.roles[c] in solo or home.get(c) != home.get(i):
+        if c not in sets or graph.roles[c] in solo or home.get(c) != home.get(i):
             continue
-        parent[find(i)] = find(c)
-    groups: dict[int, set[int]] = {}
-    for i in ops:
-        groups.setdefault(find(i), set()).add(i)
-    return [frozenset(g) for _, g in sorted(groups.items(), key=lambda kv: min(kv[1]))]
+        sets.union(i, c)
+    return [frozenset(g) for g in sets.groups()]

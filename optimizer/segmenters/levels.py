@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from optimizer.analysis.opclass import Role
 from optimizer.segmenters.graph import SegGraph
+from optimizer.segmenters.unionfind import DisjointSets
 
 
 def level_groups(graph: SegGraph) -> list[frozenset[int]]:
@@ -65,20 +66,10 @@ def _split(graph: SegGraph, ops: list[int]) -> list[frozenset[int]]:
 def _connected_parts(graph: SegGraph, ops: list[int]) -> list[list[int]]:
     """``ops`` split into the parts that tensors between them connect (union-find), each part in
     op order; parts ordered by their first op."""
-    parent = {i: i for i in ops}
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
+    sets = DisjointSets(ops)
     for i in ops:
         for n in graph.fusion.ops[i].inputs:
             p = graph.producer.get(n)
-            if p in parent:
-                parent[find(p)] = find(i)
-    parts: dict[int, list[int]] = {}
-    for i in ops:
-        parts.setdefault(find(i), []).append(i)
-    return sorted(parts.values(), key=lambda part: part[0])
+            if p in sets:
+                sets.union(p, i)
+    return sets.groups()
