@@ -24,6 +24,7 @@ from optimizer.plan.plan import Plan
 from runtime import safetensors_io
 from runtime.tensor_wire import NAMES, from_array, load_safetensors, to_array
 from service import metrics, openapi, problems
+from service.bodies import read_body
 from service.core import Service
 from service.dashboard import render
 from service.execute_bodies import (
@@ -175,7 +176,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         options = PlanOptionsModel()
         plan_id = request.headers.get("x-fusecut-plan-id")
         if content_type == SAFETENSORS:
-            raw = await request.body()
+            raw = await read_body(request)
             if plan_id is None:
                 raise Problem(422, "no plan", "an application/octet-stream body needs the "
                                               "X-Fusecut-Plan-Id header (make the plan with "
