@@ -14,6 +14,7 @@ planning, no compilation, no metadata objects and no per-segment timing.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -213,13 +214,17 @@ class Program:
             unshare(outputs, args, self.may_share)
         return outputs
 
+    @functools.cached_property
+    def _kernel_buffers(self) -> frozenset[int]:
+        """The buffers kernels allocate (a stream loop asks on every iteration)."""
+        return frozenset(b for step in self.steps if isinstance(step, Launch)
+                         for b in step.allocs)
+
     def _provided(self, into: list[torch.Tensor | None]) -> dict[int, torch.Tensor]:
         """Kernel-written output buffers that can be the given targets themselves."""
         provided = {}
-        kernel_written = {b for step in self.steps if isinstance(step, Launch)
-                          for b in step.allocs}
         for (slot, _, _), target in zip(self.outputs, into):
-            if target is None or slot not in kernel_written:
+            if target is None or slot not in self._kernel_buffers:
                 continue
             shape, dtype = self.buffers[slot - self.n_args]
             if target.dtype == dtype and target.is_contiguous() and \
@@ -268,10 +273,11 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
         library = library_op(seg)
         if library is not None:
             out = new_buffer(None, None)
+            op, squeezed = library
             result = sub.output_map[sub.fusion.outputs[0]]
             slot_of[result] = out
-            squeezed = len(sub.fusion.ops) == 2  # the C++ launcher keeps the same data unsqueezed
-            steps.append(LibraryCall(library.name, arg_slots, out,
+            # squeezed: the C++ launcher keeps the same data unsqueezed
+            steps.append(LibraryCall(op.name, arg_slots, out,
                                      TORCH_DTYPE[fusion.tensors[result].dtype],
                                      compact=tuple(bound.compact_shape(result)) if squeezed
                                      else None))
@@ -390,10 +396,10 @@ def program_for(plan: Plan, args: list[Any]) -> Program:
 
 
 def library_op(segment):
-    """The linear or matmul op a library segment is, when it is exactly that one op on its
-    inputs, or that op and a squeeze of extent-1 axes to the compact form (the same data: a
-    slice of a stream loop has its stream axis at extent 1). Anything else runs through the
-    torch reference."""
+    """(the linear or matmul op, whether a squeeze follows) when a library segment is exactly
+    that op on its inputs, or that op and a squeeze of extent-1 axes to the compact form (the
+    same data: a slice of a stream loop has its stream axis at extent 1); else None: anything
+    else runs through the torch reference."""
     sub = segment.sub.fusion
     if segment.kind is not Kind.LIBRARY or not 1 <= len(sub.ops) <= 2:
         return None
@@ -406,7 +412,7 @@ def library_op(segment):
         return None
     if op.name == "linear" and len(op.inputs) != (3 if op.attrs.get("has_bias") else 2):
         return None
-    return op
+    return op, bool(squeeze)
 
 
 def native_eligible(program: Program) -> bool:

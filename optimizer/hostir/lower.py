@@ -32,7 +32,7 @@ class Step:
 
     stage: Stage
     segments: list[int]
-    plans: dict[int, object] = field(default_factory=dict)  # segment index -> Plan
+    plans: dict[int, Plan] = field(default_factory=dict)  # segment index -> its plan
     # stream loops only: tensor -> the stored axis a slice takes (None: read whole), for every
     # tensor the body reads from outside or writes for later
     slices: dict[str, int | None] = field(default_factory=dict)
