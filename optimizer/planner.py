@@ -15,6 +15,7 @@ from typing import Any
 from optimizer.analysis.cost import read_bytes, segment_time, write_bytes
 from optimizer.analysis.shapes import bind
 from optimizer.errors import PlanError
+from optimizer.gcpause import gc_paused
 from optimizer.hostir.lower import build_lowered_plan
 from optimizer.ir.fusion import Fusion
 from optimizer.ir.inputs import InputMeta
@@ -75,8 +76,13 @@ def make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions | Non
     stages after them (building the plan, serializing it), whose cost grows with the number of
     segments, their estimated share. A greedy segmenter cut short leaves most of a large fusion
     one group per op; the one-pass level grouping (``levels``) replaces that when it is coarser.
-    Binding and forwarding are linear in the fusion's size."""
-    options = options or PlanOptions()
+    Binding and forwarding are linear in the fusion's size. The cyclic garbage collector is
+    paused throughout: what planning builds survives it (see ``optimizer.gcpause``)."""
+    with gc_paused():
+        return _make_plan(fusion, metas, options or PlanOptions())
+
+
+def _make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions) -> Plan:
     start = time.perf_counter()
     deadline = start + options.time_limit_s
     profile = get_profile(options.device, options.device_overrides)
@@ -120,9 +126,9 @@ MAX_STREAMS = 64
 GREEDY_SHARE = 0.6  # of the time limit, at most, for binding and the greedy segmenter
 # CPU seconds, measured on a 20,000-op generated fusion (12,500 placed ops, 789 segments), of
 # the stages after the greedy segmenter when it is cut short (the level grouping, building and
-# serializing the plan: 1.2 s), per placed op; and of building and serializing a plan, per
+# serializing the plan: 1.2-1.9 s), per placed op; and of building and serializing a plan, per
 # segment: kept free of the greedy segmenter's and the solvers' shares of the limit
-FINISH_S_PER_OP = 0.0001
+FINISH_S_PER_OP = 0.00015
 FINISH_S_PER_SEGMENT = 0.0005
 LATE_MESSAGE = "time limit reached in the greedy segmenter: its merges so far stand"
 LEVELS_MESSAGE = ("time limit reached in the greedy segmenter: its {} groups so far were "

@@ -22,6 +22,8 @@ def greedy_groups(graph: SegGraph, ops: frozenset[int] | None = None,
     placed = graph.placed if ops is None else [i for i in graph.placed if i in ops]
     if not placed:
         return []
+    if deadline is not None and time.perf_counter() > deadline:  # not even the first try
+        return [frozenset([i]) for i in placed]
     whole = frozenset(placed)
     if graph.classify(whole, graph.written(whole)):
         return [whole]
