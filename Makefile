@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml
 	  if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch; \
 	  else $(PY) -m pip install -q torch==2.13.0; fi; }
 	$(PY) -m pip install -q -e '.[dev,thunder]'
+	@# An editable install does not run setup.py's build step that ships this .pth in the wheel.
+	cp clients/fusecut/fusecut-thunder.pth "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -23,23 +23,9 @@ from typing import Any
 
 import torch
 
+from fusecut.thunder_hook import patch_named_tensor_methods  # noqa: E402
 
-def _patch_named_tensor_methods() -> None:
-    """torch 2.13 removed the named-tensor methods Thunder 0.2.6 registers at import; give the
-    missing ones a stub (named as torch would, which Thunder checks) that says so."""
-    for name in ("align_as", "align_to", "has_names", "refine_names", "rename"):
-        if hasattr(torch.Tensor, name):
-            continue
-
-        def removed(*args: Any, _name: str = name, **kwargs: Any) -> Any:
-            raise NotImplementedError(f"torch.Tensor.{_name} (named tensors) was removed from "
-                                      f"this torch build")
-
-        removed.__name__ = removed.__qualname__ = name
-        setattr(torch.Tensor, name, removed)
-
-
-_patch_named_tensor_methods()
+patch_named_tensor_methods()
 
 import thunder  # noqa: E402
 from thunder.core import dtypes, prims, utils  # noqa: E402
@@ -53,6 +39,7 @@ from thunder.executors.utils import Region  # noqa: E402
 from thunder.extend import FusionExecutor, register_executor  # noqa: E402
 
 from fusecut.definition import FusionDefinition  # noqa: E402
+from fusecut.thunder_layout import is_layout_only, split_region  # noqa: E402
 from optimizer.errors import FusecutError  # noqa: E402
 from optimizer.ir.builder import MAX_RANK  # noqa: E402
 from optimizer.ir.dtypes import DType  # noqa: E402
@@ -78,6 +65,7 @@ POINTWISE = {getattr(prims, n).id: n for n in _UNARY + _BINARY if hasattr(prims,
 POINTWISE[prims.where.id] = "where"
 POINTWISE[prims.convert_element_type.id] = "cast"
 POINTWISE[prims.shallow_copy.id] = "set"
+POINTWISE[prims.clone.id] = "set"  # ``x.to(dtype, copy=True)`` is clone + cast
 REDUCTIONS = {prims.sum.id: "sum", prims.amax.id: "max", prims.amin.id: "min",
               prims.prod.id: "prod", prims.var.id: "var", prims.var_mean.id: "var_mean"}
 SHAPES = {prims.broadcast_in_dim.id: "broadcast_in_dim", prims.reshape.id: "reshape",
@@ -258,6 +246,8 @@ def _emit(fd: FusionDefinition, name: str, bsym: BoundSymbol, value: Callable) -
         return list(r) if isinstance(r, tuple) else [r]
     if name == "cast":
         return [o.cast(value(a[0]), _fc_dtype(a[1]))]
+    if name == "set":  # shallow_copy, or clone (whose memory format a fresh tensor has anyway)
+        return [o.set(value(a[0]))]
     if name == "broadcast_in_dim":
         return [o.broadcast_in_dim(value(a[0]), list(a[1]), list(a[2]))]
     if name == "reshape":
@@ -441,7 +431,11 @@ class FusecutExecutor(FusionExecutor):
 
     def fuse(self, region: Region, fusion_counter: int) -> BoundSymbol:
         bsyms, inputs, outputs = self._prepare(region)
-        name = f"fusecut{fusion_counter}"
+        return self._fusion(f"fusecut{fusion_counter}", bsyms, inputs, outputs)
+
+    def _fusion(self, name: str, bsyms: list[BoundSymbol], inputs: list[Proxy],
+                outputs: list[Proxy]) -> BoundSymbol:
+        """The fusion symbol that runs ``bsyms`` (claimed prims) as fusecut region ``name``."""
 
         def fallback() -> Callable:
             return _torch_callable(bsyms, inputs, outputs)
@@ -456,13 +450,15 @@ class FusecutExecutor(FusionExecutor):
         return self.register_temporary_operation(name, fn, inputs=inputs, outputs=outputs,
                                                  bsyms=bsyms)
 
-    def translatable(self, region: Region) -> bool:
+    def worth_a_kernel(self, region: Region) -> bool:
+        """The region translates, and computes something (a region of layout prims only would
+        just copy: torch's views do it for nothing)."""
         try:
             bsyms, inputs, outputs = self._prepare(region)
             translate(bsyms, inputs, outputs, self.claimed)
         except TranslationError:
             return False
-        return True
+        return not is_layout_only(bsyms)
 
     def fusion_pass(self, trace: TraceCtx) -> TraceCtx:
         start = time.perf_counter_ns()
@@ -481,12 +477,8 @@ class FusecutExecutor(FusionExecutor):
             if len(bsyms) == 1 and not self.can_fuse(bsyms[0]):
                 bsyms_out.append(bsyms[0])
                 continue
-            # A region of shape ops only would just copy: leave it to views on the next executor.
-            if all(prims.OpTags.SHAPE_OP in (b.sym.tags or ()) for b in bsyms):
-                bsyms_out.extend(bsyms)
-                continue
             region = Region(producers, consumers, bsyms)
-            if not self.translatable(region):
+            if not self.worth_a_kernel(region):
                 bsyms_out.extend(bsyms)
                 continue
             bsyms_out.append(self.fuse(region, counter))
@@ -494,10 +486,32 @@ class FusecutExecutor(FusionExecutor):
         fused.bound_symbols = bsyms_out
         fused = rematerialize(fused)
         fused = dce(fused)
+        fused = self._views_out_of_kernels(fused)
         fused = update_fusion_call_ctx(fused)
         ms = (time.perf_counter_ns() - start) // 1_000_000
         fused.set_provenance(TraceProvenance(f"Fusion by fusecut (took {ms} milliseconds)"))
         return fused
+
+    def _views_out_of_kernels(self, trace: TraceCtx) -> TraceCtx:
+        """Each region's outputs that torch can return as views leave its kernel (see
+        ``thunder_layout``); a region left with nothing to compute dissolves into torch prims."""
+        out = from_trace(trace)
+        bsyms: list[BoundSymbol] = []
+        for bsym in trace.bound_symbols:
+            if not (bsym.sym.is_fusion and bsym.sym.executor is self):
+                bsyms.append(bsym)
+                continue
+            inputs = [a for a in bsym.flat_args if isinstance(a, Proxy)]
+            split = split_region(bsym.subsymbols, inputs, list(bsym.flat_outs))
+            if not split.changed:
+                bsyms.append(bsym)
+                continue
+            if split.kernel:
+                bsyms.append(self._fusion(bsym.sym.name, split.kernel, split.kernel_inputs,
+                                          split.kernel_outputs))
+            bsyms.extend(split.after)
+        out.bound_symbols = bsyms
+        return dce(out)
 
 
 class _Fallback:
