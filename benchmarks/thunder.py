@@ -70,7 +70,8 @@ def run_step(fn, x, extra, grad):
     return y
 
 
-def measure(fn, x, extra, grad, iters: int, profiled: int = 3) -> Measured:
+def measure(fn, x, extra, grad, iters: int, profiled: int = 3,
+            timeline: str | None = None) -> Measured:
     for _ in range(3):
         run_step(fn, x, extra, grad)
     torch.cuda.synchronize()
@@ -88,6 +89,13 @@ def measure(fn, x, extra, grad, iters: int, profiled: int = 3) -> Measured:
         for _ in range(profiled):
             run_step(fn, x, extra, grad)
         torch.cuda.synchronize()
+    if timeline:  # the GPU ops of the last profiled step, in order: which region is which
+        ops = sorted((e for e in prof.events() if e.device_type.name == "CUDA"),
+                     key=lambda e: e.time_range.start)
+        per_step = len(ops) // profiled
+        with open(timeline, "w") as f:
+            f.writelines(f"{e.device_time_total / 1e3:8.3f} ms  {e.name[:120]}\n"
+                         for e in ops[-per_step:])
     kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
     busy = sum(e.self_device_time_total for e in kernels) / 1e3 / profiled
     ops = sum(e.count for e in kernels) / profiled
@@ -146,10 +154,11 @@ def run(steps: list[str], models: list[str] | None, iters: int, width: int, log,
                     run_step(fn, x, extra, grad)
                     torch.cuda.synchronize()
                     first = time.perf_counter() - start
-                    m = measure(fn, x, extra, grad, iters)
+                    tag = re.sub(r"[^a-z]+", "-", system.lower())[:32].strip("-")
+                    m = measure(fn, x, extra, grad, iters, timeline=traces and
+                                f"{traces}/{name}-{step}-{tag}.kernels.txt")
                     planned = fusecut_bytes(fn) if "fusecut" in system else "-"
                     if traces and system.startswith("thunder"):
-                        tag = re.sub(r"[^a-z]+", "-", system.lower())[:32].strip("-")
                         dump_traces(fn, f"{traces}/{name}-{step}-{tag}.txt")
                     row = [name, step, system, f"{m.ms:.2f}", f"{m.busy_ms:.2f}", f"{m.ops:.0f}",
                            planned, f"first step {first:.1f} s"]
@@ -181,7 +190,8 @@ def main() -> None:
     parser.add_argument("--models", default="", help="comma-separated; default: all")
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--traces", help="a folder: write each Thunder system's last traces")
+    parser.add_argument("--traces", help="a folder: write each Thunder system's last traces "
+                        "and each system's GPU ops of one step, in order")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.thunder needs a CUDA GPU")

@@ -255,6 +255,39 @@ def test_dropout_region_is_left_to_another_executor():
     assert randoms, "dropout's random numbers should run outside fusecut"
 
 
+@pytest.mark.gpu
+def test_dropout_draws_run_in_fusecut_kernels_on_cuda(planner_calls):
+    def f(x):
+        return torch.nn.functional.dropout(x * 2.0, p=0.25, training=True)
+
+    x = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+    jitted = thunder.jit(f, executors=[fusecut_ex])
+
+    def run(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(seed)
+        x.grad = None
+        y = jitted(x)
+        y.backward(torch.ones_like(y))
+        return y.detach(), x.grad.clone()
+
+    y, grad = run(3)
+    # The backward's mask is the forward's (recomputed from the same seed and offset, or saved):
+    # y = 2x * mask / 0.75 and dy/dx = 2 * mask / 0.75.
+    torch.testing.assert_close(y, x.detach() * grad, atol=1e-6, rtol=1e-6)
+    assert abs((grad == 0).float().mean().item() - 0.25) < 0.01
+    planned = len(planner_calls)
+    y_again, _ = run(3)
+    assert torch.equal(y, y_again)  # the generator's seed decides the draw
+    assert not torch.equal(y, run(4)[0])
+    assert len(planner_calls) == planned  # seed and offset are run-time scalars: no new plan
+    forward = thunder.last_traces(jitted)[-1]
+    inside = {leaf.sym.name for bsym, _ in fusecut_regions(forward) for leaf in leaves(bsym)}
+    assert "uniform_philox" in inside
+    outside = {leaf.sym.name for bsym in forward.bound_symbols if not bsym.sym.is_fusion
+               for leaf in leaves(bsym)}
+    assert not outside & {"uniform", "uniform_philox"}
+
+
 def test_region_whose_plan_fails_runs_on_torch(monkeypatch):
     from optimizer.errors import PlanError
 

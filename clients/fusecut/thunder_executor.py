@@ -29,8 +29,8 @@ patch_named_tensor_methods()
 
 import thunder  # noqa: E402
 from thunder.core import dtypes, prims, utils  # noqa: E402
-from thunder.core.proxies import Proxy, TensorProxy, unvariableify  # noqa: E402
-from thunder.core.rematerialization import rematerialize  # noqa: E402
+from thunder.core.proxies import IntegerProxy, Proxy, TensorProxy, unvariableify  # noqa: E402
+from thunder.core.rematerialization import rematerialize, replace_uniform  # noqa: E402
 from thunder.core.symbol import BoundSymbol  # noqa: E402
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx  # noqa: E402
 from thunder.core.transform_common import dce  # noqa: E402
@@ -72,7 +72,8 @@ SHAPES = {prims.broadcast_in_dim.id: "broadcast_in_dim", prims.reshape.id: "resh
           prims.transpose.id: "permute", prims.squeeze.id: "squeeze",
           prims.slice_prim.id: "slice", prims.pad.id: "pad", prims.cat.id: "cat",
           prims.take.id: "index_select", prims.take_along_axis.id: "take_along_axis"}
-FACTORIES = {prims.full.id: "full", prims.iota.id: "iota"}
+FACTORIES = {prims.full.id: "full", prims.iota.id: "iota",
+             prims.uniform_philox.id: "uniform"}
 LIBRARY = {prims.matmul.id: "matmul", prims.linear.id: "linear"}
 
 
@@ -134,7 +135,19 @@ def _factory_ok(*args: Any, device: Any, dtype: Any, **kwargs: Any) -> bool:
             and _args_ok(*args, **kwargs))
 
 
+def _uniform_philox_ok(shape: Sequence[int], minval: Any, maxval: Any, *, device: Any,
+                       dtype: Any, seed: Any, offset: Any) -> bool:
+    """Thunder's dropout draw (``replace_uniform`` makes it from ``uniform``): fusecut's Philox
+    kernels compute it from the seed and offset Thunder takes from torch's CUDA generator."""
+    return (device.type == "cuda" and dtypes.to_dtype(dtype) in _FLOAT
+            and all(isinstance(s, int) for s in shape)
+            and all(isinstance(v, Number) for v in (minval, maxval))
+            and all(isinstance(v, (int, IntegerProxy)) for v in (seed, offset)))
+
+
 def _checker(prim_id: Any) -> Callable[..., bool]:
+    if prim_id == prims.uniform_philox.id:
+        return _uniform_philox_ok
     if prim_id == prims.div.id:
         return _div_ok
     if prim_id == prims.convert_element_type.id:
@@ -182,15 +195,18 @@ def translate(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
     with fd:
         arg_names = []
         for p in inputs:
-            if not isinstance(p, TensorProxy):
-                raise TranslationError(f"region input {p.name} is not a tensor")
-            shape = [1 if s == 1 else -1 for s in p.shape]
-            env[p.name] = fd.define_tensor(shape=shape, contiguity=[True] * len(shape),
-                                           dtype=_fc_dtype(p.dtype))
+            if isinstance(p, IntegerProxy):  # a number known at run time (a Philox seed, offset)
+                env[p.name] = fd.define_scalar(dtype=DType.int64)
+            elif isinstance(p, TensorProxy):
+                shape = [1 if s == 1 else -1 for s in p.shape]
+                env[p.name] = fd.define_tensor(shape=shape, contiguity=[True] * len(shape),
+                                               dtype=_fc_dtype(p.dtype))
+            else:
+                raise TranslationError(f"region input {p.name} is not a tensor or an integer")
             arg_names.append(p.name)
 
         def value(x: Any) -> Any:
-            if isinstance(x, TensorProxy):
+            if isinstance(x, Proxy):
                 if x.name not in env:
                     raise TranslationError(f"{x.name} is used before it is defined")
                 return env[x.name]
@@ -246,6 +262,9 @@ def _emit(fd: FusionDefinition, name: str, bsym: BoundSymbol, value: Callable) -
         return list(r) if isinstance(r, tuple) else [r]
     if name == "cast":
         return [o.cast(value(a[0]), _fc_dtype(a[1]))]
+    if name == "uniform":  # uniform_philox: Thunder's stateless dropout draw
+        return [o.uniform(value(a[1]), value(a[2]), list(a[0]), dtype=_fc_dtype(kw["dtype"]),
+                          rng_seed=value(kw["seed"]), rng_offset=value(kw["offset"]))]
     if name == "set":  # shallow_copy, or clone (whose memory format a fresh tensor has anyway)
         return [o.set(value(a[0]))]
     if name == "broadcast_in_dim":
@@ -464,6 +483,10 @@ class FusecutExecutor(FusionExecutor):
         start = time.perf_counter_ns()
         from thunder.executors.data_dependent_partition import Node, fuse_bound_symbols
 
+        if _uniform_on_cuda_only(trace):
+            # As Thunder's nvFuser pass: stateless draws from the generator's seed and offset,
+            # which rematerialization may recompute in the backward instead of saving a mask.
+            trace = replace_uniform(trace)
         fused = from_trace(trace)
         producers, consumers = utils.producers_and_consumers(trace)
 
@@ -512,6 +535,12 @@ class FusecutExecutor(FusionExecutor):
             bsyms.extend(split.after)
         out.bound_symbols = bsyms
         return dce(out)
+
+
+def _uniform_on_cuda_only(trace: TraceCtx) -> bool:
+    """Some ``uniform`` draws, all on CUDA (Thunder's generator-state prim reads CUDA's)."""
+    draws = [b for b in trace.bound_symbols if b.sym.id == prims.PrimIDs.UNIFORM]
+    return bool(draws) and all(b.kwargs["device"].type == "cuda" for b in draws)
 
 
 class _Fallback:

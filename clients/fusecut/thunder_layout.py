@@ -34,8 +34,7 @@ import torch
 from thunder.core import dtypes, prims
 from thunder.core.proxies import Proxy, TensorProxy, Variable, variableify
 from thunder.core.symbol import BoundSymbol
-from thunder.core.trace import TraceCtx
-from thunder.core.transform_common import cse_single_bsym, dce, replace_redundant_inputs
+from thunder.core.transform_common import cse_single_bsym, replace_redundant_inputs
 
 __all__ = ["RegionSplit", "is_layout_only", "is_view_prim", "split_region"]
 
@@ -113,12 +112,39 @@ def _replay(bsym: BoundSymbol, t: torch.Tensor) -> torch.Tensor | None:
     return t  # shallow_copy
 
 
-def _eliminate_common_subexpressions(bsyms: Sequence[BoundSymbol]
-                                     ) -> tuple[list[BoundSymbol], dict[Variable, Proxy]]:
-    """The prims with repeats removed, and each removed result -> the proxy it repeats."""
+def _is_float_cast(bsym: BoundSymbol) -> bool:
+    return (bsym.sym.id == prims.convert_element_type.id and isinstance(bsym.args[0], TensorProxy)
+            and dtypes.is_float_dtype(_dtype(bsym.args[0]))
+            and dtypes.is_float_dtype(dtypes.to_dtype(bsym.args[1], true_dtype=True)))
+
+
+def _eliminate_redundant_work(bsyms: Sequence[BoundSymbol]
+                              ) -> tuple[list[BoundSymbol], dict[Variable, Proxy]]:
+    """The prims with repeats removed, and each removed result -> the proxy standing for it.
+
+    Repeats are common subexpressions, and float casts back to the dtype a value had before a
+    float cast (f32 -> bf16 -> f32 is the f32 value: the rounding in between is dropped, as
+    Thunder's nvFuser pass drops it; it only makes the kernel more precise, and a decomposed
+    bf16 GELU otherwise rounds ten times per element)."""
     redundant: dict[Variable, Proxy] = {}
     seen: dict = {}
-    kept = [b for b in (cse_single_bsym(redundant, seen, b) for b in bsyms) if b is not None]
+    producer: dict[Variable, BoundSymbol] = {}
+    kept: list[BoundSymbol] = []
+    for bsym in bsyms:
+        bsym = cse_single_bsym(redundant, seen, bsym)
+        if bsym is None:
+            continue
+        if _is_float_cast(bsym):
+            before = producer.get(variableify(bsym.args[0]))
+            if (before is not None and _is_float_cast(before)
+                    and _dtype(before.args[0]) == _dtype(bsym.output)):
+                redundant[variableify(bsym.output)] = before.args[0]
+                seen.pop(bsym.rhs, None)  # a later repeat must not name the dropped result
+                continue
+        for o in bsym.flat_outs:
+            if isinstance(o, Proxy):
+                producer[variableify(o)] = bsym
+        kept.append(bsym)
     return list(replace_redundant_inputs(redundant, kept)), redundant
 
 
@@ -139,7 +165,7 @@ class RegionSplit:
 def split_region(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
                  outputs: Sequence[Proxy]) -> RegionSplit:
     """Split a region's prims into a kernel and the views that complete its outputs."""
-    bsyms, redundant = _eliminate_common_subexpressions(bsyms)
+    bsyms, redundant = _eliminate_redundant_work(bsyms)
     producer = {variableify(o): b for b in bsyms for o in b.flat_outs if isinstance(o, Proxy)}
     layouts: dict[Variable, _Layout] = {
         variableify(p): _Layout(p, (), _contiguous_meta(p))
@@ -206,8 +232,10 @@ def split_region(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
 
     kernel = _needed(bsyms, kernel_outputs)
     if is_layout_only(kernel):
-        # Nothing to compute, or only a copy torch makes as well: no kernel, torch runs it all.
-        return RegionSplit([], [], [], list(bsyms) + renames)
+        # Nothing to compute, or only a copy torch makes as well: no kernel; torch runs those
+        # prims and the views (the round trip bf16 -> f32 -> bf16 runs as no cast at all).
+        prims_and_views = sorted(kernel + after, key=lambda b: position[id(b)])
+        return RegionSplit([], [], [], prims_and_views + renames)
     after.sort(key=lambda b: position[id(b)])
     used = {variableify(a) for b in kernel for a in b.flat_proxy_args}
     kernel_inputs = [p for p in inputs if variableify(p) in used]
@@ -215,8 +243,11 @@ def split_region(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
 
 
 def _needed(bsyms: Sequence[BoundSymbol], outputs: Sequence[Proxy]) -> list[BoundSymbol]:
-    """The prims ``outputs`` need, in program order."""
-    trace = TraceCtx(None)
-    trace.bound_symbols = list(bsyms) + [prims.python_return.bind(list(outputs), output=None)]
-    trace = dce(trace)
-    return [b for b in trace.bound_symbols if b.sym.id != prims.python_return.id]
+    """The prims ``outputs`` need, in program order (the same objects: positions stay valid)."""
+    wanted = {variableify(o) for o in outputs}
+    kept: list[BoundSymbol] = []
+    for bsym in reversed(bsyms):
+        if any(variableify(o) in wanted for o in bsym.flat_outs if isinstance(o, Proxy)):
+            kept.append(bsym)
+            wanted.update(variableify(a) for a in bsym.flat_proxy_args)
+    return kept[::-1]
