@@ -35,6 +35,8 @@ import torch
 from benchmarks.common import markdown_table, write_result
 
 STEPS = {"train": (8, 2048), "infer": (1, 128)}  # batch, sequence
+HEADERS = ["model", "step", "system", "ms / step", "GPU busy ms", "GPU ops / step",
+           "fusecut planned / lower bound MiB", "note"]
 
 
 def systems() -> list[tuple[str, Callable]]:
@@ -130,7 +132,7 @@ def dump_traces(fn, path: str) -> None:
 
 
 def run(steps: list[str], models: list[str] | None, iters: int, width: int, log,
-        traces: str | None = None) -> tuple:
+        traces: str | None = None, on_row=None) -> tuple:
     from benchmarks.models import blocks, place
 
     rows, tops = [], []
@@ -170,10 +172,10 @@ def run(steps: list[str], models: list[str] | None, iters: int, width: int, log,
                     row = [name, step, system, "-", "-", "-", "-", f"fails: {why[:200]}"]
                 rows.append(row)
                 log(" | ".join(row))
+                if on_row is not None:  # the table so far, so that a crash loses nothing
+                    on_row(markdown_table(HEADERS, rows))
                 del candidate
                 torch.cuda.empty_cache()
-    headers = ["model", "step", "system", "ms / step", "GPU busy ms", "GPU ops / step",
-               "fusecut planned / lower bound MiB", "note"]
     notes = (f"Training step: batch {STEPS['train'][0]}, sequence {STEPS['train'][1]}; inference "
              f"step: batch {STEPS['infer'][0]}, sequence {STEPS['infer'][1]}, forward under "
              f"no_grad; width {width}, bf16, 128-wide heads. Median of {iters} warm steps (CUDA "
@@ -181,7 +183,7 @@ def run(steps: list[str], models: list[str] | None, iters: int, width: int, log,
              f"{torch.__version__}.")
     top_table = markdown_table(["model", "step", "system", "top GPU ops (ms / step, calls)"],
                                tops)
-    return markdown_table(headers, rows) + "\n\n## Top GPU ops per system\n\n" + top_table, notes
+    return markdown_table(HEADERS, rows) + "\n\n## Top GPU ops per system\n\n" + top_table, notes
 
 
 def main() -> None:
@@ -196,12 +198,16 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.thunder needs a CUDA GPU")
     models = [m for m in args.models.split(",") if m] or None
+    device = torch.cuda.get_device_name()
+
+    def save(table: str, notes: str = "(partial: the run stopped here)") -> str:
+        return write_result("thunder", device, "Thunder benchmark", table, notes)
+
     table, notes = run(args.steps.split(","), models, args.iters, args.width,
-                       lambda line: print(line, flush=True), args.traces)
+                       lambda line: print(line, flush=True), args.traces, save)
     print(table)
     print(notes)
-    device = torch.cuda.get_device_name()
-    print(f"written to {write_result('thunder', device, 'Thunder benchmark', table, notes)}")
+    print(f"written to {save(table, notes)}")
 
 
 if __name__ == "__main__":

@@ -73,7 +73,10 @@ SHAPES = {prims.broadcast_in_dim.id: "broadcast_in_dim", prims.reshape.id: "resh
           prims.slice_prim.id: "slice", prims.pad.id: "pad", prims.cat.id: "cat",
           prims.take.id: "index_select", prims.take_along_axis.id: "take_along_axis"}
 FACTORIES = {prims.full.id: "full", prims.iota.id: "iota",
-             prims.uniform_philox.id: "uniform"}
+             prims.uniform_philox.id: "uniform",
+             # Claimed only to keep it a prim until the fusion pass turns it into uniform_philox
+             # (translating it as such is refused: a stateful draw never runs in a region).
+             prims.uniform.id: "uniform_stateful"}
 LIBRARY = {prims.matmul.id: "matmul", prims.linear.id: "linear"}
 
 
@@ -148,6 +151,8 @@ def _uniform_philox_ok(shape: Sequence[int], minval: Any, maxval: Any, *, device
 def _checker(prim_id: Any) -> Callable[..., bool]:
     if prim_id == prims.uniform_philox.id:
         return _uniform_philox_ok
+    if prim_id == prims.uniform.id:
+        return lambda *args, device, dtype: device.type == "cuda"
     if prim_id == prims.div.id:
         return _div_ok
     if prim_id == prims.convert_element_type.id:
@@ -265,6 +270,8 @@ def _emit(fd: FusionDefinition, name: str, bsym: BoundSymbol, value: Callable) -
     if name == "uniform":  # uniform_philox: Thunder's stateless dropout draw
         return [o.uniform(value(a[1]), value(a[2]), list(a[0]), dtype=_fc_dtype(kw["dtype"]),
                           rng_seed=value(kw["seed"]), rng_offset=value(kw["offset"]))]
+    if name == "uniform_stateful":
+        raise TranslationError("a uniform draw with torch's generator state (not uniform_philox)")
     if name == "set":  # shallow_copy, or clone (whose memory format a fresh tensor has anyway)
         return [o.set(value(a[0]))]
     if name == "broadcast_in_dim":
