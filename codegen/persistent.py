@@ -429,6 +429,8 @@ class _Persistent:
         size = fusion.tensors[t].dtype.itemsize
         strides = tensor_strides(self.bound, t)
         amap = self.schedule.axis_map[t]
+        if any(isinstance(a, tuple) for a in amap):  # an axis on a run of domain axes
+            return False
         dims = [d for d, a in enumerate(amap) if a is not None and a in self.row_axes]
         if [amap[d] for d in dims] != self.row_axes or (self.row_len * size) % 16:
             return False

@@ -13,6 +13,7 @@ from codegen import cuda
 from codegen.emit import Emitter, Names, value_name
 from codegen.layout import address, compact_strides, tensor_strides
 from codegen.precision import fast_math_tensors
+from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
 from optimizer.schedulers.kinds import Schedule
 
@@ -40,8 +41,20 @@ class Region:
         self.em.fast = fast_math_tensors(bound, schedule)
 
     def index_of(self, tensor: str) -> tuple[str, ...]:
-        """The tensor's index in this region, through its axis map onto the domain."""
-        return tuple("0" if m is None else self.p_idx[m] for m in self.schedule.axis_map[tensor])
+        """The tensor's index in this region, through its axis map onto the domain (an axis on
+        a run of domain axes joins their indices, as the emitter's reshapes do)."""
+        domain = self.schedule.domain
+        out = []
+        for m in self.schedule.axis_map[tensor]:
+            run = domain_axes(m)
+            if not run:
+                out.append("0")
+            elif len(run) == 1:
+                out.append(self.p_idx[run[0]])
+            else:
+                out.append(self.em.join(tuple(self.p_idx[a] for a in run),
+                                        tuple(domain[a] for a in run)))
+        return tuple(out)
 
     def value(self, tensor: str) -> str:
         return self.em.value(tensor, self.index_of(tensor))

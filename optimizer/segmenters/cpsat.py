@@ -35,7 +35,7 @@ from ortools.sat.python import cp_model
 
 from optimizer.analysis.axes import AxisMap
 from optimizer.analysis.cost import lower_bound_bytes, read_bytes, segment_time, write_bytes
-from optimizer.analysis.opclass import Role, is_view, op_cost
+from optimizer.analysis.opclass import Role, op_cost, reindexes
 from optimizer.ir.ops_misc import reduction_axes
 from optimizer.plan.plan import SolverReport
 from optimizer.schedulers.kinds import Kind
@@ -276,7 +276,7 @@ class _Model:
                                         if x is not None and a in red))
         red_units = sorted({self.unit_of[i] for i in sig})
         view_units = sorted({u for u, ops in enumerate(self.units)
-                             if any(is_view(fusion.ops[i]) for i in ops)})
+                             if any(reindexes(fusion.ops[i], bound) for i in ops)})
         inner_outer = Kind.INNER_OUTER in graph.kinds
 
         def conflict(ua: int, ub: int) -> None:
