@@ -9,6 +9,8 @@ kernel itself holds there (reduction results, on-chip buffers).
 
 from __future__ import annotations
 
+import re
+
 from codegen import cuda
 from codegen.emit import Emitter, Names, value_name
 from codegen.layout import address, compact_strides, tensor_strides
@@ -82,8 +84,7 @@ class Region:
                 and idx[lanes[0]].endswith(f" + {LANE})") and strides[lanes[0]] == 1
                 and all(s % self.vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
             a = lanes[0]
-            base_i = idx[a][1:-len(f" + {LANE})")]
-            base = tuple(base_i if k == a else i for k, i in enumerate(idx))
+            base = tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx))
             reg = f"o_{tensor}"
             st = cuda.storage(d)
             self.decls.append(f"fc_vec<{st}, {self.vec}> {reg};")
@@ -124,8 +125,7 @@ class Region:
                 and strides[lanes[0]] == 1
                 and all(s % self.vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
             a = lanes[0]
-            base_i = idx[a][1:-len(f" + {LANE})")]
-            base = tuple(base_i if k == a else i for k, i in enumerate(idx))
+            base = tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx))
             key = (t, base)
             if key not in self._vec_loads:
                 vname = em.names.fresh(f"vec_{t}")
@@ -136,6 +136,16 @@ class Region:
                 self.aligned[t] = self.vec * d.itemsize
             return cuda.to_compute(f"{self._vec_loads[key]}.v[{LANE}]", d)
         return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
+
+
+def at_lane_zero(component: str) -> str:
+    """An index component of a vector's first lane: ``(c_2 + _lane)`` -> ``c_2``, and for an
+    axis joined from several (``(i1 * 64 + c_2 + _lane)``) -> ``(i1 * 64 + c_2)``."""
+    suffix = f" + {LANE})"
+    if not (component.startswith("(") and component.endswith(suffix)):
+        return component
+    inner = component[1:-len(suffix)]
+    return inner if re.fullmatch(r"\w+", inner) else f"({inner})"
 
 
 def lane_loop(vec: int, lines: list[str]) -> list[str]:

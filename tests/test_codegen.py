@@ -667,9 +667,41 @@ def test_group_norm_is_one_kernel_reading_through_the_split():
     assert plan.io_bytes == plan.lower_bound_bytes
     sk = generate_segment(plan, plan.segments[0])
     src = sk.source
-    assert len(sk.kernels) == 1 and sk.notes["persisted"] == ["T0"]
-    # the channel index is the group's and the channel-in-group's, joined
-    assert "(in_T0 + i0 * 1310720 + (i1 * 10 + c_2) * 4096 + c_3 * 64 + c_4)" in src
+    assert len(sk.kernels) == 1 and sk.notes["prefetched"] == ["T0"]
+    # the channel index is the group's and the channel-in-group's, joined: a group's rows are
+    # one contiguous run, copied whole
+    assert "in_T0 + n0 * 1310720 + (n1 * 10) * 4096, 81920" in src
     assert "in_T1[(i1 * 10 + c_2)]" in src
     assert "(out_T23 + i0 * 1310720 + (i1 * 10 + c_2) * 4096 + c_3 * 64 + c_4) = o_T23" in src
     compile_cubin(src, "sm_90", sk.kernels[0].name)
+
+
+def _group_norm_kernels(n, c, length, groups):
+    from tests.test_gpu import group_norm
+
+    plan = make_plan(fusion(group_norm(n, c, length, groups)),
+                     [tensor_meta((n, c, length), DType.bfloat16),
+                      tensor_meta((c,), DType.bfloat16)], PlanOptions(time_limit_s=2))
+    assert [s.kind.value for s in plan.segments] == ["normalization"]
+    return generate_segment(plan, plan.segments[0])
+
+
+def test_vector_lanes_inside_a_split_axis_keep_its_outer_part():
+    """[1, 6, 1] in 3 groups: the row's only moving axis is the split channel, so the vector
+    lane lands inside the joined index, whose group part must stay in the address."""
+    sk = _group_norm_kernels(1, 6, 1, 3)
+    assert "(in_T0 + (i0 * 2 + c_1))" in sk.source and "(in_T1 + (i0 * 2 + c_1))" in sk.source
+    compile_cubin(sk.source, "sm_90", sk.kernels[0].name)
+
+
+def test_long_group_norm_rows_stream_through_shared_memory():
+    """A group of 40960 bf16 values: the next row is copied in (one bulk copy per row on sm_90)
+    while the block reduces and writes the current one, by resident blocks."""
+    sk = _group_norm_kernels(32, 320, 4096, 32)
+    assert sk.notes["prefetched"] == ["T0"] and sk.notes["prefetch_stages"] == 2
+    assert sk.kernels[0].grid == (132, 1, 1) and sk.kernels[0].smem == 2 * 40960 * 2
+    assert ("fc_bulk_copy(sm_T0 + (nbuf * 1 + g) * 40960, in_T0 + n0 * 1310720 + (n1 * 10) * "
+            "4096, 81920" in sk.source)
+    compile_cubin(sk.source, "sm_90", sk.kernels[0].name)
+    short = _group_norm_kernels(2, 64, 4099, 32)  # 16 KiB rows stay in registers
+    assert "prefetched" not in short.notes and short.notes["persisted"] == ["T0"]
