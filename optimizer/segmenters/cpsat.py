@@ -373,7 +373,7 @@ class _Model:
 
 
 def _broadcast_back_frontier(graph: SegGraph, axes: AxisMap, r: int) -> list[int]:
-    """For a reduction whose reduced axes are not the trailing axes of its input (no persistent
+    """For a reduction that does not reduce the innermost axis of its input (no persistent
     kernel keeps such rows), the first ops downstream that bring its result back onto the reduced
     axes. Such an op cannot share a segment with the reduction."""
     fusion = graph.fusion
@@ -382,7 +382,7 @@ def _broadcast_back_frontier(graph: SegGraph, axes: AxisMap, r: int) -> list[int
     red = set(reduction_axes(op.attrs, len(ids)))
     real = [a for a, x in enumerate(ids) if x is not None]
     reduced = {ids[a] for a in real if a in red}
-    if not reduced or [a for a in real if a in red] == real[len(real) - len(reduced):]:
+    if not reduced or real[-1] in red:
         return []  # a row reduction: broadcasting back is what normalization does
     frontier = []
     seen: set[int] = set()
