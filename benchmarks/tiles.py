@@ -107,7 +107,7 @@ def main(argv=None) -> None:
                          f"{nbytes / t / 1e9:.0f} | {nbytes / t / bw:.2f} |")
             print(lines[-1], flush=True)
     notes = (f"- Copy bandwidth (device-to-device, read + write): {bw / 1e9:.0f} GB/s.\n"
-             f"- Time: mean of {BURST} back-to-back calls of fd.execute's plan (CUDA events "
+             f"- Time: mean of {BURST} back-to-back runs of the plan (execute_plan; CUDA events "
              f"around the burst), median of {opts.iters} bursts; bytes: the logical lower bound.")
     path = write_result("tiles", torch.cuda.get_device_name(),
                         "Tiled transpose and grouped normalization against copy bandwidth",
