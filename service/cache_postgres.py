@@ -59,5 +59,11 @@ class PostgresCache(SqlCache):
     def recover(self, error: BaseException) -> bool:
         return False  # the pool replaces broken connections by itself
 
+    def unreachable(self, error: BaseException) -> bool:
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        return isinstance(error, (psycopg.OperationalError, PoolTimeout))
+
     def close(self) -> None:
         self.pool.close(timeout=2)

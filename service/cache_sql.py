@@ -94,6 +94,11 @@ class SqlCache:
     def close(self) -> None:
         raise NotImplementedError
 
+    def unreachable(self, error: BaseException) -> bool:
+        """Whether ``error`` says the server cannot be reached (then nothing else will work
+        either), rather than that one statement failed (a full disk fails writes only)."""
+        return False
+
     def sql(self, text: str) -> str:
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
 

@@ -49,7 +49,9 @@ def open_cache(location: str, read_only: bool = False) -> SqlCache:
     if location.startswith(POSTGRES):
         from service.cache_postgres import PostgresCache
 
-        return PostgresCache(location, max_connections=1 if read_only else 8)
+        # a planner process's lookup gives up sooner: without it, it only plans
+        return PostgresCache(location, max_connections=1, timeout_s=0.5) if read_only else \
+            PostgresCache(location)
     from service.cache_sqlite import SqliteCache
 
     path = location.removeprefix("sqlite://") if location.startswith("sqlite://") else location
@@ -165,6 +167,9 @@ class PlanStore:
                 self._count(operation)
                 return default
             self._failed(kind, operation, e)
+            if backend.unreachable(e):  # reads and writes alike: wait for neither
+                for other in self._breakers:
+                    self._failed(other, operation, e, count=False)
             return default
         if breaker.succeed():
             log.warning("plan cache %s works again (%s)", self.where, kind)
@@ -215,8 +220,14 @@ class PlanStore:
             self._used.add(plan_id)
 
     def _mark_used(self, every_s: float) -> None:
+        """The background thread: writes the marks, and retries a failing database (so that
+        status(), which /readyz calls, never waits for one)."""
         while not self._stop.wait(every_s):
             self.flush_marks()
+            if self._breakers["read"].failing:
+                self._refresh_stats()
+            if self._breakers["write"].failing:
+                self._call("write", "probe", lambda b: b.probe_write(), None)
 
     def flush_marks(self) -> None:
         """Write the last-use times of the plans used since the last call (one statement)."""
@@ -290,17 +301,23 @@ class PlanStore:
     def put_bytes(self, plan_id: str, fusion_id: str, segmenter: str, body: bytes,
                   request: str, request_key: str | None = None) -> StoredPlan:
         """Store a plan already serialized (strict JSON) with the request (JSON) that made it.
-        The plan is returned whether or not the database took it."""
+        The plan is returned whether or not the database took it; if another replica stored
+        it first, its copy is returned (and kept), so that an id means one body everywhere."""
         stored = StoredPlan(plan_id, segmenter, body)
-        self._remember(stored)
         request_bytes = request.encode()
         size = len(body) + len(request_bytes)
         if size <= self.max_bytes // 2:  # a plan near the bound would evict all the others
             row = Row(plan_id, fusion_id, segmenter, body.decode(), request,
                       digest(body, request_bytes))
-            _, evicted = self._call("write", "put", lambda b: b.insert(
-                row, size, time.time(), self.max_bytes), (False, 0))
+            inserted, evicted = self._call("write", "put", lambda b: b.insert(
+                row, size, time.time(), self.max_bytes), (None, 0))
             self._evicted(evicted)
+            if inserted is False:  # stored already: by a replica that planned it too
+                first = self._verified(self._call("read", "get", lambda b: b.plan(plan_id),
+                                                  None))
+                if first is not None:
+                    stored = StoredPlan(plan_id, first.segmenter, first.body.encode())
+        self._remember(stored)
         if request_key:
             self.link(request_key, plan_id)
         return stored
@@ -326,14 +343,16 @@ class PlanStore:
     def count(self) -> int:
         return self._call("read", "stats", lambda b: b.stats(), (0, 0))[0]
 
-    def status(self) -> dict[str, Any]:
-        """What /readyz says of the cache (writes that failed are retried here, when due, by a
-        write that changes nothing)."""
+    def _refresh_stats(self) -> tuple[int, int] | None:
         stats = self._call("read", "stats", lambda b: b.stats(), None)
-        if self._breakers["write"].failing:
-            self._call("write", "probe", lambda b: b.probe_write(), None)
         if stats is not None:
             self.metrics.CACHE_BYTES.set(stats[1])
+        return stats
+
+    def status(self) -> dict[str, Any]:
+        """What /readyz says of the cache: counts read now, unless reads are failing (then
+        none, with no wait: the background thread retries)."""
+        stats = self._refresh_stats() if not self._breakers["read"].failing else None
         errors = [b.error for b in self._breakers.values() if b.error]
         return {"state": "degraded" if self.degraded else "ok", "backend": self.kind,
                 "location": self.where, "plans": stats[0] if stats else None,

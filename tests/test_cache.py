@@ -194,10 +194,7 @@ def test_postgresql_stopped_and_restarted(tmp_path):
         assert store.status()["state"] == "degraded"
         server.start()
         server.wait_accepting()
-        deadline = time.monotonic() + 30
-        while store.status()["state"] != "ok":
-            assert time.monotonic() < deadline, store.status()
-            time.sleep(0.3)
+        wait_until_ok(store)
         put(store, 3)
         check = PlanStore(url)
         assert check.get(f"{1:032x}") is not None and check.get(f"{3:032x}") is not None
@@ -205,6 +202,13 @@ def test_postgresql_stopped_and_restarted(tmp_path):
         check.close()
     finally:
         server.close()
+
+
+def wait_until_ok(store: PlanStore, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while store.status()["state"] != "ok":
+        assert time.monotonic() < deadline, store.status()
+        time.sleep(0.2)
 
 
 def fresh_miss(url: str) -> bool:
@@ -233,8 +237,7 @@ def test_a_full_disk_serves_plans_and_reports_a_degraded_cache(tmp_path):
     assert store.get(first.plan_id).body == first.body  # reads still work
     assert fresh(path).get(first.plan_id) is not None
     db.execute("PRAGMA max_page_count = 1073741823")  # space again
-    time.sleep(0.25)
-    assert store.status()["state"] == "ok"
+    wait_until_ok(store)  # the background thread tried a write again
     put(store, 9, key="k9")
     assert fresh(path).get(f"{9:032x}") is not None
     store.close()

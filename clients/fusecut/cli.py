@@ -310,6 +310,12 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to bind (loopback 
           workers: int = typer.Option(1, help="uvicorn worker processes"),
           db: str = typer.Option(None, help="plan cache file (SQLite); default "
                                             "~/.local/share/fusecut/plans.sqlite"),
+          cache: str = typer.Option(None, envvar="FUSECUT_CACHE_URL",
+                                    help="plan cache: an SQLite path, or postgresql://... to "
+                                         "share one with other replicas (overrides --db)"),
+          gpus: str = typer.Option(None, envvar="FUSECUT_GPUS",
+                                   help="a GPU worker per device: all, or indices as 0,1 "
+                                        "(default: one worker)"),
           api_key: str = typer.Option(None, envvar="FUSECUT_API_KEY",
                                       help="require 'Authorization: Bearer KEY' for executions"),
           log_level: str = typer.Option("info", help="uvicorn log level"),
@@ -324,11 +330,14 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to bind (loopback 
     from service.settings import Settings
 
     # Settings reach every uvicorn worker process through the environment.
-    for name, value in (("FUSECUT_DB_PATH", db), ("FUSECUT_API_KEY", api_key)):
+    for name, value in (("FUSECUT_DB_PATH", db), ("FUSECUT_API_KEY", api_key),
+                        ("FUSECUT_CACHE_URL", cache), ("FUSECUT_GPUS", gpus)):
         if value is not None:
             os.environ[name] = value
     try:
-        Settings.from_env()  # refuse bad FUSECUT_* values here, not in every worker
+        from runtime.worker_pool import parse_gpus
+
+        parse_gpus(Settings.from_env().gpus)  # refuse bad values here, not in every worker
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
