@@ -11,6 +11,8 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import os
+import socket
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -38,6 +40,7 @@ from service.problems import Problem, validation_problem
 from service.settings import Settings
 
 JSON = "application/json"
+REPLICA = f"{socket.gethostname()}:{os.getpid()}"
 SAFETENSORS = "application/octet-stream"
 M = TypeVar("M", bound=BaseModel)
 
@@ -221,7 +224,8 @@ def create_app(settings: Settings | None = None, worker=None) -> FastAPI:
         # a failing cache is "degraded", not unready: plans are still made and returned
         status = "not ready" if not w.ready else "ready" if cache["state"] == "ok" else \
             "degraded"
-        body = {"status": status, "worker": "up" if w.ready else "down", "device": w.device,
+        body = {"status": status, "replica": REPLICA,  # which replica behind a balancer
+                "worker": "up" if w.ready else "down", "device": w.device,
                 "worker_pid": w.pid, "worker_restarts": w.restarts,
                 "workers": w.snapshot(), "plans_stored": cache["plans"], "cache": cache}
         return JSONResponse(body, status_code=200 if w.ready else 503)

@@ -347,6 +347,45 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to bind (loopback 
                 log_level=log_level, access_log=access_log)
 
 
+@app.command("ray-serve")
+def ray_serve(address: str = typer.Option(None, help="a running Ray cluster (auto, or "
+                                                       "HOST:PORT); default: start one here"),
+              host: str = typer.Option("127.0.0.1", help="address Serve's HTTP proxy binds"),
+              port: int = typer.Option(8000, help="Serve's HTTP port"),
+              cache: str = typer.Option(None, envvar="FUSECUT_CACHE_URL",
+                                        help="plan cache shared by the replicas: "
+                                             "postgresql://... (or an SQLite path on one node)"),
+              plan_replicas: int = typer.Option(2, help="planning replicas (CPU)"),
+              min_replicas: int = typer.Option(None, help="autoscale planning replicas from "
+                                                          "this many..."),
+              max_replicas: int = typer.Option(None, help="...to this many"),
+              plan_cpus: float = typer.Option(1.0, help="CPUs Ray reserves per planning "
+                                                        "replica"),
+              execute_replicas: int = typer.Option(1, help="execute replicas"),
+              execute_gpus: float = typer.Option(None, help="GPUs per execute replica "
+                                                            "(default: 1 if the cluster has "
+                                                            "GPUs, else 0: the CPU path)"),
+              num_cpus: int = typer.Option(None, help="a local cluster's CPUs (default: all)"),
+              object_store_mb: int = typer.Option(256, help="a local cluster's object store")):
+    """Serve the HTTP API on Ray Serve: planning replicas behind Serve's proxy, executions on
+    GPU replicas, one shared plan cache (needs the 'scale' extra)."""
+    import os
+
+    try:
+        from service import ray_serve as rs
+    except ImportError as e:
+        fail(f"ray-serve needs Ray Serve: pip install 'fusecut[scale]' ({e})")
+    if cache is not None:
+        os.environ["FUSECUT_CACHE_URL"] = cache
+
+    def ready(url: str, gpus: float) -> None:
+        err.print(f"fusecut on Ray Serve at {url} ({plan_replicas} planning replicas, "
+                  f"{execute_replicas} execute replicas with {gpus:g} GPU each)")
+
+    rs.run(address, host, port, plan_replicas, min_replicas, max_replicas, plan_cpus,
+           execute_replicas, execute_gpus, num_cpus, object_store_mb, ready)
+
+
 def main() -> None:
     app()
 
