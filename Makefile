@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || { \
 	  if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch; \
 	  else $(PY) -m pip install -q torch==2.13.0; fi; }
-	$(PY) -m pip install -q -e '.[dev,thunder,scale]'
+	$(PY) -m pip install -q -e '.[dev,thunder,postgres,ray]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

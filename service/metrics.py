@@ -65,6 +65,8 @@ DEVICE_UP = Gauge("fusecut_device_worker_up", "1 while the device's worker runs"
 CACHE_ERRORS = Counter("fusecut_cache_errors_total", "Plan cache operations that failed or "
                        "found a damaged plan (the request was served without the cache)",
                        ["operation"])
+for _operation in ("get", "put", "link", "damaged"):  # exported at 0 before any failure
+    CACHE_ERRORS.labels(_operation)
 CACHE_EVICTIONS = Counter("fusecut_cache_evictions_total",
                           "Plans evicted from the cache by its size bound")
 CACHE_QUARANTINED = Counter("fusecut_cache_quarantined_total",

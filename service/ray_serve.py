@@ -9,7 +9,7 @@ Two deployments:
   handle; Serve routes among executor replicas.
 
 Both share the plan cache given by ``--cache`` (PostgreSQL: replicas on several machines). Ray
-is an optional dependency (the ``scale`` extra); nothing here is imported by ``fusecut serve``.
+is an optional dependency (the ``ray`` extra); nothing here is imported by ``fusecut serve``.
 """
 
 from __future__ import annotations

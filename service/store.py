@@ -222,9 +222,11 @@ class PlanStore:
     def _mark_used(self, every_s: float) -> None:
         """The background thread: writes the marks, and retries a failing database (so that
         status(), which /readyz calls, never waits for one)."""
+        ticks = 0
         while not self._stop.wait(every_s):
             self.flush_marks()
-            if self._breakers["read"].failing:
+            ticks += 1
+            if self._breakers["read"].failing or ticks % 10 == 0:  # also keeps the gauge live
                 self._refresh_stats()
             if self._breakers["write"].failing:
                 self._call("write", "probe", lambda b: b.probe_write(), None)

@@ -24,7 +24,7 @@ from tests.conftest import CORPUS
 from tests.server import ROOT, Server, free_port
 from tests.test_service import SMALL, SMALL_FUSION, small_args, small_metas
 
-pytest.importorskip("ray.serve", reason="the 'scale' extra (make venv installs it)")
+pytest.importorskip("ray.serve", reason="the 'ray' extra (make venv installs it)")
 START_TIMEOUT_S = 240
 
 

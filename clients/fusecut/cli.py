@@ -368,13 +368,13 @@ def ray_serve(address: str = typer.Option(None, help="a running Ray cluster (aut
               num_cpus: int = typer.Option(None, help="a local cluster's CPUs (default: all)"),
               object_store_mb: int = typer.Option(256, help="a local cluster's object store")):
     """Serve the HTTP API on Ray Serve: planning replicas behind Serve's proxy, executions on
-    GPU replicas, one shared plan cache (needs the 'scale' extra)."""
+    GPU replicas, one shared plan cache (needs the 'ray' extra)."""
     import os
 
     try:
         from service import ray_serve as rs
     except ImportError as e:
-        fail(f"ray-serve needs Ray Serve: pip install 'fusecut[scale]' ({e})")
+        fail(f"ray-serve needs Ray Serve: pip install 'fusecut[ray]' ({e})")
     if cache is not None:
         os.environ["FUSECUT_CACHE_URL"] = cache
 
