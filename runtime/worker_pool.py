@@ -38,7 +38,7 @@ class WorkersBusy(RuntimeError):
 class Slot:
     """A worker and what is routed to it."""
 
-    name: str  # the device as listed ("0", "1"), or "default"
+    name: str  # the device as listed ("0", "1"; "0/2" for a second worker on 0), or "default"
     worker: Worker
     pending: int = 0  # executions running or waiting
     executions: int = 0
@@ -84,6 +84,17 @@ def parse_gpus(spec: str | None, count: int | None = None,
     return devices
 
 
+def slot_names(devices: list[str]) -> list[str]:
+    """A name per worker for metrics and /readyz: the device, and "0/2" for a second worker
+    on device 0."""
+    seen: dict[str, int] = {}
+    names = []
+    for d in devices:
+        seen[d] = seen.get(d, 0) + 1
+        names.append(d if seen[d] == 1 else f"{d}/{seen[d]}")
+    return names
+
+
 class WorkerPool:
     """Workers behind one ``execute``; the service's handle on its devices."""
 
@@ -92,8 +103,9 @@ class WorkerPool:
         if not process or devices is None:
             workers = [("default", Worker(process=process, start_timeout=start_timeout))]
         else:
-            workers = [(d, Worker(process=True, start_timeout=start_timeout,
-                                  env={"CUDA_VISIBLE_DEVICES": d})) for d in devices]
+            workers = [(name, Worker(process=True, start_timeout=start_timeout,
+                                     env={"CUDA_VISIBLE_DEVICES": d}))
+                       for name, d in zip(slot_names(devices), devices)]
         self.slots = [Slot(name, w) for name, w in workers]
         self.queue_limit = queue_limit
         self._lock = threading.Lock()
