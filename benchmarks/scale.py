@@ -27,9 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from benchmarks.common import cpu_name, markdown_table, write_result
+from benchmarks.common import cpu_name, markdown_table, wait_ready, write_result
 from benchmarks.fusiongen import generate
 from benchmarks.load import Connections, Outcome, closed_loop, open_loop, percentile_ms
 from tests.server import free_port
@@ -72,14 +70,7 @@ def start_replicas(n: int, cache: str, memory_items: int) -> list[tuple[subproce
                                 preexec_fn=lambda core=core: os.sched_setaffinity(0, core))
         servers.append((proc, f"http://127.0.0.1:{port}"))
     for proc, url in servers:
-        for _ in range(600):
-            assert proc.poll() is None, "a replica exited"
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_ready(url, proc)
     return servers
 
 
@@ -107,15 +98,17 @@ HEADERS = ["configuration", "uncached plans/s", "errors", "cached p50 ms", "cach
 async def measure(name: str, urls: list[str], duration: float, rate: float) -> Result:
     client = RoundRobin(urls)
     seed0 = int(time.time() * 1000) % 10**9 * 1000 + len(urls) * 10**7
+    # encoded ahead: making fusion texts in the timed window took the replicas' cores
+    fresh = iter([client.encode("POST", "/v1/plan", json={"definition": generate(12, seed0 + i)})
+                  for i in range(int(150 * len(urls) * (duration + 3)))])
     made: list[tuple[int, bytes]] = []  # (replica, request) of every uncached plan
 
     def uncached(i: int) -> bytes:
-        raw = client.encode("POST", "/v1/plan", json={"definition": generate(12, seed0 + i)})
-        made.append((i % len(urls), raw))
-        return raw
+        made.append((client.sent % len(urls), next(fresh)))  # the replica send() picks next
+        return made[-1][1]
 
-    try:
-        await closed_loop("warm-up", client, uncached, 2 * len(urls), min(3.0, duration))
+    try:  # the warm-up at the measured concurrency starts every planner process first
+        await closed_loop("warm-up", client, uncached, 4 * len(urls), min(3.0, duration))
         made.clear()
         gc.collect()
         planned = await closed_loop("uncached", client, uncached, 4 * len(urls), duration)

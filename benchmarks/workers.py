@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from benchmarks.common import markdown_table, write_result
+from benchmarks.common import markdown_table, wait_ready, write_result
 from runtime.tensor_wire import dump_safetensors
 from runtime.worker_pool import parse_gpus
 from tests.server import free_port
@@ -61,13 +61,7 @@ def main() -> None:
     server = subprocess.Popen([sys.executable, "-m", "fusecut.cli", "serve", "--port", str(port),
                                "--gpus", args.gpus, "--log-level", "warning"], env=env, cwd=ROOT)
     try:
-        for _ in range(900):
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_ready(url, server, timeout=300)
         body = dump_safetensors({"T0": torch.ones(1, 1)})
         definition = chain(args.n, args.ops)
 

@@ -17,8 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
-
+from tests.helpers import require_installed
 from tests.server import free_port
 
 
@@ -33,12 +32,7 @@ def binaries() -> Path | None:
 
 
 def require_binaries() -> Path:
-    where = binaries()
-    if where is None:
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL is not installed; .ci/run installs Debian's postgresql")
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql); CI runs this")
-    return where
+    return require_installed(binaries(), "PostgreSQL", "postgresql")
 
 
 class Postgres:
