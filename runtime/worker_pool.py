@@ -174,9 +174,10 @@ class WorkerPool:
             self._next = (self.slots.index(slot) + 1) % n
             return slot
 
-    async def execute(self, plan, args: list[Any], timeout: float) -> dict[str, Any]:
-        """Run ``plan`` on the least-loaded worker: its response, with ``device`` (the slot's
-        name) added. Raises WorkersBusy when the queues are full, and the worker's errors."""
+    async def execute(self, *request: Any) -> dict[str, Any]:
+        """``Worker.execute(*request)`` on the least-loaded worker: its response, with
+        ``device`` (the slot's name) added. Raises WorkersBusy when the queues are full, and
+        the worker's errors."""
         for _ in range(len(self.slots)):
             slot = self._choose()
             try:
@@ -186,7 +187,7 @@ class WorkerPool:
                     if not slot.worker.ready and any(s.worker.ready for s in self.slots):
                         continue  # it died while this waited: go to one that runs
                     start = time.perf_counter()
-                    response = await asyncio.to_thread(slot.worker.execute, plan, args, timeout)
+                    response = await asyncio.to_thread(slot.worker.execute, *request)
                     spent = time.perf_counter() - start
                     break
             finally:

@@ -43,12 +43,13 @@ class SqliteCache(SqlCache):
                                    check_same_thread=False, isolation_level=None)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        opened = _inode(self.path)
         try:
             return self._prepare()
         except sqlite3.DatabaseError as e:
             if not is_corrupt(e):
                 raise
-            self._quarantine(e)
+            self._quarantine(e, opened)
             return self._prepare()
 
     def _prepare(self) -> sqlite3.Connection:
@@ -72,10 +73,11 @@ class SqliteCache(SqlCache):
         self._inode = _inode(self.path)
         return db
 
-    def _quarantine(self, error: BaseException) -> None:
-        """Move a corrupt file (and its WAL) aside, unless another process did already."""
+    def _quarantine(self, error: BaseException, corrupt_inode: int | None) -> None:
+        """Move the corrupt file (and its WAL) aside, unless another process sharing it did
+        already (the file at the path is then another: a fresh one, kept)."""
         moved = f"{self.path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
-        if getattr(self, "_inode", None) in (None, _inode(self.path)):
+        if corrupt_inode is not None and corrupt_inode == _inode(self.path):
             for suffix in ("", "-wal", "-shm"):
                 try:
                     os.replace(self.path + suffix, moved + suffix)
@@ -92,7 +94,7 @@ class SqliteCache(SqlCache):
             return False
         with self._lock:
             self._db.close()
-            self._quarantine(error)
+            self._quarantine(error, self._inode)
             self._db = self._prepare()
         return True
 

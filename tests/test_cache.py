@@ -311,3 +311,20 @@ def test_a_cache_written_before_the_bound_is_migrated(tmp_path):
     put(store, 4)
     assert store.count() == 2
     store.close()
+
+
+def test_a_second_process_keeps_the_fresh_file_another_quarantine_made(tmp_path):
+    # uvicorn --workers N: every process may find the file corrupt before one moves it aside
+    from service.cache_sqlite import SqliteCache
+
+    path = tmp_path / "plans.sqlite"
+    path.write_bytes(b"not an sqlite file" * 100)
+    corrupt = path.stat().st_ino
+    first = PlanStore(str(path))  # moves it aside, starts a fresh file
+    put(first, 1)
+    late = SqliteCache.__new__(SqliteCache)  # the other process, failing on the old file
+    late.path, late.quarantined = str(path), []
+    late._quarantine(sqlite3.DatabaseError("file is not a database"), corrupt)
+    assert late.quarantined == [] and path.stat().st_ino != corrupt
+    assert fresh(str(path)).get(f"{1:032x}") is not None  # the fresh cache was kept
+    first.close()
