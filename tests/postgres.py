@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -70,7 +71,21 @@ class Postgres:
                    f"-c max_connections=200 -c shared_buffers=32MB")
         self._run("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.data), "-l", str(self.log),
                   "-o", options)
+        self._watch()
         return self
+
+    def _watch(self) -> None:
+        """A watchdog that stops the server and removes its directory once this process is
+        gone, however it went (a test run killed by a timeout runs no finalizer)."""
+        if getattr(self, "watchdog", None) is not None and self.watchdog.poll() is None:
+            return
+        stop = [str(self.bin / "pg_ctl"), "stop", "-m", "immediate", "-D", str(self.data)]
+        if self.user is not None:
+            stop = ["runuser", "-u", self.user.pw_name, "--", *stop]
+        script = (f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; "
+                  f"{shlex.join(stop)} >/dev/null 2>&1; rm -rf {shlex.quote(str(self.root))}")
+        self.watchdog = subprocess.Popen(["sh", "-c", script], start_new_session=True,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def stop(self) -> None:
         self._run("pg_ctl", "stop", "-w", "-t", "60", "-m", "fast", "-D", str(self.data),
@@ -103,6 +118,9 @@ class Postgres:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+        if getattr(self, "watchdog", None) is not None:
+            self.watchdog.kill()
+            self.watchdog.wait(5)
 
 
 def _user_exists(name: str) -> bool:
