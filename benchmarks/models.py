@@ -84,6 +84,9 @@ class Llama3Block(nn.Module):
         return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
 
 
+MODEL_NAMES = ("nanogpt_block", "llama2_block", "llama3_block", "nanogpt_block_dropout0.1")
+
+
 def blocks(width: int, seq: int, *, dropout: bool = True) -> list[tuple[str, nn.Module, tuple]]:
     """(name, module, extra forward arguments) of each benchmarked block, fp32 on the CPU.
 

@@ -23,8 +23,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
+import os
 import re
 import statistics
+import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -35,6 +39,7 @@ import torch
 from benchmarks.common import markdown_table, write_result
 
 STEPS = {"train": (8, 2048), "infer": (1, 128)}  # batch, sequence
+ROW_MARK = "ROW\t"  # a child's row on its stdout
 HEADERS = ["model", "step", "system", "ms / step", "GPU busy ms", "GPU ops / step",
            "fusecut planned / lower bound MiB", "note"]
 
@@ -131,73 +136,130 @@ def dump_traces(fn, path: str) -> None:
         f.write("\n\n".join(texts))
 
 
-def run(steps: list[str], models: list[str] | None, iters: int, width: int, log,
-        traces: str | None = None, on_row=None) -> tuple:
+def run_model(step: str, model: str, iters: int, width: int, emit,
+              traces: str | None = None) -> None:
+    """Every system on one block and step: ``emit(row, top)`` after each."""
     from benchmarks.models import blocks, place
 
+    batch, seq = STEPS[step]
+    [(name, module, extra)] = [b for b in blocks(width, seq) if b[0] == model]
+    torch.manual_seed(0)
+    module, extra = place(module, extra, "cuda", torch.bfloat16)
+    if step == "infer":
+        module.eval()
+    x = torch.randn(batch, seq, width, device="cuda", dtype=torch.bfloat16,
+                    requires_grad=step == "train")
+    grad = torch.randn_like(x) if step == "train" else None
+    for system, make in systems():
+        candidate = copy.deepcopy(module)
+        top = ""
+        try:
+            fn = make(candidate)
+            start = time.perf_counter()
+            run_step(fn, x, extra, grad)
+            torch.cuda.synchronize()
+            first = time.perf_counter() - start
+            tag = re.sub(r"[^a-z]+", "-", system.lower())[:32].strip("-")
+            m = measure(fn, x, extra, grad, iters, timeline=traces and
+                        f"{traces}/{name}-{step}-{tag}.kernels.txt")
+            planned = fusecut_bytes(fn) if "fusecut" in system else "-"
+            if traces and system.startswith("thunder"):
+                dump_traces(fn, f"{traces}/{name}-{step}-{tag}.txt")
+            row = [name, step, system, f"{m.ms:.2f}", f"{m.busy_ms:.2f}", f"{m.ops:.0f}",
+                   planned, f"first step {first:.1f} s"]
+            top = "; ".join(f"{k} {ms:.3f} ms x{n:.0f}" for k, ms, n in m.top)
+        except Exception as e:  # one failing system never aborts the table
+            traceback.print_exc()
+            row = [name, step, system, "-", "-", "-", "-", f"fails: {one_line(e)}"]
+        emit(row, top)
+        del candidate
+        torch.cuda.empty_cache()
+
+
+def one_line(e: BaseException | str) -> str:
+    text = f"{type(e).__name__}: {e}" if isinstance(e, BaseException) else e
+    return text.replace("\n", " ").replace("|", "/")[:200]
+
+
+def child_rows(lines, finish, model: str, step: str, system_names: list[str]):
+    """(row, top kernels) of each system a child process reported, as they come; when the child
+    ended badly (``finish()`` gives its exit code), one more row for the system it stopped in,
+    with its last line of output. Systems after that one have no row: they did not run."""
+    done, last = set(), "no output"
+    for line in lines:
+        if line.startswith(ROW_MARK):
+            row, top = json.loads(line[len(ROW_MARK):])
+            done.add(row[2])
+            yield row, top
+        elif line.strip():
+            last = line.strip()
+    code = finish()
+    if code != 0:
+        stopped_in = next((s for s in system_names if s not in done), None)
+        if stopped_in is not None:
+            yield [model, step, stopped_in, "-", "-", "-", "-",
+                   f"not run: the process stopped ({one_line(last)})"], ""
+
+
+def run(steps: list[str], models: list[str], iters: int, width: int, log,
+        traces: str | None = None, on_row=None) -> tuple[str, str]:
+    """Each (step, block) in a process of its own, so that a CUDA error, which poisons the
+    process's context, costs only the systems after it on that block (marked as such)."""
     rows, tops = [], []
+    system_names = [name for name, _ in systems()]
     for step in steps:
-        batch, seq = STEPS[step]
-        for name, module, extra in blocks(width, seq):
-            if models and name not in models:
-                continue
-            torch.manual_seed(0)
-            module, extra = place(module, extra, "cuda", torch.bfloat16)
-            if step == "infer":
-                module.eval()
-            x = torch.randn(batch, seq, width, device="cuda", dtype=torch.bfloat16,
-                            requires_grad=step == "train")
-            grad = torch.randn_like(x) if step == "train" else None
-            for system, make in systems():
-                candidate = copy.deepcopy(module)
-                try:
-                    fn = make(candidate)
-                    start = time.perf_counter()
-                    run_step(fn, x, extra, grad)
-                    torch.cuda.synchronize()
-                    first = time.perf_counter() - start
-                    tag = re.sub(r"[^a-z]+", "-", system.lower())[:32].strip("-")
-                    m = measure(fn, x, extra, grad, iters, timeline=traces and
-                                f"{traces}/{name}-{step}-{tag}.kernels.txt")
-                    planned = fusecut_bytes(fn) if "fusecut" in system else "-"
-                    if traces and system.startswith("thunder"):
-                        dump_traces(fn, f"{traces}/{name}-{step}-{tag}.txt")
-                    row = [name, step, system, f"{m.ms:.2f}", f"{m.busy_ms:.2f}", f"{m.ops:.0f}",
-                           planned, f"first step {first:.1f} s"]
-                    tops.append([name, step, system, "; ".join(
-                        f"{k} {ms:.3f} ms x{n:.0f}" for k, ms, n in m.top)])
-                except Exception as e:  # one failing system never aborts the table
-                    traceback.print_exc()
-                    why = f"{type(e).__name__}: {e}".replace("\n", " ").replace("|", "/")
-                    row = [name, step, system, "-", "-", "-", "-", f"fails: {why[:200]}"]
+        for model in models:
+            command = [sys.executable, "-m", "benchmarks.thunder", "--child", "--steps", step,
+                       "--models", model, "--iters", str(iters), "--width", str(width)]
+            if traces:
+                command += ["--traces", traces]
+            # stderr joins stdout: two pipes read one after the other can fill and block.
+            child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+            for row, top in child_rows(child.stdout, child.wait, model, step, system_names):
                 rows.append(row)
+                tops.append(row[:3] + [top])
                 log(" | ".join(row))
                 if on_row is not None:  # the table so far, so that a crash loses nothing
                     on_row(markdown_table(HEADERS, rows))
-                del candidate
-                torch.cuda.empty_cache()
     notes = (f"Training step: batch {STEPS['train'][0]}, sequence {STEPS['train'][1]}; inference "
              f"step: batch {STEPS['infer'][0]}, sequence {STEPS['infer'][1]}, forward under "
              f"no_grad; width {width}, bf16, 128-wide heads. Median of {iters} warm steps (CUDA "
-             f"events); GPU busy time and op counts from torch.profiler over 3 steps. PyTorch "
-             f"{torch.__version__}.")
+             f"events); GPU busy time and op counts from torch.profiler over 3 steps. Each block "
+             f"and step runs in a process of its own. PyTorch {torch.__version__}.")
     top_table = markdown_table(["model", "step", "system", "top GPU ops (ms / step, calls)"],
                                tops)
     return markdown_table(HEADERS, rows) + "\n\n## Top GPU ops per system\n\n" + top_table, notes
 
 
 def main() -> None:
+    from benchmarks.models import MODEL_NAMES
+
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", default="train,infer")
-    parser.add_argument("--models", default="", help="comma-separated; default: all")
+    parser.add_argument("--models", default=",".join(MODEL_NAMES),
+                        help="comma-separated; default: all")
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--traces", help="a folder: write each Thunder system's last traces "
                         "and each system's GPU ops of one step, in order")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.thunder needs a CUDA GPU")
-    models = [m for m in args.models.split(",") if m] or None
+    models = [m for m in args.models.split(",") if m]
+    if args.traces:
+        os.makedirs(args.traces, exist_ok=True)
+    unknown = sorted(set(models) - set(MODEL_NAMES))
+    if unknown:
+        raise SystemExit(f"unknown models {unknown}; known: {', '.join(MODEL_NAMES)}")
+    if args.child:
+        for step in args.steps.split(","):
+            for model in models:
+                run_model(step, model, args.iters, args.width,
+                          lambda row, top: print(ROW_MARK + json.dumps([row, top]), flush=True),
+                          args.traces)
+        return
     device = torch.cuda.get_device_name()
 
     def save(table: str, notes: str = "(partial: the run stopped here)") -> str:

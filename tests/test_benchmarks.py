@@ -4,6 +4,7 @@ loader, the first-call budget, and the command line without a GPU. Nothing here 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -312,3 +313,17 @@ def test_thunder_benchmark_help_and_gpu_refusal():
         refused = subprocess.run([sys.executable, "-m", "benchmarks.thunder"],
                                  capture_output=True, text=True)
         assert refused.returncode != 0 and "needs a CUDA GPU" in refused.stderr
+
+
+def test_thunder_benchmark_reports_the_system_a_crashed_process_stopped_in():
+    from benchmarks.thunder import ROW_MARK, child_rows
+
+    systems = ["a", "b", "c"]
+    row_a = ["m", "train", "a", "1.00", "0.90", "10", "-", "first step 1.0 s"]
+    lines = ["noise\n", ROW_MARK + json.dumps([row_a, "k 0.1 ms x1"]) + "\n"]
+    crashed = list(child_rows(lines + ["Traceback\n", "RuntimeError: CUDA error: illegal\n"],
+                              lambda: 1, "m", "train", systems))
+    assert [r[0] for r in crashed] == [row_a, ["m", "train", "b", "-", "-", "-", "-",
+           "not run: the process stopped (RuntimeError: CUDA error: illegal)"]]
+    clean = list(child_rows(lines, lambda: 0, "m", "train", systems))
+    assert [r[0] for r in clean] == [row_a]
