@@ -21,21 +21,67 @@ AxisKey = tuple[str, int]
 
 
 class AxisMap:
-    def __init__(self, bound: Bound, ops: Iterable[Op]):
+    """The ties of a set of ops. Segmenters that grow segments by merging keep one map per
+    group: ``fork`` one, ``absorb`` the other group's map into the fork to try a merge, and
+    ``commit`` the fork to keep it; the merged map is never rebuilt from the ops."""
+
+    def __init__(self, bound: Bound, ops: Iterable[Op] = ()):
         self.bound = bound
         self._parent: dict[AxisKey, AxisKey] = {}
+        self._origin: AxisMap | None = None  # the map this one was forked from
+        self._base: dict[AxisKey, AxisKey] | None = None  # its table, read here, never written
         for op in ops:
             self._tie_op(op)
 
+    # ---- incremental merging --------------------------------------------------------------------
+
+    def size(self) -> int:
+        """Ties recorded (a merge absorbs the smaller map into the larger)."""
+        return len(self._parent) + (len(self._base) if self._base is not None else 0)
+
+    def fork(self) -> AxisMap:
+        child = AxisMap(self.bound)
+        child._origin, child._base = self, self._parent
+        return child
+
+    def absorb(self, other: AxisMap) -> None:
+        """Add another map's ties (the classes of the union of both maps' ops)."""
+        for key, parent in other._items():
+            if key != parent:
+                self._union(key, parent)
+
+    def commit(self) -> AxisMap:
+        """Write a fork's ties into the map it was forked from; returns that map."""
+        origin = self._origin
+        assert origin is not None, "only a fork can be committed"
+        origin._parent.update(self._parent)
+        self._parent, self._origin, self._base = {}, None, None  # spent
+        return origin
+
+    def _items(self):
+        if self._base is not None:
+            yield from ((k, v) for k, v in self._base.items() if k not in self._parent)
+        yield from self._parent.items()
+
     # ---- union-find -------------------------------------------------------------------------
 
+    def _parent_of(self, key: AxisKey) -> AxisKey:
+        parent = self._parent.get(key)
+        if parent is None and self._base is not None:
+            parent = self._base.get(key)
+        return key if parent is None else parent
+
     def _find(self, key: AxisKey) -> AxisKey:
-        parent = self._parent.setdefault(key, key)
-        if parent != key:
-            root = self._find(parent)
-            self._parent[key] = root
-            return root
-        return key
+        root = key
+        parent = self._parent_of(root)
+        while parent != root:
+            root, parent = parent, self._parent_of(parent)
+        while key != root:  # path compression (a fork writes only its own table)
+            parent = self._parent_of(key)
+            if parent != root:
+                self._parent[key] = root
+            key = parent
+        return root
 
     def _union(self, a: AxisKey, b: AxisKey) -> None:
         if self.is_broadcast(a) or self.is_broadcast(b):
