@@ -20,8 +20,10 @@ Model (OR-Tools CP-SAT), over a window of the plan (the whole plan when it is sm
 Large plans are optimised window by window (a few consecutive segments at a time, the rest held
 fixed), sliding over the plan until a pass improves nothing or time runs out. Coarsening: an op
 whose results only its single consumer reads joins that consumer's unit when the current plan
-has them together. The current plan is the warm start. If nothing better and valid is found,
-the greedy plan stands.
+has them together. The search starts from the greedy plan refined by the min-cut segmenter (in
+linear time; it recomputes what is cheaper than reading back, 2-4x fewer bytes on the generated
+fusions), and the current plan is each window's warm start. If nothing better and valid is
+found, that plan stands.
 
 The same input gives the same plan, on an idle machine or a busy one: the search's effort is
 counted in CP-SAT's deterministic time (one worker, a fixed seed), converted to planned seconds
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from optimizer.analysis.axes import AxisMap
-from optimizer.analysis.cost import lower_bound_bytes, read_bytes, segment_time, write_bytes
+from optimizer.analysis.cost import lower_bound_bytes, read_bytes, write_bytes
 from optimizer.analysis.opclass import Role, is_view, op_cost
 from optimizer.ir.ops_misc import reduction_axes
 from optimizer.plan.plan import SolverReport
@@ -63,13 +65,13 @@ WALL_PER_DET = 1.5
 SOLVE_OVERHEAD_S = 0.05
 CUT_OVERHEAD_S = 0.04
 SOLVES_EXPECTED = 2  # per window, cuts included, for sharing out the deterministic time
+WARM_S_PER_OP = 0.0003  # the min-cut warm start and the static rules, per placed op
 MIN_DET = 0.02  # a solve with less finds little
 
 
 def plan_cost(graph: SegGraph, groups: list[Group]) -> float:
     """Estimated seconds of a segmentation (the planner's objective, in time units)."""
-    return sum(segment_time(graph.bound, graph.classify(ops, w), graph.profile)
-               for ops, w in groups)
+    return sum(graph.segment_time(ops, w) for ops, w in groups)
 
 
 def plan_bytes(graph: SegGraph, groups: list[Group]) -> int:
@@ -109,18 +111,21 @@ def solve(graph: SegGraph, greedy: list[Group], options, deadline: float | None 
     if len(greedy) <= 1 and plan_bytes(graph, greedy) <= lower_bound_bytes(graph.bound):
         return greedy, SolverReport("OPTIMAL", wall_s=time.perf_counter() - start,
                                     message="the greedy plan is one segment at the lower bound")
-    best, best_cost = greedy, plan_cost(graph, greedy)
+    from optimizer.segmenters.mincut import refine
+
+    start_plan, warm = refine(graph, greedy, options, deadline)
+    best, best_cost = start_plan, plan_cost(graph, start_plan)
     stats = {"solves": 0, "cuts": 0, "windows": 0}
-    planned = options.time_limit_s * SEARCH_SHARE
+    planned = options.time_limit_s * SEARCH_SHARE - WARM_S_PER_OP * len(graph.placed)
     rules = _Rules(graph)
-    if len(greedy) <= WINDOW:
+    if len(best) <= WINDOW:
         effort = _Effort(planned, _per_solve(planned, SOLVES_PER_WINDOW))
         best, status, objective, bound = _optimize_window(
             graph, rules, best, 0, len(best), deadline, effort, options, stats)
         message = f"{stats['solves']} solve(s), {stats['cuts']} kind-rule cut(s)"
     else:
         status, objective, bound = "FEASIBLE", None, None
-        windows = 1 + -(-(len(greedy) - WINDOW) // STRIDE)  # per pass
+        windows = 1 + -(-(len(best) - WINDOW) // STRIDE)  # per pass
         effort = _Effort(planned, _per_solve(planned, PASSES * windows * SOLVES_EXPECTED))
         improved, passes = True, 0
         while improved and passes < PASSES and effort.fits() and time.perf_counter() < deadline:
@@ -138,8 +143,11 @@ def solve(graph: SegGraph, greedy: list[Group], options, deadline: float | None 
                 a += STRIDE
         message = (f"windows of {WINDOW} segments: {stats['windows']} window(s), "
                    f"{stats['solves']} solve(s), {stats['cuts']} kind-rule cut(s)")
-    if best is greedy and status != "OPTIMAL":
-        status = "FEASIBLE" if stats["solves"] else "FALLBACK_TO_GREEDY"
+    if best is start_plan and status != "OPTIMAL":
+        status = "FEASIBLE" if stats["solves"] or start_plan is not greedy else \
+            "FALLBACK_TO_GREEDY"
+    if start_plan is not greedy:
+        message = f"warm start: {warm.message}; {message}"
     if not effort.fits():
         message += "; search effort spent"
     if time.perf_counter() >= deadline:
