@@ -78,8 +78,24 @@ def make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions | Non
     one group per op; the one-pass level grouping (``levels``) replaces that when it is coarser.
     Binding and forwarding are linear in the fusion's size. The cyclic garbage collector is
     paused throughout: what planning builds survives it (see ``optimizer.gcpause``)."""
+    options = options or PlanOptions()
+    _load_segmenter(options.segmenter)
     with gc_paused():
-        return _make_plan(fusion, metas, options or PlanOptions())
+        return _make_plan(fusion, metas, options)
+
+
+def _load_segmenter(name: str):
+    """A solver's module, imported before the clock starts: OR-Tools' CP-SAT module takes ~0.7 s
+    to import (pandas), once per process; that is start-up, not planning."""
+    if name == "cpsat":
+        from optimizer.segmenters import cpsat
+
+        return cpsat
+    if name == "mincut":
+        from optimizer.segmenters import mincut
+
+        return mincut
+    return None
 
 
 def _make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions) -> Plan:
@@ -112,13 +128,11 @@ def _make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions) -> 
             report = SolverReport("FALLBACK_TO_GREEDY", wall_s=report.wall_s,
                                   message=message or NO_TIME_MESSAGE)
     elif options.segmenter == "cpsat":
-        from optimizer.segmenters.cpsat import solve
-
-        groups, report = solve(graph, greedy_plan, options, solver_deadline)
+        groups, report = _load_segmenter("cpsat").solve(graph, greedy_plan, options,
+                                                         solver_deadline)
     elif options.segmenter == "mincut":
-        from optimizer.segmenters.mincut import refine
-
-        groups, report = refine(graph, greedy_plan, options, solver_deadline)
+        groups, report = _load_segmenter("mincut").refine(graph, greedy_plan, options,
+                                                           solver_deadline)
     return build_lowered_plan(graph, groups, options.segmenter, report, baseline, options.to_json())
 
 

@@ -48,6 +48,7 @@ from optimizer.ir.ops_misc import reduction_axes
 from optimizer.plan.plan import SolverReport
 from optimizer.schedulers.kinds import Kind
 from optimizer.segmenters.graph import SegGraph
+from optimizer.segmenters.mincut import refine
 from optimizer.segmenters.unionfind import DisjointSets
 
 Group = tuple[frozenset[int], frozenset[str]]
@@ -111,8 +112,6 @@ def solve(graph: SegGraph, greedy: list[Group], options, deadline: float | None 
     if len(greedy) <= 1 and plan_bytes(graph, greedy) <= lower_bound_bytes(graph.bound):
         return greedy, SolverReport("OPTIMAL", wall_s=time.perf_counter() - start,
                                     message="the greedy plan is one segment at the lower bound")
-    from optimizer.segmenters.mincut import refine
-
     start_plan, warm = refine(graph, greedy, options, deadline)
     best, best_cost = start_plan, plan_cost(graph, start_plan)
     stats = {"solves": 0, "cuts": 0, "windows": 0}
