@@ -136,11 +136,7 @@ def written_order(bound: Bound, written: Iterable[str]) -> tuple[str, ...]:
 
 
 def _order(bound: Bound, tensor: str) -> int:
-    producers = getattr(bound, "_producers", None)
-    if producers is None:
-        producers = bound.fusion.producers()
-        bound._producers = producers  # type: ignore[attr-defined]
-    return producers.get(tensor, -1)
+    return bound.producers.get(tensor, -1)
 
 
 ALL_KINDS = frozenset(Kind)
