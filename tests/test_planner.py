@@ -290,13 +290,15 @@ def _neg_chain(n: int) -> str:
 
 
 @pytest.mark.slow
-def test_a_20000_op_chain_plans_in_under_5_s_of_cpu():
+@pytest.mark.parametrize("segmenter", ["cpsat", "mincut"])
+def test_a_20000_op_chain_plans_in_under_5_s_of_cpu(segmenter):
     # forwarding walked the chain from its start for every link: 70 s for 19,000 ops
     import optimizer.segmenters.cpsat  # noqa: F401  (its import is not planning)
 
     p = parse_text(_neg_chain(20000))
     start = time.process_time()
-    plan = make_plan(p.fusion, [tensor_meta((64, 64), F32)], PlanOptions(time_limit_s=5.0))
+    plan = make_plan(p.fusion, [tensor_meta((64, 64), F32)],
+                     PlanOptions(segmenter=segmenter, time_limit_s=5.0))
     assert time.process_time() - start < 5.0
     assert len(plan.segments) == 1 and len(plan.segments[0].schedule.ops) == 20000
 
@@ -344,7 +346,7 @@ def test_the_level_grouping_is_a_valid_plan_that_runs_to_the_same_outputs():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("segmenter", ["cpsat", "greedy"])
+@pytest.mark.parametrize("segmenter", ["cpsat", "greedy", "mincut"])
 def test_a_20000_op_fusion_plans_and_serializes_within_its_limit_plus_1_s(segmenter):
     # before: the stages after the greedy segmenter's deadline built and serialized one segment
     # per op (12,500): 3.1 s of planning and 3.0 s of to_json for a 2 s limit
