@@ -16,7 +16,14 @@ from optimizer.analysis.opclass import Role, is_view, role
 from optimizer.analysis.shapes import Bound
 from optimizer.hostir.streams import stage_of_ops
 from optimizer.ir.opspec import OpClass, get_spec
-from optimizer.schedulers.kinds import ALL_KINDS, Kind, Rejection, Schedule, classify
+from optimizer.schedulers.kinds import (
+    ALL_KINDS,
+    Kind,
+    Rejection,
+    Schedule,
+    classify,
+    segment_facts,
+)
 from optimizer.schedulers.profiles import DeviceProfile
 
 
@@ -114,7 +121,8 @@ class SegGraph:
                 hit = Rejection(f"mixes ops of stream stages {sorted(stages)}: each stream "
                                 "loop runs whole segments")
             else:
-                hit = classify(self.bound, key[0], key[1], self.profile, self.kinds)
+                hit = classify(self.bound, key[0], key[1], self.profile, self.kinds,
+                               segment_facts(self.bound, key[0], self.roles))
             self._cache[key] = hit
         return hit
 
