@@ -124,12 +124,6 @@ def segment_facts(bound: Bound, ops: Iterable[int], roles: Mapping[int, Role] | 
                         AxisMap(bound, (fusion.ops[i] for i in ops)))
 
 
-def segment_io(bound: Bound, ops: Iterable[int], written: Iterable[str]
-               ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(inputs, outputs) of a segment: tensors read but not produced, in order of first use."""
-    return segment_facts(bound, ops).inputs, written_order(bound, written)
-
-
 def written_order(bound: Bound, written: Iterable[str]) -> tuple[str, ...]:
     """A segment's outputs in the order of the ops computing them."""
     return tuple(sorted(set(written), key=lambda t: (_order(bound, t), t)))
