@@ -30,6 +30,7 @@ class AxisMap:
         self._parent: dict[AxisKey, AxisKey] = {}
         self._origin: AxisMap | None = None  # the map this one was forked from
         self._base: dict[AxisKey, AxisKey] | None = None  # its table, read here, never written
+        self._ids: dict[str, tuple[AxisKey | None, ...]] = {}  # until the next tie
         for op in ops:
             self._tie_op(op)
 
@@ -55,6 +56,7 @@ class AxisMap:
         origin = self._origin
         assert origin is not None, "only a fork can be committed"
         origin._parent.update(self._parent)
+        origin._ids.clear()
         self._parent, self._origin, self._base = {}, None, None  # spent
         return origin
 
@@ -91,6 +93,7 @@ class AxisMap:
             # the smaller key wins so that ids do not depend on the order of ties
             lo, hi = (ra, rb) if ra <= rb else (rb, ra)
             self._parent[hi] = lo
+            self._ids.clear()
 
     def is_broadcast(self, key: AxisKey) -> bool:
         return self.bound.broadcast[key[0]][key[1]]
@@ -101,8 +104,12 @@ class AxisMap:
             return None
         return self._find((tensor, axis))
 
-    def ids(self, tensor: str) -> list[AxisKey | None]:
-        return [self.root(tensor, a) for a in range(len(self.bound.shapes[tensor]))]
+    def ids(self, tensor: str) -> tuple[AxisKey | None, ...]:
+        hit = self._ids.get(tensor)
+        if hit is None:
+            hit = self._ids[tensor] = tuple(self.root(tensor, a)
+                                            for a in range(len(self.bound.shapes[tensor])))
+        return hit
 
     # ---- per-op ties ----------------------------------------------------------------------------
 
