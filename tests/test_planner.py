@@ -396,3 +396,18 @@ def test_mincut_refines_the_scale_case_in_linear_time_and_keeps_to_its_deadline(
     assert time.process_time() - start < 0.3
     assert "time limit reached" in report.message
     assert plan_cost(graph, late) <= plan_cost(graph, plan)
+
+
+@pytest.mark.slow
+def test_mincut_refines_410_segments_of_20000_ops_in_seconds():
+    # before: each segment's network took every fusible ancestor of what it read, back to the
+    # fusion's inputs (the generated chains never break): 21 s of CPU for these 410 segments
+    from optimizer.segmenters.mincut import refine
+
+    graph, plan = _greedy_plan(generate(19_990, seed=3))
+    assert len(plan) > 400
+    start = time.process_time()
+    refined, report = refine(graph, plan, PlanOptions(time_limit_s=600))
+    assert time.process_time() - start < 6.0
+    assert "time limit" not in report.message
+    assert len(refined) <= len(plan)

@@ -26,6 +26,7 @@ from optimizer.segmenters.graph import SegGraph
 Group = tuple[frozenset[int], frozenset[str]]
 INF = 1 << 50
 KIB = 1024
+DEPTH = 64  # producers back from a segment's reads that it may recompute
 
 
 def refine(graph: SegGraph, groups: list[Group], options, deadline: float | None = None
@@ -125,16 +126,27 @@ def _refine_one(graph: SegGraph, sweep: _Sweep, ops: frozenset[int]) -> frozense
         return (p is not None and graph.roles[p] is Role.FUSIBLE and not is_view(fusion.ops[p])
                 and p not in graph.forwarded)
 
-    region: set[str] = set()
-    stack = list(needed)
-    while stack:
-        t = stack.pop()
-        if t in region:
-            continue
-        region.add(t)
-        if recomputable(t):
-            stack.extend(n for n in fusion.ops[graph.producer[t]].inputs
-                         if n in fusion.tensors)
+    # The values the segment could recompute, breadth first from what it needs, at most DEPTH
+    # producers back: beyond, a value is one the segment would read (a long chain is rarely
+    # worth recomputing, and the network stays the size of the segment's neighbourhood instead
+    # of the fusion's prefix, which made a sweep quadratic).
+    region: set[str] = set(needed)
+    layer = sorted(needed)
+    for _ in range(DEPTH):
+        grown = []
+        for t in layer:
+            if recomputable(t):
+                for n in fusion.ops[graph.producer[t]].inputs:
+                    if n in fusion.tensors and n not in region:
+                        region.add(n)
+                        grown.append(n)
+        layer = grown
+    horizon = set(layer)
+
+    def inside(t: str) -> bool:
+        """Recomputable, and within the horizon."""
+        return t not in horizon and recomputable(t)
+
     names = sorted(region)
     index = {t: 2 * n for n, t in enumerate(names)}  # t_in = 2n, t_out = 2n + 1
     source, sink = 2 * len(names), 2 * len(names) + 1
@@ -150,7 +162,7 @@ def _refine_one(graph: SegGraph, sweep: _Sweep, ops: frozenset[int]) -> frozense
         else:
             cap = INF  # nothing before can provide it
         flow.add_arc_with_capacity(index[t], index[t] + 1, cap)
-        if not recomputable(t):
+        if not inside(t):
             flow.add_arc_with_capacity(source, index[t], INF)
         else:
             for n in fusion.ops[graph.producer[t]].inputs:
@@ -161,7 +173,7 @@ def _refine_one(graph: SegGraph, sweep: _Sweep, ops: frozenset[int]) -> frozense
     if flow.solve(source, sink) != flow.OPTIMAL or flow.optimal_flow() >= INF:
         return None
     source_side = set(flow.get_source_side_min_cut())
-    recompute = {t for t in names if index[t] not in source_side and recomputable(t)}
+    recompute = {t for t in names if index[t] not in source_side and inside(t)}
     if not recompute:
         return None
     grown = frozenset(ops | {graph.producer[t] for t in recompute})
