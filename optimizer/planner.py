@@ -121,8 +121,10 @@ def _make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions) -> 
     baseline = _baseline(graph, greedy_plan)
     report = SolverReport("GREEDY", wall_s=time.perf_counter() - greedy_start, message=message)
     groups = greedy_plan
-    # the solvers improve on the greedy plan and leave about as many segments
-    solver_deadline = deadline - FINISH_S_PER_SEGMENT * len(greedy)
+    # the solvers improve on the greedy plan and leave about as many segments; what follows them
+    # (their own last pass, building and serializing the plan) grows with the ops as well
+    solver_deadline = deadline - FINISH_S_PER_SEGMENT * len(greedy) - \
+        FINISH_S_PER_OP * len(graph.placed)
     if late or time.perf_counter() >= solver_deadline:
         if options.segmenter != "greedy":
             report = SolverReport("FALLBACK_TO_GREEDY", wall_s=report.wall_s,
@@ -141,7 +143,9 @@ GREEDY_SHARE = 0.6  # of the time limit, at most, for binding and the greedy seg
 # CPU seconds, measured on a 20,000-op generated fusion (12,500 placed ops, 789 segments), of
 # the stages after the greedy segmenter when it is cut short (the level grouping, building and
 # serializing the plan: 1.2-1.9 s), per placed op; and of building and serializing a plan, per
-# segment: kept free of the greedy segmenter's and the solvers' shares of the limit
+# segment: kept free of the greedy segmenter's and the solvers' shares of the limit. After a
+# solver (410 segments there): its last pass (min-cut classifies the segments it grew), building
+# and serializing the plan take 1.1-1.6 s, within both reserves.
 FINISH_S_PER_OP = 0.00015
 FINISH_S_PER_SEGMENT = 0.0005
 LATE_MESSAGE = "time limit reached in the greedy segmenter: its merges so far stand"
