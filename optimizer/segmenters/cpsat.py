@@ -149,7 +149,7 @@ def solve(graph: SegGraph, greedy: list[Group], options, deadline: float | None 
         message = f"warm start: {warm.message}; {message}"
     if not effort.fits():
         message += "; search effort spent"
-    if time.perf_counter() >= deadline:
+    if time.perf_counter() >= deadline and "time limit reached" not in message:
         message += "; time limit reached"
     return best, SolverReport(status, objective=objective, bound=bound,
                               wall_s=time.perf_counter() - start, message=message)
