@@ -3,9 +3,10 @@ merged group's facts from the two parts instead of walking its ops again.
 
 A ``Part`` knows its ops (placed, and with the forwarded ops they need), the tensors it computes
 and reads, where it first reads each input, what it must write, its ops by role, its stream
-stages and its axis ties. ``merged`` combines two parts in time proportional to what they
-exchange (the tensors one reads from the other, the tensors either writes) and to the smaller
-part's axis ties; the merged group is then classified from those facts.
+stages and its axis ties. ``merged`` combines two parts without walking their ops: unions of
+their sets, the tensors either writes checked against the merged group's ops, and the smaller
+part's axis ties added to the larger's. The merged group is then classified from those facts,
+the reduction kinds extending the larger part's analysis (see ``schedulers.kinds``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from optimizer.segmenters.graph import SegGraph
 
 @dataclass
 class Part:
+    """A group of placed ops and its facts (see the module's docstring)."""
+
     ops: set[int]  # placed ops
     closure: set[int]  # and the forwarded ops they need
     produced: set[str]  # tensors the closure computes
