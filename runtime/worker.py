@@ -147,9 +147,11 @@ def _main(conn: Connection) -> None:  # the worker process
 class Worker:
     """The service's handle on the worker process: start, restart, run one request at a time."""
 
-    def __init__(self, process: bool = True, start_timeout: float = 120.0):
+    def __init__(self, process: bool = True, start_timeout: float = 120.0,
+                 env: dict[str, str] | None = None):
         self.process = process
         self.start_timeout = start_timeout
+        self.env = env or {}  # for the worker process: CUDA_VISIBLE_DEVICES pins it to a GPU
         self.restarts = 0
         self.device = "starting"
         self._lock = threading.Lock()  # one request at a time through the socket
@@ -182,7 +184,7 @@ class Worker:
         # __main__) talking over a socket pair.
         ours, theirs = socket.socketpair()
         proc = subprocess.Popen([sys.executable, "-m", "runtime.worker", str(theirs.fileno())],
-                                pass_fds=[theirs.fileno()], env=_child_env())
+                                pass_fds=[theirs.fileno()], env={**_child_env(), **self.env})
         theirs.close()
         conn = Connection(ours.detach())
         hello: dict[str, Any] = {"ready": False, "error": "no answer"}
@@ -208,6 +210,11 @@ class Worker:
         if not self.process:
             return self._inline is not None
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def settled(self) -> bool:
+        """False while a start is under way."""
+        return self._settled.is_set()
 
     @property
     def pid(self) -> int | None:

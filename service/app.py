@@ -11,6 +11,8 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import os
+import socket
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -38,13 +40,14 @@ from service.problems import Problem, validation_problem
 from service.settings import Settings
 
 JSON = "application/json"
+REPLICA = f"{socket.gethostname()}:{os.getpid()}"
 SAFETENSORS = "application/octet-stream"
 M = TypeVar("M", bound=BaseModel)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, worker=None) -> FastAPI:
     settings = settings or Settings.from_env()
-    service = Service(settings)
+    service = Service(settings, worker)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -91,13 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # or hostile body stalls no other request.
         raw = await request.body()
         raw_key = "raw:" + await run_in_threadpool(lambda: hashlib.sha256(raw).hexdigest())
-        cached = service.store.by_request(raw_key)
-        outcome = "hit"
-        if cached is None:
-            cached, outcome = await service.plan_request(raw)
-            await run_in_threadpool(service.store.link, raw_key, cached.plan_id)
-        else:
-            metrics.PLANS.labels(cached.segmenter, "hit").inc()
+        cached, outcome = await service.plan_request(raw, raw_key)
         return Response(cached.body, media_type=JSON, headers={"X-Fusecut-Cache": outcome})
 
     @app.get("/v1/plans/{plan_id}", summary="A plan made before", responses={
@@ -105,7 +102,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         **openapi.problems(404, 422, 500)})
     async def get_plan(plan_id: str = Path(pattern=r"^[0-9a-f]{32}$",
                                            description="a plan id: 32 hex digits")) -> Response:
-        stored = service.store.get(plan_id)
+        stored = await run_in_threadpool(service.store.get, plan_id)
         if stored is None:
             raise Problem(404, "unknown plan", f"no plan has id {plan_id!r}")
         return Response(stored.body, media_type=JSON)
@@ -212,6 +209,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                  "text/plain": {"schema": {"type": "string"}}}}})
     async def get_metrics() -> Response:
         metrics.WORKER_UP.set(1 if service.worker.ready else 0)
+        metrics.record_devices(service.worker)
         content, media_type = metrics.exposition()
         return Response(content, media_type=media_type)
 
@@ -219,18 +217,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", summary="The worker is up")
+    @app.get("/readyz", summary="A worker is up (and whether the plan cache works)")
     async def readyz() -> JSONResponse:
         w = service.worker
-        body = {"status": "ready" if w.ready else "not ready",
+        cache = await run_in_threadpool(service.store.status)
+        # a failing cache is "degraded", not unready: plans are still made and returned
+        status = "not ready" if not w.ready else "ready" if cache["state"] == "ok" else \
+            "degraded"
+        body = {"status": status, "replica": REPLICA,  # which replica behind a balancer
                 "worker": "up" if w.ready else "down", "device": w.device,
                 "worker_pid": w.pid, "worker_restarts": w.restarts,
-                "plans_stored": service.store.count()}
+                "workers": w.snapshot(), "plans_stored": cache["plans"], "cache": cache}
         return JSONResponse(body, status_code=200 if w.ready else 503)
 
     @app.get("/dashboard", response_class=HTMLResponse, summary="Recent plans")
     async def dashboard() -> HTMLResponse:
-        plans = service.store.recent(settings.recent_plans)
+        plans = await run_in_threadpool(service.store.recent, settings.recent_plans)
         return HTMLResponse(render(plans, {"device": service.worker.device,
                                            "up": service.worker.ready}))
 

@@ -33,7 +33,8 @@ from optimizer.planner import PlanOptions, make_plan
 from optimizer.schedulers.profiles import get_profile
 from runtime.tensor_wire import expand_declared_broadcasts
 from runtime.tensors import meta_of
-from runtime.worker import Worker, WorkerCrashed, WorkerTimeout, WorkerUnavailable
+from runtime.worker import WorkerCrashed, WorkerTimeout, WorkerUnavailable
+from runtime.worker_pool import WorkerPool, WorkersBusy, parse_gpus
 from service import metrics
 from service.models import PlanOptionsModel
 from service.planning import (
@@ -50,6 +51,7 @@ from service.planning import (
 )
 from service.problems import Problem
 from service.settings import Settings
+from service.singleflight import SingleFlight
 from service.store import PlanStore, StoredPlan
 
 Parsed = tuple[Fusion, list[InputMeta] | None, str | None]  # see Service.parse
@@ -58,15 +60,19 @@ PARSED_TEXTS = 256  # parsed definition texts kept: a client that repeats one sk
 
 
 class Service:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, worker=None):
+        """``worker``: what runs executions (a WorkerPool by default; Ray Serve passes a
+        handle on its execute deployment)."""
         self.settings = settings
-        self.store = PlanStore(settings.db_path)
-        self.worker = Worker(process=settings.worker)
+        self.store = PlanStore(settings.cache_location, settings.cache_max_bytes,
+                               settings.cache_memory_items)
+        self.worker = worker or WorkerPool(parse_gpus(settings.gpus), settings.worker,
+                                           settings.max_queued_executions)
+        self.flights: SingleFlight[tuple[StoredPlan, str]] = SingleFlight()
         self.held: OrderedDict[str, Plan] = OrderedDict()
         self.parsed: OrderedDict[str, Parsed] = OrderedDict()
         self.parsed_lock = threading.Lock()
         self.plan_slots = asyncio.Semaphore(settings.max_concurrent_plans)
-        self.exec_slots = asyncio.Semaphore(settings.max_concurrent_executions)
         self.planners = start_planners(settings)
 
     def start(self) -> None:
@@ -125,21 +131,30 @@ class Service:
                                         profile.to_json())
 
         metas_json, pid = await run_in_threadpool(key)
-        cached = self.store.get(pid)
-        if cached is not None:
-            if request_key:
-                await run_in_threadpool(self.store.link, request_key, pid)
-            metrics.PLANS.labels(options.segmenter, "hit").inc()
-            return cached, "hit"
-        async with self.plan_slots:
-            plan = await run_in_threadpool(make_plan, fusion, metas, options)
-            # serializing a large plan takes as long as planning: off the event loop too
-            data, body, request = await run_in_threadpool(serialize, plan, metas_json, name)
-        stored = await run_in_threadpool(self.store.put_bytes, data["plan_id"], data["fusion_id"],
-                                         data["segmenter"], body, request, request_key)
-        self._hold(plan)
-        metrics.record_plan(plan_summary(data), "miss")
-        return stored, "miss"
+        cached = await run_in_threadpool(self.store.get, pid)
+        if cached is None:
+            async def make() -> tuple[StoredPlan, str]:
+                async with self.plan_slots:
+                    plan = await run_in_threadpool(make_plan, fusion, metas, options)
+                    # serializing a large plan takes as long as planning: off the loop too
+                    data, body, request = await run_in_threadpool(serialize, plan, metas_json,
+                                                                  name)
+                stored = await run_in_threadpool(self.store.put_bytes, data["plan_id"],
+                                                 data["fusion_id"], data["segmenter"], body,
+                                                 request)
+                self._hold(plan)
+                metrics.record_plan(plan_summary(data), "miss")
+                return stored, "miss"
+
+            (cached, outcome), shared = await self.flights.run("plan:" + pid, make)
+            if not shared:
+                if request_key:
+                    await run_in_threadpool(self.store.link, request_key, pid)
+                return cached, outcome
+        if request_key:
+            await run_in_threadpool(self.store.link, request_key, pid)
+        metrics.PLANS.labels(options.segmenter, "hit").inc()
+        return cached, "hit"
 
     async def off_loop(self, fn, *args, in_process: bool = True):
         """``fn(*args)`` in a planner process (or, for a small job, a thread): CPU work on
@@ -160,28 +175,45 @@ class Service:
             raise Problem(result.status, result.title, result.detail, **result.extra)
         return result
 
-    async def plan_request(self, raw: bytes) -> tuple[StoredPlan, str]:
-        """POST /v1/plan's body planned in a planner process: (the stored plan, "hit"/"miss")."""
+    async def plan_request(self, raw: bytes, raw_key: str) -> tuple[StoredPlan, str]:
+        """POST /v1/plan: (the stored plan, "hit"/"miss"). A repeated body is answered by
+        ``raw_key``, the hash of its bytes; anything else is planned in a planner process,
+        once for concurrent identical bodies."""
+        stored = self.store.remembered(raw_key) or \
+            await run_in_threadpool(self.store.by_request, raw_key)
+        if stored is None:
+            (stored, outcome), shared = await self.flights.run(
+                raw_key, lambda: self._plan_body(raw, raw_key))
+            if not shared:
+                return stored, outcome
+        metrics.PLANS.labels(stored.segmenter, "hit").inc()
+        return stored, "hit"
+
+    async def _plan_body(self, raw: bytes, raw_key: str) -> tuple[StoredPlan, str]:
         result = await self.off_loop(plan_body, raw, self.settings)
-        if result.cache == "hit":
-            stored = self.store.get(result.plan_id)
-            if stored is not None:
-                await run_in_threadpool(self.store.link, result.request_key, stored.plan_id)
-                metrics.PLANS.labels(stored.segmenter, "hit").inc()
-                return stored, "hit"
-            raise Problem(503, "plan store changed", "the stored plan went away; try again")
-        stored = await run_in_threadpool(self.store.put_bytes, result.plan_id, result.fusion_id,
-                                         result.segmenter, result.body, result.request,
-                                         result.request_key)
-        metrics.record_plan(result.metrics, "miss")
-        return stored, "miss"
+        stored = None
+        if result.cache == "hit":  # a planner found it stored
+            stored = await run_in_threadpool(self.store.get, result.plan_id)
+            if stored is None:  # damaged, evicted or unreachable since: plan it after all
+                result = await self.off_loop(plan_body, raw, self.settings, False)
+        if stored is None:
+            stored = await run_in_threadpool(
+                self.store.put_bytes, result.plan_id, result.fusion_id, result.segmenter,
+                result.body, result.request, result.request_key)
+            metrics.record_plan(result.metrics, "miss")
+        else:
+            await run_in_threadpool(self.store.link, result.request_key, stored.plan_id)
+            metrics.PLANS.labels(stored.segmenter, "hit").inc()
+        await run_in_threadpool(self.store.link, raw_key, stored.plan_id)
+        return stored, result.cache
 
     async def plan_object(self, plan_id: str) -> Plan:
         """The Plan behind an id: held in memory, or rebuilt from the store."""
         held = self.held.get(plan_id)
         if held is not None:
             return held
-        request, stored = self.store.request(plan_id), self.store.get(plan_id)
+        request = await run_in_threadpool(self.store.request, plan_id)
+        stored = await run_in_threadpool(self.store.get, plan_id)
         if request is None or stored is None:
             raise Problem(404, "unknown plan", f"no plan has id {plan_id!r}")
         fusion = fusion_from_json(request["definition"], self.settings.max_ops)
@@ -220,18 +252,19 @@ class Service:
         tensors = expand_declared_broadcasts(fusion, tensors)
         args = [scalar_value(n, tensors[n]) if n in fusion.scalars else tensors[n]
                 for n in fusion.inputs]
-        async with self.exec_slots:
-            try:
-                response = await run_in_threadpool(self.worker.execute, plan, args,
-                                                   self.settings.execute_timeout_s)
-            except WorkerCrashed as e:
-                metrics.WORKER_RESTARTS.inc()
-                raise Problem(503, "worker crashed", str(e)) from None
-            except WorkerTimeout as e:
-                metrics.WORKER_RESTARTS.inc()
-                raise Problem(504, "execution timed out", str(e)) from None
-            except WorkerUnavailable as e:
-                raise Problem(503, "worker unavailable", str(e)) from None
+        try:  # the least-loaded worker; each runs one at a time, behind a bounded queue
+            response = await self.worker.execute(plan, args, self.settings.execute_timeout_s)
+        except WorkersBusy as e:
+            raise Problem(503, "workers busy", str(e),
+                          headers={"Retry-After": str(e.retry_after_s)}) from None
+        except WorkerCrashed as e:
+            metrics.WORKER_RESTARTS.inc()
+            raise Problem(503, "worker crashed", str(e)) from None
+        except WorkerTimeout as e:
+            metrics.WORKER_RESTARTS.inc()
+            raise Problem(504, "execution timed out", str(e)) from None
+        except WorkerUnavailable as e:
+            raise Problem(503, "worker unavailable", str(e)) from None
         if not response["ok"]:
             kind = response["kind"]
             if kind in ("DefinitionError", "InputError", "PlanError"):

@@ -13,7 +13,6 @@ import hashlib
 import json
 import math
 import multiprocessing
-import sqlite3
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from optimizer.schedulers.profiles import get_profile
 from service.models import PlanOptionsModel, PlanRequest
 from service.problems import TITLES, Problem, validation_problem
 from service.settings import Settings
+from service.store import lookup
 
 INT64_MAX = 2**63 - 1
 
@@ -77,23 +77,22 @@ def refusing(fn, *args):
         return Refusal(422, title, str(e), {})
 
 
-def plan_body(raw: bytes, settings: Settings) -> Planned:
-    """Plan the POST /v1/plan body ``raw`` (run through ``refusing``). The collector is paused
-    throughout: parsing and planning build large structures that all survive the request, and
-    its full passes over them took about a fifth of a 20,000-op request's CPU time."""
+def plan_body(raw: bytes, settings: Settings, use_cache: bool = True) -> Planned:
+    """Plan the POST /v1/plan body ``raw`` (run through ``refusing``), unless ``use_cache`` and
+    the cache has it. The collector is paused throughout: parsing and planning build large
+    structures that all survive the request, and its full passes over them took about a fifth
+    of a 20,000-op request's CPU time."""
     with gc_paused():
-        return _plan_body(raw, settings)
+        return _plan_body(raw, settings, use_cache)
 
 
-def _plan_body(raw: bytes, settings: Settings) -> Planned:
+def _plan_body(raw: bytes, settings: Settings, use_cache: bool) -> Planned:
     try:
         body = PlanRequest.model_validate_json(raw)
     except ValidationError as e:
         raise validation_problem(list(e.errors())) from None
     request_key = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
-    known = _lookup(settings.db_path, "SELECT p.plan_id, p.fusion_id, p.segmenter FROM requests "
-                    "r JOIN plans p ON p.plan_id = r.plan_id WHERE r.request_key = ?",
-                    request_key)
+    known = lookup(settings.cache_location, request_key=request_key) if use_cache else None
     if known is not None:
         return Planned(known[0], known[1], known[2], b"", "", request_key, "hit", {})
     fusion, text_inputs, name = parse_definition(body.definition, settings.max_ops)
@@ -116,8 +115,7 @@ def _plan_body(raw: bytes, settings: Settings) -> Planned:
     fid = hashlib.sha256(canonical_json(definition).encode()).hexdigest()  # as wire.fusion_id
     profile = get_profile(options.device, options.device_overrides)
     pid = plan_key(fid, metas_json, options.to_json(), profile.to_json())
-    known = _lookup(settings.db_path, "SELECT plan_id, fusion_id, segmenter FROM plans WHERE "
-                    "plan_id = ?", pid)
+    known = lookup(settings.cache_location, plan_id=pid) if use_cache else None
     if known is not None:
         return Planned(pid, fid, known[2], b"", "", request_key, "hit", {})
     plan = make_plan(fusion, metas, options)
@@ -158,26 +156,6 @@ def start_planners(settings: Settings) -> ProcessPoolExecutor:
 
 def warm_up() -> None:
     """Nothing: submitting it starts a planner process, which imports this module."""
-
-
-_connections: dict[str, sqlite3.Connection] = {}
-
-
-def _lookup(db_path: str, query: str, key: str) -> tuple | None:
-    """A read-only look into the service's plan store (its process writes)."""
-    if db_path == ":memory:":
-        return None
-    db = _connections.get(db_path)
-    if db is None:
-        try:
-            db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
-        except sqlite3.Error:
-            return None
-        _connections[db_path] = db
-    try:
-        return db.execute(query, (key,)).fetchone()
-    except sqlite3.Error:
-        return None
 
 
 def parse_definition(definition: Any, max_ops: int

@@ -29,9 +29,11 @@ TITLES = {DefinitionError: "invalid definition", InputError: "inputs do not matc
 class Problem(Exception):
     """An error answered as problem+json."""
 
-    def __init__(self, status: int, title: str, detail: str, **extra: Any):
+    def __init__(self, status: int, title: str, detail: str,
+                 headers: dict[str, str] | None = None, **extra: Any):
         super().__init__(detail)
         self.status, self.title, self.detail, self.extra = status, title, detail, extra
+        self.headers = headers  # e.g. Retry-After on a 503
 
 
 def problem_response(status: int, title: str, detail: str, instance: str | None = None,
@@ -59,7 +61,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Problem)
     async def on_problem(request: Request, e: Problem):
-        return problem_response(e.status, e.title, e.detail, request.url.path, **e.extra)
+        return problem_response(e.status, e.title, e.detail, request.url.path,
+                                headers=e.headers, **e.extra)
 
     @app.exception_handler(FusecutError)
     async def on_fusecut_error(request: Request, e: FusecutError):

@@ -24,9 +24,11 @@ def free_port() -> int:
 class Server:
     """Start with ``start()``; ``url`` is its base URL; ``stop()`` shuts it down gracefully."""
 
-    def __init__(self, db_path: Path, workers: int = 1, **settings: object):
+    def __init__(self, db_path: Path, workers: int = 1, wrap: list[str] | None = None,
+                 **settings: object):
         self.db_path = db_path
         self.workers = workers
+        self.wrap = wrap or []  # a command the server runs under (unshare, taskset)
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "clients"),
                                                   self.env.get("PYTHONPATH", "")])
@@ -38,13 +40,20 @@ class Server:
         self.log = db_path.parent / f"server-{id(self)}.log"
 
     def start(self, timeout: float = 90.0) -> Server:
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> Server:
+        """Start the process without waiting for it (several start at once)."""
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        command = [sys.executable, "-m", "fusecut.cli", "serve", "--port", str(port),
+        command = [*self.wrap, sys.executable, "-m", "fusecut.cli", "serve", "--port", str(port),
                    "--db", str(self.db_path), "--workers", str(self.workers),
                    "--log-level", "warning"]
         self.proc = subprocess.Popen(command, env=self.env, stdout=open(self.log, "wb"),
                                      stderr=subprocess.STDOUT, cwd=ROOT)
+        return self
+
+    def wait_ready(self, timeout: float = 90.0) -> Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

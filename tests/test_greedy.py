@@ -10,7 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import fusecut
 from benchmarks.fusiongen import generate, scale_case
+from optimizer.analysis.axes import AxisMap
 from optimizer.analysis.shapes import bind
 from optimizer.errors import FusecutError
 from optimizer.ir import parse_text
@@ -20,6 +22,8 @@ from optimizer.segmenters import groups as groups_module
 from optimizer.segmenters.graph import SegGraph
 from optimizer.segmenters.greedy import greedy_groups
 from optimizer.segmenters.parts import Part
+from tests.conftest import CORPUS_FILES
+from tests.helpers import graph as graph_of
 from tests.strategies import fusions
 
 
@@ -78,6 +82,41 @@ def test_random_merges_from_parts_classify_as_from_scratch(drawn, budget):
         tried: list[bool] = []
         mp.setattr(Part, "classify", _checking(tried))
         greedy_groups(graph)
+
+
+@pytest.mark.parametrize("path", CORPUS_FILES, ids=[p.stem for p in CORPUS_FILES])
+def test_corpus_merges_from_parts_classify_as_from_scratch(checked_merges, path):
+    # group norm's and batch norm's rows are made of split axes (a reshape joins the segment)
+    parsed = fusecut.load(path)
+    if parsed.inputs is None:
+        pytest.skip("no inputs list")
+    graph = SegGraph(bind(parsed.fusion, parsed.inputs), get_profile("H100"), frozenset(Kind))
+    groups = greedy_groups(graph)
+    if path.stem == "group_norm_fwd":  # one kernel: the normalization reads through the views
+        kinds = [graph.classify(g, graph.written(g)).kind for g in groups]
+        assert kinds.count(Kind.NORMALIZATION) == 1, kinds
+
+
+def test_absorbing_a_map_ties_the_parts_of_an_axis_split_alike_on_both_sides():
+    # two views split T0's channels [N, 48, L] -> [N, 8, 6, L]; each is in its own group until a
+    # merge: the merged map must tie the two views' groups and channels-per-group axes, as the
+    # map of all the ops does (before: the fork kept only the larger map's split records)
+    g = graph_of("""
+T0 = fd.define_tensor(shape=[-1, -1, -1], contiguity=[True, True, True], dtype=DataType.Float)
+T1 = fd.ops.reshape(T0, new_shape=[4, 8, 6, 32])
+T2 = fd.ops.reshape(T0, new_shape=[4, 8, 6, 32])
+T3 = fd.ops.add(T1, T2)
+fd.add_output(T3)""", (4, 48, 32))
+    ops = g.fusion.ops
+    whole = AxisMap(g.bound, ops)
+    left, right = AxisMap(g.bound, ops[:1]), AxisMap(g.bound, ops[1:])
+    merged = left.fork()
+    merged.absorb(right)
+    assert whole.ids("T1") == whole.ids("T2")
+    for t in ("T0", "T1", "T2", "T3"):
+        assert merged.ids(t) == whole.ids(t), t
+    assert merged.parts(merged.root("T0", 1)) == whole.parts(whole.root("T0", 1))
+    assert merged.commit().ids("T2") == whole.ids("T2")
 
 
 def test_the_numbering_stays_topological_and_no_merge_closes_a_cycle(monkeypatch):

@@ -310,6 +310,12 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to bind (loopback 
           workers: int = typer.Option(1, help="uvicorn worker processes"),
           db: str = typer.Option(None, help="plan cache file (SQLite); default "
                                             "~/.local/share/fusecut/plans.sqlite"),
+          cache: str = typer.Option(None, envvar="FUSECUT_CACHE_URL",
+                                    help="plan cache: an SQLite path, or postgresql://... to "
+                                         "share one with other replicas (overrides --db)"),
+          gpus: str = typer.Option(None, envvar="FUSECUT_GPUS",
+                                   help="a GPU worker per device: all, or indices as 0,1 "
+                                        "(default: one worker)"),
           api_key: str = typer.Option(None, envvar="FUSECUT_API_KEY",
                                       help="require 'Authorization: Bearer KEY' for executions"),
           log_level: str = typer.Option("info", help="uvicorn log level"),
@@ -324,11 +330,14 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to bind (loopback 
     from service.settings import Settings
 
     # Settings reach every uvicorn worker process through the environment.
-    for name, value in (("FUSECUT_DB_PATH", db), ("FUSECUT_API_KEY", api_key)):
+    for name, value in (("FUSECUT_DB_PATH", db), ("FUSECUT_API_KEY", api_key),
+                        ("FUSECUT_CACHE_URL", cache), ("FUSECUT_GPUS", gpus)):
         if value is not None:
             os.environ[name] = value
     try:
-        Settings.from_env()  # refuse bad FUSECUT_* values here, not in every worker
+        from runtime.worker_pool import parse_gpus
+
+        parse_gpus(Settings.from_env().gpus)  # refuse bad values here, not in every worker
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -336,6 +345,45 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to bind (loopback 
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="fusecut-metrics-")
     uvicorn.run("service.app:create_app", factory=True, host=host, port=port, workers=workers,
                 log_level=log_level, access_log=access_log)
+
+
+@app.command("ray-serve")
+def ray_serve(address: str = typer.Option(None, help="a running Ray cluster (auto, or "
+                                                       "HOST:PORT); default: start one here"),
+              host: str = typer.Option("127.0.0.1", help="address Serve's HTTP proxy binds"),
+              port: int = typer.Option(8000, help="Serve's HTTP port"),
+              cache: str = typer.Option(None, envvar="FUSECUT_CACHE_URL",
+                                        help="plan cache shared by the replicas: "
+                                             "postgresql://... (or an SQLite path on one node)"),
+              plan_replicas: int = typer.Option(2, help="planning replicas (CPU)"),
+              min_replicas: int = typer.Option(None, help="autoscale planning replicas from "
+                                                          "this many..."),
+              max_replicas: int = typer.Option(None, help="...to this many"),
+              plan_cpus: float = typer.Option(1.0, help="CPUs Ray reserves per planning "
+                                                        "replica"),
+              execute_replicas: int = typer.Option(1, help="execute replicas"),
+              execute_gpus: float = typer.Option(None, help="GPUs per execute replica "
+                                                            "(default: 1 if the cluster has "
+                                                            "GPUs, else 0: the CPU path)"),
+              num_cpus: int = typer.Option(None, help="a local cluster's CPUs (default: all)"),
+              object_store_mb: int = typer.Option(256, help="a local cluster's object store")):
+    """Serve the HTTP API on Ray Serve: planning replicas behind Serve's proxy, executions on
+    GPU replicas, one shared plan cache (needs the 'ray' extra)."""
+    import os
+
+    try:
+        from service import ray_serve as rs
+    except ImportError as e:
+        fail(f"ray-serve needs Ray Serve: pip install 'fusecut[ray]' ({e})")
+    if cache is not None:
+        os.environ["FUSECUT_CACHE_URL"] = cache
+
+    def ready(url: str, gpus: float) -> None:
+        err.print(f"fusecut on Ray Serve at {url} ({plan_replicas} planning replicas, "
+                  f"{execute_replicas} execute replicas with {gpus:g} GPU each)")
+
+    rs.run(address, host, port, plan_replicas, min_replicas, max_replicas, plan_cpus,
+           execute_replicas, execute_gpus, num_cpus, object_store_mb, ready)
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from optimizer.analysis.axes import AxisEntry, domain_axes
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.opspec import get_spec
 
@@ -59,14 +60,14 @@ class Extension:
     producer: Mapping[str, int]
 
 
-def is_row_tensor(axis_map: dict[str, tuple[int | None, ...]], row_axes: tuple[int, ...],
+def is_row_tensor(axis_map: dict[str, tuple[AxisEntry, ...]], row_axes: tuple[int, ...],
                   tensor: str) -> bool:
     """True if the tensor varies along a reduced (row) axis."""
-    return any(a in row_axes for a in axis_map[tensor] if a is not None)
+    return any(a in row_axes for m in axis_map[tensor] for a in domain_axes(m))
 
 
-def analyze_persistence(bound: Bound, ops, inputs, outputs, axis_map, row_axes, row_reductions,
-                        col_reductions, extension: Extension | None = None
+def analyze_persistence(bound: Bound, ops, inputs, outputs, domain, axis_map, row_axes,
+                        row_reductions, col_reductions, extension: Extension | None = None
                         ) -> Persistence | str:
     """The persistent-kernel analysis of a segment, or why it has none. With an ``extension``,
     only the new ops and what they change are analysed (worklists from them, forward through
@@ -145,7 +146,8 @@ def analyze_persistence(bound: Bound, ops, inputs, outputs, axis_map, row_axes, 
     check = stage if extension is None else sorted(
         (moved | extension.remapped | made_by_new) & stage.keys(), key=order)
     for t in check:
-        if stage[t] >= COLUMN and any(a not in row_axes for a in axis_map[t] if a is not None):
+        if stage[t] >= COLUMN and any(a not in row_axes for m in axis_map[t]
+                                      for a in domain_axes(m)):
             return f"{t} combines a column reduction's result with per-row values"
 
     # ---- backward: the stages that evaluate each op -----------------------------------------
@@ -216,7 +218,7 @@ def analyze_persistence(bound: Bound, ops, inputs, outputs, axis_map, row_axes, 
     for t in persisted:
         dtype = fusion.tensors[t].dtype
         size = dtype.itemsize if t in input_set else dtype.compute.itemsize
-        row_bytes += _row_extent(bound, axis_map, row_axes, t) * size
+        row_bytes += _row_extent(domain, axis_map, row_axes, t) * size
     n_stages = 1 + max((in_stage[i] + 1 for i in rows), default=0)
     return Persistence(stage, evals, tuple(persisted), row_bytes, n_stages, bool(depends_back),
                        in_stage, chain, frozenset(cheap), frozenset(written),
@@ -236,7 +238,6 @@ def _order_key(fusion, inputs, producer: Mapping[str, int]):
     return key
 
 
-def _row_extent(bound: Bound, axis_map, row_axes, tensor: str) -> int:
-    shape = bound.shapes[tensor]
-    return math.prod(shape[a] for a, d in enumerate(axis_map[tensor])
-                     if d is not None and d in row_axes)
+def _row_extent(domain, axis_map, row_axes, tensor: str) -> int:
+    return math.prod(domain[a] for m in axis_map[tensor] for a in domain_axes(m)
+                     if a in row_axes)

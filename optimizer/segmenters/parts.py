@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from heapq import merge as merge_sorted
 
 from optimizer.analysis.axes import AxisMap
-from optimizer.analysis.opclass import Role, is_view
+from optimizer.analysis.opclass import Role, reindexes
 from optimizer.schedulers.kinds import Rejection, Schedule, SegmentFacts, classify
 from optimizer.segmenters.graph import SegGraph
 
@@ -55,7 +55,7 @@ class Part:
                     (op,) if role in (Role.LIBRARY, Role.FALLBACK) else (),
                     (op,) if role is Role.SEGMENT_SET else (),
                     (op,) if role is Role.REDUCTION else (),
-                    (op,) if is_view(fusion.ops[op]) else (),
+                    (op,) if reindexes(fusion.ops[op], graph.bound) else (),
                     frozenset(graph.stage_of[i] for i in closure) if graph.stage_of else
                     frozenset(), AxisMap(graph.bound, (fusion.ops[i] for i in sorted(closure))))
 
