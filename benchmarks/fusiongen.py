@@ -3,7 +3,8 @@
 ``generate(n_ops, seed)`` writes a definition over two [rows, cols] bf16 inputs and a [cols]
 float input: random elementwise ops over recent values, and every ``reduce_every`` ops a reduction
 broadcast back (mostly over rows, sometimes over columns, so that the fusion cannot be one kernel),
-like the corpus's generated stress cases. Deterministic for a seed.
+like the corpus's generated stress cases. Deterministic for a seed. ``scale_case()`` is the
+planner-scale case the planner's limits are measured on.
 """
 
 from __future__ import annotations
@@ -75,3 +76,9 @@ def generate(n_ops: int, seed: int = 0, reduce_every: int = 12, rows: int = 4096
               f"    torch.randn(({cols},), dtype=torch.float32, device='cuda:0'),",
               "]", "fd.execute(inputs)", ""]
     return "\n".join(lines)
+
+
+def scale_case() -> str:
+    """1,458 ops over bf16 2048x2048 inputs, 5 outputs, a reduction every 6 ops: the fusion the
+    planner must segment and solve within its default limit (and within 2 s)."""
+    return generate(1451, seed=1, rows=2048, cols=2048, outputs=5, reduce_every=6)

@@ -8,6 +8,10 @@ padded and concatenated ones at clamped indices selected by range). Results are 
 to a ``load`` callback, which the kernel builders use to vectorise and hoist loads; values a
 kernel computes itself (reduction results, on-chip buffers) are seeded into ``memo``.
 
+A pull goes at most ``PULL_DEPTH`` producers deep: a value deeper down is computed first, on its
+own, and the pull starts again from where it was (all it computed is memoised), so chains of
+any length (20,000 ops) never exhaust Python's stack.
+
 Indices are C expressions (strings) of the kernel's index type; values are C expressions of the
 value's compute type (float for 16-bit floats).
 
@@ -39,6 +43,15 @@ Index = tuple[str, ...]
 _SIMPLE = re.compile(r"[A-Za-z_]\w*(\[\w+\]|\.\w+)*")  # a name, maybe indexed: no work to repeat
 _LANE_SUM = re.compile(r"\((.+) \+ (_lane)\)")  # a vectorised kernel's innermost index
 BOOL_OPS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"}
+PULL_DEPTH = 50  # producers one pull may go through (about 5 Python frames each)
+
+
+class _TooDeep(Exception):
+    """A pull reached ``PULL_DEPTH``: ``key`` is to be computed first."""
+
+    def __init__(self, emitter: Emitter, key: tuple[str, Index]):
+        super().__init__(key)
+        self.emitter, self.key = emitter, key
 
 
 def dynamic_scalars(bound: Bound) -> set[str]:
@@ -107,6 +120,7 @@ class Emitter:
         # expressions or None (random numbers need the linear index of each element).
         self.flat_index: Callable[[str, Index], tuple[str, str] | None] | None = None
         self.names = names if names is not None else Names()
+        self._depth = 0  # producers the current pull has gone through
         # joined index expression and extents -> the parts (see join)
         self.joined: dict[tuple[str, tuple[int, ...]], Index] = {}
         self.joined_from: dict[tuple[Index, tuple[int, ...]], str] = {}  # the reverse of split
@@ -212,6 +226,39 @@ class Emitter:
         hit = self.memo.get(key)
         if hit is not None:
             return hit
+        if self._depth == 0:
+            return self._pull(key)
+        if self._depth >= PULL_DEPTH:
+            raise _TooDeep(self, key)
+        self._depth += 1
+        try:
+            return self._compute(tensor, idx)
+        finally:
+            self._depth -= 1
+
+    def _pull(self, key: tuple[str, Index]) -> str:
+        """A value pulled from outside the emitter: depth first, the deepest values before the
+        ones that read them whenever a pull goes ``PULL_DEPTH`` deep. An abandoned op has emitted
+        nothing of its own (its operands, complete, are memoised); it is evaluated again."""
+        pending = [key]
+        while pending:
+            if pending[-1] in self.memo:
+                pending.pop()
+                continue
+            self._depth = 1
+            try:
+                self._compute(*pending[-1])
+                pending.pop()
+            except _TooDeep as deeper:
+                if deeper.emitter is not self:
+                    raise
+                pending.append(deeper.key)
+            finally:
+                self._depth = 0
+        return self.memo[key]
+
+    def _compute(self, tensor: str, idx: Index) -> str:
+        key = (tensor, idx)
         if self.delegate is not None:
             out = self.delegate(tensor, idx)
             if out is not None:

@@ -29,36 +29,28 @@ def fast_math_tensors(bound: Bound, schedule: Schedule) -> frozenset[str]:
         for n in dict.fromkeys(op.inputs):
             consumers.setdefault(n, []).append(op)
     outputs = set(schedule.outputs)
+    # Whether every use of a tensor is continuous and ends in a 16-bit float output: known for
+    # its consumers' results first, walking the ops backwards (program order is topological).
     safe: dict[str, bool] = {}
-
-    def only_reaches_16bit(t: str) -> bool:
-        """Every use of ``t`` is continuous and ends in a 16-bit float output."""
-        if t in safe:
-            return safe[t]
-        safe[t] = False  # cycles cannot happen; this guards re-entry
-        ok = True
-        if t in outputs and not fusion.tensors[t].dtype.is_half:
-            ok = False
-        for op in consumers.get(t, ()):
-            if not ok:
-                break
-            if op.name in DISCRETE or (op.name == "where" and op.inputs[0] == t):
-                ok = False
-            elif op.name == "cast" and fusion.tensors[op.outputs[0]].dtype in (
-                    DType.bool, DType.int32, DType.int64):
-                ok = False
-            else:
-                ok = all(only_reaches_16bit(o) for o in op.outputs if o in fusion.tensors)
-        if ok and t not in outputs and not consumers.get(t):
-            ok = False
-        safe[t] = ok
-        return ok
-
-    fast = set()
-    for op in ops:
-        out = op.outputs[0]
-        if (op.name in FAST_OPS and out in fusion.tensors
-                and fusion.tensors[out].dtype.compute is DType.float32
-                and only_reaches_16bit(out)):
-            fast.add(out)
-    return frozenset(fast)
+    for op in reversed(ops):
+        for t in op.outputs:
+            if t not in fusion.tensors:
+                continue
+            uses = consumers.get(t, ())
+            ok = (t in outputs or bool(uses)) and (
+                t not in outputs or fusion.tensors[t].dtype.is_half)
+            for user in uses:
+                if not ok:
+                    break
+                if user.name in DISCRETE or (user.name == "where" and user.inputs[0] == t):
+                    ok = False
+                elif user.name == "cast" and fusion.tensors[user.outputs[0]].dtype in (
+                        DType.bool, DType.int32, DType.int64):
+                    ok = False
+                else:
+                    ok = all(safe[o] for o in user.outputs if o in fusion.tensors)
+            safe[t] = ok
+    return frozenset(op.outputs[0] for op in ops
+                     if op.name in FAST_OPS and op.outputs[0] in fusion.tensors
+                     and fusion.tensors[op.outputs[0]].dtype.compute is DType.float32
+                     and safe[op.outputs[0]])

@@ -78,8 +78,24 @@ def make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions | Non
     one group per op; the one-pass level grouping (``levels``) replaces that when it is coarser.
     Binding and forwarding are linear in the fusion's size. The cyclic garbage collector is
     paused throughout: what planning builds survives it (see ``optimizer.gcpause``)."""
+    options = options or PlanOptions()
+    _load_segmenter(options.segmenter)
     with gc_paused():
-        return _make_plan(fusion, metas, options or PlanOptions())
+        return _make_plan(fusion, metas, options)
+
+
+def _load_segmenter(name: str):
+    """A solver's module, imported before the clock starts: OR-Tools' CP-SAT module takes ~0.7 s
+    to import (pandas), once per process; that is start-up, not planning."""
+    if name == "cpsat":
+        from optimizer.segmenters import cpsat
+
+        return cpsat
+    if name == "mincut":
+        from optimizer.segmenters import mincut
+
+        return mincut
+    return None
 
 
 def _make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions) -> Plan:
@@ -105,20 +121,20 @@ def _make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions) -> 
     baseline = _baseline(graph, greedy_plan)
     report = SolverReport("GREEDY", wall_s=time.perf_counter() - greedy_start, message=message)
     groups = greedy_plan
-    # the solvers improve on the greedy plan and leave about as many segments
-    solver_deadline = deadline - FINISH_S_PER_SEGMENT * len(greedy)
+    # the solvers improve on the greedy plan and leave about as many segments; what follows them
+    # (their own last pass, building and serializing the plan) grows with the ops as well
+    solver_deadline = deadline - FINISH_S_PER_SEGMENT * len(greedy) - \
+        FINISH_S_PER_OP * len(graph.placed)
     if late or time.perf_counter() >= solver_deadline:
         if options.segmenter != "greedy":
             report = SolverReport("FALLBACK_TO_GREEDY", wall_s=report.wall_s,
                                   message=message or NO_TIME_MESSAGE)
     elif options.segmenter == "cpsat":
-        from optimizer.segmenters.cpsat import solve
-
-        groups, report = solve(graph, greedy_plan, options, solver_deadline)
+        groups, report = _load_segmenter("cpsat").solve(graph, greedy_plan, options,
+                                                         solver_deadline)
     elif options.segmenter == "mincut":
-        from optimizer.segmenters.mincut import refine
-
-        groups, report = refine(graph, greedy_plan, options, solver_deadline)
+        groups, report = _load_segmenter("mincut").refine(graph, greedy_plan, options,
+                                                           solver_deadline)
     return build_lowered_plan(graph, groups, options.segmenter, report, baseline, options.to_json())
 
 
@@ -127,7 +143,9 @@ GREEDY_SHARE = 0.6  # of the time limit, at most, for binding and the greedy seg
 # CPU seconds, measured on a 20,000-op generated fusion (12,500 placed ops, 789 segments), of
 # the stages after the greedy segmenter when it is cut short (the level grouping, building and
 # serializing the plan: 1.2-1.9 s), per placed op; and of building and serializing a plan, per
-# segment: kept free of the greedy segmenter's and the solvers' shares of the limit
+# segment: kept free of the greedy segmenter's and the solvers' shares of the limit. After a
+# solver (410 segments there): its last pass (min-cut classifies the segments it grew), building
+# and serializing the plan take 1.1-1.6 s, within both reserves.
 FINISH_S_PER_OP = 0.00015
 FINISH_S_PER_SEGMENT = 0.0005
 LATE_MESSAGE = "time limit reached in the greedy segmenter: its merges so far stand"

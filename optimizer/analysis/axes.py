@@ -71,24 +71,78 @@ def reshape_spans(src: tuple[int, ...], dst: tuple[int, ...]) -> list[Span] | No
 
 
 class AxisMap:
-    def __init__(self, bound: Bound, ops: Iterable[Op]):
+    """The ties of a set of ops. Segmenters that grow segments by merging keep one map per
+    group: ``fork`` one, ``absorb`` the other group's map into the fork to try a merge, and
+    ``commit`` the fork to keep it; the merged map is never rebuilt from the ops."""
+
+    def __init__(self, bound: Bound, ops: Iterable[Op] = ()):
         self.bound = bound
         self._parent: dict[AxisKey, AxisKey] = {}
+        self._origin: AxisMap | None = None  # the map this one was forked from
+        self._base: dict[AxisKey, AxisKey] | None = None  # its table, read here, never written
+        self._ids: dict[str, tuple[AxisKey | None, ...]] = {}  # until the next tie
         # a split or merged axis -> the run of finer axes it is made of (see reshape_spans)
         self._compound: list[tuple[AxisKey, tuple[AxisKey, ...]]] = []
         for op in ops:
             self._tie_op(op)
         self._tie_compounds()
 
+    # ---- incremental merging --------------------------------------------------------------------
+
+    def size(self) -> int:
+        """Ties recorded (a merge absorbs the smaller map into the larger)."""
+        return len(self._parent) + (len(self._base) if self._base is not None else 0)
+
+    def fork(self) -> AxisMap:
+        child = AxisMap(self.bound)
+        child._origin, child._base = self, self._parent
+        child._compound = list(self._compound)  # few: one per split or merged axis
+        return child
+
+    def absorb(self, other: AxisMap) -> None:
+        """Add another map's ties (the classes of the union of both maps' ops)."""
+        for key, parent in other._items():
+            if key != parent:
+                self._union(key, parent)
+        # (a forwarded op may be in both groups: its record once)
+        self._compound = list(dict.fromkeys(self._compound + other._compound))
+        if len(self._compound) > 1:  # the union may now split one compound axis alike twice
+            self._tie_compounds()
+
+    def commit(self) -> AxisMap:
+        """Write a fork's ties into the map it was forked from; returns that map."""
+        origin = self._origin
+        assert origin is not None, "only a fork can be committed"
+        origin._parent.update(self._parent)
+        origin._compound = self._compound
+        origin._ids.clear()
+        self._parent, self._origin, self._base = {}, None, None  # spent
+        return origin
+
+    def _items(self):
+        if self._base is not None:
+            yield from ((k, v) for k, v in self._base.items() if k not in self._parent)
+        yield from self._parent.items()
+
     # ---- union-find -------------------------------------------------------------------------
 
+    def _parent_of(self, key: AxisKey) -> AxisKey:
+        parent = self._parent.get(key)
+        if parent is None and self._base is not None:
+            parent = self._base.get(key)
+        return key if parent is None else parent
+
     def _find(self, key: AxisKey) -> AxisKey:
-        parent = self._parent.setdefault(key, key)
-        if parent != key:
-            root = self._find(parent)
-            self._parent[key] = root
-            return root
-        return key
+        root = key
+        parent = self._parent_of(root)
+        while parent != root:
+            root, parent = parent, self._parent_of(parent)
+        while key != root:  # path compression (a fork writes only its own table)
+            parent = self._parent_of(key)
+            if parent != root:
+                self._parent[key] = root
+            key = parent
+        return root
 
     def _union(self, a: AxisKey, b: AxisKey) -> None:
         if self.is_broadcast(a) or self.is_broadcast(b):
@@ -98,6 +152,7 @@ class AxisMap:
             # the smaller key wins so that ids do not depend on the order of ties
             lo, hi = (ra, rb) if ra <= rb else (rb, ra)
             self._parent[hi] = lo
+            self._ids.clear()
 
     def is_broadcast(self, key: AxisKey) -> bool:
         return self.bound.broadcast[key[0]][key[1]]
@@ -108,8 +163,12 @@ class AxisMap:
             return None
         return self._find((tensor, axis))
 
-    def ids(self, tensor: str) -> list[AxisKey | None]:
-        return [self.root(tensor, a) for a in range(len(self.bound.shapes[tensor]))]
+    def ids(self, tensor: str) -> tuple[AxisKey | None, ...]:
+        hit = self._ids.get(tensor)
+        if hit is None:
+            hit = self._ids[tensor] = tuple(self.root(tensor, a)
+                                            for a in range(len(self.bound.shapes[tensor])))
+        return hit
 
     def parts(self, axis_id: AxisKey) -> tuple[AxisKey, ...] | None:
         """The ids of the run of axes a compound axis is made of, outer first (None if the axis

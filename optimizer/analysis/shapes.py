@@ -9,6 +9,7 @@ vary along it (an axis of extent 0 never is).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,12 @@ class Bound:
 
     def dtype(self, name: str):
         return self.fusion.value_dtype(name)
+
+    @functools.cached_property
+    def producers(self) -> dict[str, int]:
+        """Value name -> index of the op that defines it (the fusion's ops do not change once
+        bound)."""
+        return self.fusion.producers()
 
 
 class _Evaluator:

@@ -96,6 +96,9 @@ def register(spec: OpSpec) -> OpSpec:
 
 
 def get_spec(name: str) -> OpSpec:
+    spec = REGISTRY.get(name)
+    if spec is not None:  # the registry is loaded (a lookup is most of the planner's calls)
+        return spec
     _ensure_loaded()
     spec = REGISTRY.get(name)
     if spec is None:

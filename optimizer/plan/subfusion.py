@@ -102,28 +102,35 @@ def _map_refs(value, names: dict[str, str]):
 def _scalar(bound: Bound, b: FusionBuilder, name: str, names: dict[str, str],
             input_map: dict[str, str], metas: list[InputMeta]) -> None:
     """Define a scalar the segment's ops use: a constant, a size of an available tensor, a
-    scalar op over resolvable scalars, or else a scalar input carrying the host value."""
-    if name in names:
-        return
+    scalar op over resolvable scalars (its operands first, depth first; a stack, not
+    recursion: scalar chains can be long), or else a scalar input carrying the host value."""
     fusion = bound.fusion
-    sv = fusion.scalars[name]
-    if sv.value is not None:
-        names[name] = b.define_scalar(sv.value, sv.dtype, name=name).name
-        return
-    producer = next((op for op in fusion.ops if name in op.outputs), None)
-    if producer is not None and producer.name == "size" and producer.inputs[0] in names:
-        tensor = TensorHandle(b, names[producer.inputs[0]])
-        names[name] = b.size(tensor, producer.attrs["dim"], name=name).name
-        return
-    if producer is not None and producer.name != "size" and all(
-            n in fusion.scalars for n in producer.inputs):
-        for n in producer.inputs:
-            _scalar(bound, b, n, names, input_map, metas)
-        (h,) = b.add_op(producer.name, [names[n] for n in producer.inputs],
-                        dict(producer.attrs), [name])
-        names[name] = h.name
-        return
-    h = b.define_scalar(None, sv.dtype, name=name)
-    names[name] = h.name
-    input_map[h.name] = name
-    metas.append(ScalarMeta(sv.dtype, bound.scalars.get(name)))
+    stack = [name]
+    while stack:
+        s = stack[-1]
+        if s in names:
+            stack.pop()
+            continue
+        sv = fusion.scalars[s]
+        p = bound.producers.get(s)
+        producer = fusion.ops[p] if p is not None else None
+        if sv.value is not None:
+            names[s] = b.define_scalar(sv.value, sv.dtype, name=s).name
+        elif producer is not None and producer.name == "size" and producer.inputs[0] in names:
+            tensor = TensorHandle(b, names[producer.inputs[0]])
+            names[s] = b.size(tensor, producer.attrs["dim"], name=s).name
+        elif producer is not None and producer.name != "size" and all(
+                n in fusion.scalars for n in producer.inputs):
+            missing = [n for n in producer.inputs if n not in names]
+            if missing:
+                stack.extend(reversed(missing))
+                continue
+            (h,) = b.add_op(producer.name, [names[n] for n in producer.inputs],
+                            dict(producer.attrs), [s])
+            names[s] = h.name
+        else:
+            h = b.define_scalar(None, sv.dtype, name=s)
+            names[s] = h.name
+            input_map[h.name] = s
+            metas.append(ScalarMeta(sv.dtype, bound.scalars.get(s)))
+        stack.pop()

@@ -23,7 +23,7 @@ tensor's axes land on axes of P (see ``optimizer.analysis.axes``).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -31,7 +31,7 @@ from optimizer.analysis.axes import AxisEntry, AxisMap, domain_axes
 from optimizer.analysis.opclass import Role, reindexes, role
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.ops_misc import reduction_axes
-from optimizer.schedulers.persistent import Persistence, analyze_persistence
+from optimizer.schedulers.persistent import Extension, Persistence, analyze_persistence
 from optimizer.schedulers.profiles import DeviceProfile
 
 
@@ -69,77 +69,113 @@ class Schedule:
     reductions: tuple[int, ...] = ()  # row reductions (op indices)
     outer_reductions: tuple[int, ...] = ()  # inner_outer column reductions (op indices)
     persistence: Persistence | None = None
+    # What classifying a segment that contains this one reuses (reduction kinds): the tensors
+    # with an axis placed by position (see ``_complete_by_position``), and the persistence
+    # analysis, kept for the reduction kind too.
+    by_position: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+    analysis: Persistence | None = field(default=None, compare=False, repr=False)
 
     def __bool__(self) -> bool:
         return True
 
 
-def segment_io(bound: Bound, ops: Iterable[int], written: Iterable[str]
-               ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(inputs, outputs) of a segment: tensors read but not produced, in order of first use."""
+REDUCTION_KINDS = frozenset({Kind.REDUCTION, Kind.NORMALIZATION, Kind.INNER_OUTER})
+
+
+@dataclass(frozen=True)
+class SegmentFacts:
+    """What ``classify`` reads off a candidate segment's ops before it applies the kinds' rules.
+    ``segment_facts`` computes them from the ops; a segmenter that grows segments by merging
+    derives them from the merged parts instead (``optimizer.segmenters.parts``)."""
+
+    ops: tuple[int, ...]  # op indices, program order
+    inputs: tuple[str, ...]  # tensors read and not produced, in order of first use
+    produced: frozenset[str]  # tensors the ops compute
+    alone: tuple[int, ...]  # library and fallback ops
+    segment_sets: tuple[int, ...]
+    reductions: tuple[int, ...]
+    views: tuple[int, ...]  # ops that re-index data (see ``reindexes``)
+    axes: AxisMap  # the ops' ties
+    # A merging segmenter's: the Schedule of a segment these ops contain, whose analysis is
+    # extended instead of redone, and the fusion's consumer and producer indexes.
+    base: Schedule | None = None
+    consumers: Mapping[str, Sequence[int]] | None = None
+    producer: Mapping[str, int] | None = None
+
+
+def segment_facts(bound: Bound, ops: Iterable[int], roles: Mapping[int, Role] | None = None
+                  ) -> SegmentFacts:
+    """``roles``: the ops' roles, where the caller knows them already."""
     fusion = bound.fusion
+    ops = tuple(sorted(set(ops)))
     produced: set[str] = set()
     inputs: dict[str, None] = {}
-    for i in sorted(ops):
+    by_role: dict[Role, list[int]] = {r: [] for r in Role}
+    for i in ops:
         op = fusion.ops[i]
         for name in op.inputs:
             if name in fusion.tensors and name not in produced:
                 inputs.setdefault(name)
-        produced.update(op.outputs)
-    outs = tuple(sorted(set(written), key=lambda t: (_order(bound, t), t)))
-    return tuple(inputs), outs
+        produced.update(o for o in op.outputs if o in fusion.tensors)
+        by_role[roles[i] if roles is not None else role(op, bound)].append(i)
+    alone = by_role[Role.LIBRARY] + by_role[Role.FALLBACK]
+    return SegmentFacts(ops, tuple(inputs), frozenset(produced), tuple(sorted(alone)),
+                        tuple(by_role[Role.SEGMENT_SET]), tuple(by_role[Role.REDUCTION]),
+                        tuple(i for i in ops if reindexes(fusion.ops[i], bound)),
+                        AxisMap(bound, (fusion.ops[i] for i in ops)))
+
+
+def written_order(bound: Bound, written: Iterable[str]) -> tuple[str, ...]:
+    """A segment's outputs in the order of the ops computing them."""
+    return tuple(sorted(set(written), key=lambda t: (_order(bound, t), t)))
 
 
 def _order(bound: Bound, tensor: str) -> int:
-    producers = getattr(bound, "_producers", None)
-    if producers is None:
-        producers = bound.fusion.producers()
-        bound._producers = producers  # type: ignore[attr-defined]
-    return producers.get(tensor, -1)
+    return bound.producers.get(tensor, -1)
 
 
 ALL_KINDS = frozenset(Kind)
 
 
 def classify(bound: Bound, ops: Iterable[int], written: Iterable[str], profile: DeviceProfile,
-             kinds: frozenset[Kind] = ALL_KINDS) -> Schedule | Rejection:
-    """The Schedule of a candidate segment, or why it cannot be one (only ``kinds`` allowed)."""
-    result = _classify(bound, ops, written, profile)
+             kinds: frozenset[Kind] = ALL_KINDS, facts: SegmentFacts | None = None
+             ) -> Schedule | Rejection:
+    """The Schedule of a candidate segment, or why it cannot be one (only ``kinds`` allowed).
+    ``facts``: the ``segment_facts`` of ``ops``, where the caller has them already."""
+    result = _classify(bound, facts or segment_facts(bound, ops), written, profile)
     if result and result.kind not in kinds:
         return Rejection(f"{result.kind.value} segments are disabled")
     return result
 
 
-def _classify(bound: Bound, ops: Iterable[int], written: Iterable[str],
+def _classify(bound: Bound, facts: SegmentFacts, written: Iterable[str],
               profile: DeviceProfile) -> Schedule | Rejection:
     fusion = bound.fusion
-    ops = tuple(sorted(set(ops)))
+    ops, inputs, produced = facts.ops, facts.inputs, facts.produced
     if not ops:
         return Rejection("empty segment")
-    inputs, outputs = segment_io(bound, ops, written)
-    produced = {o for i in ops for o in fusion.ops[i].outputs}
+    outputs = written_order(bound, written)
     missing = [t for t in outputs if t not in produced]
     if missing:
         return Rejection(f"writes {missing} that it does not compute")
     if not outputs:
         return Rejection("a segment must write something")
-    roles = {i: role(fusion.ops[i], bound) for i in ops}
-    alone = [i for i in ops if roles[i] in (Role.LIBRARY, Role.FALLBACK)]
+    alone = facts.alone
     if alone:
         if len(ops) > 1:
             op = fusion.ops[alone[0]]
             return Rejection(f"{op.name} ({op.outputs[0]}) runs alone as a library/fallback call")
-        kind = Kind.LIBRARY if roles[alone[0]] is Role.LIBRARY else Kind.FALLBACK
+        kind = Kind.LIBRARY if role(fusion.ops[alone[0]], bound) is Role.LIBRARY else \
+            Kind.FALLBACK
         return Schedule(kind, ops, inputs, outputs)
-    for i in ops:
+    for i in facts.segment_sets:
         op = fusion.ops[i]
-        if roles[i] is Role.SEGMENT_SET and op.inputs[0] in produced:
+        if op.inputs[0] in produced:
             return Rejection(f"segment_set ({op.outputs[0]}) forces {op.inputs[0]} across a "
                              f"segment boundary")
-    reductions = [i for i in ops if roles[i] is Role.REDUCTION]
-    if not reductions:
-        return _pointwise(bound, ops, inputs, outputs)
-    return _reduction(bound, ops, inputs, outputs, reductions, profile)
+    if not facts.reductions:
+        return _pointwise(bound, ops, inputs, outputs, facts.axes)
+    return _reduction(bound, ops, inputs, outputs, list(facts.reductions), profile, facts)
 
 
 # ---- pointwise ---------------------------------------------------------------------------------
@@ -177,9 +213,8 @@ def embed(bound: Bound, tensor: str, ref: str, axes: AxisMap | None = None
     return tuple(out)
 
 
-def _pointwise(bound: Bound, ops, inputs, outputs) -> Schedule | Rejection:
+def _pointwise(bound: Bound, ops, inputs, outputs, axes: AxisMap) -> Schedule | Rejection:
     ref = max(outputs, key=lambda t: (bound.numel(t), -outputs.index(t)))
-    axes = AxisMap(bound, (bound.fusion.ops[i] for i in ops))
     axis_map = {}
     for t in outputs:
         m = embed(bound, t, ref, axes)
@@ -193,14 +228,14 @@ def _pointwise(bound: Bound, ops, inputs, outputs) -> Schedule | Rejection:
 # ---- reduction kinds ---------------------------------------------------------------------------
 
 
-def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile) -> Schedule | Rejection:
+def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
+               facts: SegmentFacts) -> Schedule | Rejection:
     fusion = bound.fusion
-    for i in ops:
-        if reindexes(fusion.ops[i], bound):
-            op = fusion.ops[i]
-            return Rejection(f"{op.name} ({op.outputs[0]}) re-indexes data and cannot join a "
-                             f"reduction segment")
-    axes = AxisMap(bound, (fusion.ops[i] for i in ops))
+    for i in facts.views:
+        op = fusion.ops[i]
+        return Rejection(f"{op.name} ({op.outputs[0]}) re-indexes data and cannot join a "
+                         f"reduction segment")
+    axes = facts.axes
 
     def signature(i: int):
         op = fusion.ops[i]
@@ -253,28 +288,55 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile) -> Sched
             if [pos.get(x) for x in order] != sorted(pos.get(x, -1) for x in order):
                 return Rejection(f"{fusion.ops[i].outputs[0]} reduces a permuted view of the "
                                  f"domain")
-    axis_map: dict[str, tuple[AxisEntry, ...]] = {}
-    tensors = dict.fromkeys(list(inputs) + [o for i in ops for o in fusion.ops[i].outputs
-                                             if o in fusion.tensors])
+    row_axes = tuple(sorted(pos[x] for x in inner_key[1]))
+    col_axes = tuple(sorted(pos[x] for x in outer_key[1])) if outer_key else ()
+    row_reductions = tuple(sigs[inner_key])
+    col_reductions = tuple(sigs[outer_key]) if outer_key else ()
+    base = facts.base if facts.base is not None and facts.base.kind in REDUCTION_KINDS and \
+        facts.consumers is not None and facts.producer is not None else None
+    if base is None:
+        tensors = list(dict.fromkeys(list(inputs) + [o for i in ops for o in fusion.ops[i].outputs
+                                                     if o in fusion.tensors]))
+        axis_map: dict[str, tuple[AxisEntry, ...]] = {}
+    else:
+        # The base's tensors whose axes are all the domain's map as they did (the domain and
+        # its axis order are the base's: its reductions are among these); the rest, and the new
+        # ops' tensors, are mapped again, in program order.
+        new_ops = set(ops).difference(base.ops)
+        redo = set(base.by_position)
+        for i in new_ops:
+            op = fusion.ops[i]
+            redo.update(n for n in (*op.inputs, *op.outputs) if n in fusion.tensors)
+        first_use = {t: k for k, t in enumerate(inputs)}
+        tensors = sorted(redo, key=lambda t: (0, first_use[t], 0) if t in first_use else
+                         (1, _order(bound, t), fusion.ops[_order(bound, t)].outputs.index(t)))
+        axis_map = dict(base.axis_map)
+    in_domain = set(pos)
+    by_position = set()
     _complete_by_position(bound, axes, tensors, pos, domain)
     for t in tensors:
-        mapped = tuple(_place(axes, x, pos) for x in axes.ids(t))
-        if any(x is not None and m is None for x, m in zip(axes.ids(t), mapped)):
+        ids = axes.ids(t)
+        mapped = tuple(_place(axes, x, pos) for x in ids)
+        if any(x is not None and m is None for x, m in zip(ids, mapped)):
             return Rejection(f"{t} {list(bound.shapes[t])} does not map onto the reduction "
                              f"domain {list(domain)}")
         real = [a for m in mapped for a in domain_axes(m)]
         if len(set(real)) != len(real):
             return Rejection(f"two axes of {t} iterate together")
         axis_map[t] = mapped
-    row_axes = tuple(sorted(pos[x] for x in inner_key[1]))
-    col_axes = tuple(sorted(pos[x] for x in outer_key[1])) if outer_key else ()
-    row_reductions = tuple(sigs[inner_key])
-    col_reductions = tuple(sigs[outer_key]) if outer_key else ()
+        if any(x is not None and x not in in_domain for x in ids):
+            by_position.add(t)
+    extension = None
+    if base is not None and base.analysis is not None and base.reduction_axes == row_axes \
+            and set(base.reductions) <= set(row_reductions) \
+            and set(base.outer_reductions) <= set(col_reductions):
+        extension = Extension(base.analysis, frozenset(new_ops), frozenset(tensors),
+                              facts.consumers, facts.producer)
     persistence = analyze_persistence(bound, ops, inputs, outputs, domain, axis_map, row_axes,
-                                      row_reductions,
-                                      col_reductions)
+                                      row_reductions, col_reductions, extension)
     if isinstance(persistence, str):
         return Rejection(persistence)
+    analysis = persistence
     needs_rows = persistence.broadcasts_back or bool(col_reductions)
     if not needs_rows and any(persistence.stage[fusion.ops[i].inputs[0]] > 0
                               for i in row_reductions):
@@ -296,7 +358,8 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile) -> Sched
     if math.prod(domain) == 0 and kind is not Kind.REDUCTION:
         return Rejection("an empty domain needs no persistent kernel")
     return Schedule(kind, ops, inputs, outputs, domain, p_ref, axis_map, row_axes, col_axes,
-                    row_reductions, col_reductions, persistence)
+                    row_reductions, col_reductions, persistence, frozenset(by_position),
+                    analysis)
 
 
 def _place(axes: AxisMap, axis_id, pos: dict) -> AxisEntry:

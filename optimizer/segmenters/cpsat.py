@@ -20,9 +20,16 @@ Model (OR-Tools CP-SAT), over a window of the plan (the whole plan when it is sm
 Large plans are optimised window by window (a few consecutive segments at a time, the rest held
 fixed), sliding over the plan until a pass improves nothing or time runs out. Coarsening: an op
 whose results only its single consumer reads joins that consumer's unit when the current plan
-has them together. The current plan is the warm start. Search uses a fixed seed, deterministic
-time limits and interleaved workers, so the same input gives the same plan; if nothing better
-and valid is found, the greedy plan stands.
+has them together. The search starts from the greedy plan refined by the min-cut segmenter (in
+linear time; it recomputes what is cheaper than reading back, 2-4x fewer bytes on the generated
+fusions), and the current plan is each window's warm start. If nothing better and valid is
+found, that plan stands.
+
+The same input gives the same plan, on an idle machine or a busy one: the search's effort is
+counted in CP-SAT's deterministic time (one worker, a fixed seed), converted to planned seconds
+(``_Effort``) that the search may spend, a share of the time limit; the search stops when the
+next solve would not fit. The wall-clock deadline is only a backstop, reached when the machine
+runs the plan's work more than about twice as slowly as this estimate.
 """
 
 from __future__ import annotations
@@ -30,34 +37,42 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from optimizer.analysis.axes import AxisMap
-from optimizer.analysis.cost import lower_bound_bytes, read_bytes, segment_time, write_bytes
+from optimizer.analysis.cost import lower_bound_bytes, read_bytes, write_bytes
 from optimizer.analysis.opclass import Role, op_cost, reindexes
 from optimizer.ir.ops_misc import reduction_axes
 from optimizer.plan.plan import SolverReport
 from optimizer.schedulers.kinds import Kind
 from optimizer.segmenters.graph import SegGraph
+from optimizer.segmenters.mincut import refine
 from optimizer.segmenters.unionfind import DisjointSets
 
 Group = tuple[frozenset[int], frozenset[str]]
 KIB = 1024
 WINDOW = 4  # segments optimised together
 STRIDE = 2
-# Search effort is counted in CP-SAT's deterministic time (so that the same input gives the same
-# plan on any machine); the wall-clock time limit is only a backstop. About a third of a second
-# of wall time per unit here.
-DET_SHARE = 0.3  # deterministic time per second of the time limit
 SOLVES_PER_WINDOW = 4
 PASSES = 2
+SEARCH_SHARE = 0.3  # of the time limit: the search's planned seconds (see _Effort)
+# Measured (one worker, on the planner benchmark's fusions): a solve's wall time is about
+# WALL_PER_DET times its deterministic time, plus SOLVE_OVERHEAD_S to build its window's model,
+# hint it and check the solution, plus CUT_OVERHEAD_S per slot that breaks a kind rule (its
+# repair and cut).
+WALL_PER_DET = 1.5
+SOLVE_OVERHEAD_S = 0.05
+CUT_OVERHEAD_S = 0.04
+SOLVES_EXPECTED = 2  # per window, cuts included, for sharing out the deterministic time
+WARM_S_PER_OP = 0.0003  # the min-cut warm start and the static rules, per placed op
+MIN_DET = 0.02  # a solve with less finds little
 
 
 def plan_cost(graph: SegGraph, groups: list[Group]) -> float:
     """Estimated seconds of a segmentation (the planner's objective, in time units)."""
-    return sum(segment_time(graph.bound, graph.classify(ops, w), graph.profile)
-               for ops, w in groups)
+    return sum(graph.segment_time(ops, w) for ops, w in groups)
 
 
 def plan_bytes(graph: SegGraph, groups: list[Group]) -> int:
@@ -68,6 +83,27 @@ def plan_bytes(graph: SegGraph, groups: list[Group]) -> int:
     return out
 
 
+@dataclass
+class _Effort:
+    """Planned seconds of search, spent per solve from its deterministic time (see the module's
+    docstring), and the deterministic time each solve may take."""
+
+    planned_s: float
+    per_solve: float
+    used_s: float = 0.0
+
+    def fits(self) -> bool:
+        return self.used_s + SOLVE_OVERHEAD_S + WALL_PER_DET * self.per_solve <= self.planned_s
+
+    def solved(self, det: float) -> None:
+        """A solve ended after ``det`` of deterministic time."""
+        self.used_s += SOLVE_OVERHEAD_S + WALL_PER_DET * det
+
+    def repaired(self, slots: int) -> None:
+        """Slots that broke a kind rule were repaired and cut."""
+        self.used_s += CUT_OVERHEAD_S * slots
+
+
 def solve(graph: SegGraph, greedy: list[Group], options, deadline: float | None = None
           ) -> tuple[list[Group], SolverReport]:
     """``deadline``: a ``time.perf_counter()`` value, by default ``time_limit_s`` from now."""
@@ -76,24 +112,27 @@ def solve(graph: SegGraph, greedy: list[Group], options, deadline: float | None 
     if len(greedy) <= 1 and plan_bytes(graph, greedy) <= lower_bound_bytes(graph.bound):
         return greedy, SolverReport("OPTIMAL", wall_s=time.perf_counter() - start,
                                     message="the greedy plan is one segment at the lower bound")
-    best, best_cost = greedy, plan_cost(graph, greedy)
+    start_plan, warm = refine(graph, greedy, options, deadline)
+    best, best_cost = start_plan, plan_cost(graph, start_plan)
     stats = {"solves": 0, "cuts": 0, "windows": 0}
-    budget = options.time_limit_s * DET_SHARE  # deterministic time for the whole search
-    if len(greedy) <= WINDOW:
+    planned = options.time_limit_s * SEARCH_SHARE - WARM_S_PER_OP * len(graph.placed)
+    rules = _Rules(graph)
+    if len(best) <= WINDOW:
+        effort = _Effort(planned, _per_solve(planned, SOLVES_PER_WINDOW))
         best, status, objective, bound = _optimize_window(
-            graph, best, 0, len(best), deadline, budget / SOLVES_PER_WINDOW, options, stats)
+            graph, rules, best, 0, len(best), deadline, effort, options, stats)
         message = f"{stats['solves']} solve(s), {stats['cuts']} kind-rule cut(s)"
     else:
         status, objective, bound = "FEASIBLE", None, None
-        windows = PASSES * (1 + max(len(greedy) - WINDOW, 0) // STRIDE + 1)
-        per_solve = budget / (windows * SOLVES_PER_WINDOW)
+        windows = 1 + -(-(len(best) - WINDOW) // STRIDE)  # per pass
+        effort = _Effort(planned, _per_solve(planned, PASSES * windows * SOLVES_EXPECTED))
         improved, passes = True, 0
-        while improved and passes < PASSES and time.perf_counter() < deadline:
+        while improved and passes < PASSES and effort.fits() and time.perf_counter() < deadline:
             improved, passes = False, passes + 1
             a = 0
-            while a < len(best) and time.perf_counter() < deadline:
+            while a < len(best) and effort.fits() and time.perf_counter() < deadline:
                 b = min(a + WINDOW, len(best))
-                candidate, _, _, _ = _optimize_window(graph, best, a, b, deadline, per_solve,
+                candidate, _, _, _ = _optimize_window(graph, rules, best, a, b, deadline, effort,
                                                       options, stats)
                 cost = plan_cost(graph, candidate)
                 if cost < best_cost * (1 - 1e-9):
@@ -103,16 +142,26 @@ def solve(graph: SegGraph, greedy: list[Group], options, deadline: float | None 
                 a += STRIDE
         message = (f"windows of {WINDOW} segments: {stats['windows']} window(s), "
                    f"{stats['solves']} solve(s), {stats['cuts']} kind-rule cut(s)")
-    if best is greedy and status != "OPTIMAL":
-        status = "FEASIBLE" if stats["solves"] else "FALLBACK_TO_GREEDY"
-    if time.perf_counter() >= deadline:
+    if best is start_plan and status != "OPTIMAL":
+        status = "FEASIBLE" if stats["solves"] or start_plan is not greedy else \
+            "FALLBACK_TO_GREEDY"
+    if start_plan is not greedy:
+        message = f"warm start: {warm.message}; {message}"
+    if not effort.fits():
+        message += "; search effort spent"
+    if time.perf_counter() >= deadline and "time limit reached" not in message:
         message += "; time limit reached"
     return best, SolverReport(status, objective=objective, bound=bound,
                               wall_s=time.perf_counter() - start, message=message)
 
 
-def _optimize_window(graph: SegGraph, plan: list[Group], a: int, b: int, deadline: float,
-                     per_solve: float, options, stats: dict
+def _per_solve(planned_s: float, solves: int) -> float:
+    """Deterministic time per solve when ``solves`` share ``planned_s``."""
+    return max(MIN_DET, (planned_s / solves - SOLVE_OVERHEAD_S) / WALL_PER_DET)
+
+
+def _optimize_window(graph: SegGraph, rules: _Rules, plan: list[Group], a: int, b: int,
+                     deadline: float, effort: _Effort, options, stats: dict
                      ) -> tuple[list[Group], str, float | None, float | None]:
     """Re-segment plan[a:b] with the rest fixed; return the best valid plan found."""
     stats["windows"] += 1
@@ -128,15 +177,15 @@ def _optimize_window(graph: SegGraph, plan: list[Group], a: int, b: int, deadlin
         (t in graph.outputs and t not in {x for _, w in before for x in w})
         or (t in after_reads and t not in after_made))}
     # outputs already written before the window stay written there
-    model = _Model(graph, window, available, must_write, options)
+    model = _Model(graph, rules, window, available, must_write, options)
     best, best_cost = plan, plan_cost(graph, plan)
     status, objective, bound = "FEASIBLE", None, None
     for _ in range(SOLVES_PER_WINDOW):
         remaining = deadline - time.perf_counter()
-        if remaining <= 0.05:
+        if remaining <= 0.05 or not effort.fits():
             break
         stats["solves"] += 1
-        result = model.solve(max(per_solve, 0.02), remaining, options.seed, hint=window)
+        result = model.solve(effort, remaining, options.seed, hint=window)
         if result is None:
             break
         groups, solver_status, objective, bound = result
@@ -148,6 +197,7 @@ def _optimize_window(graph: SegGraph, plan: list[Group], a: int, b: int, deadlin
             for k in bad:
                 model.add_cut(*groups[k])
                 stats["cuts"] += 1
+            effort.repaired(len(bad))
             continue
         candidate = before + groups + after
         try:
@@ -180,9 +230,10 @@ def _repair(graph: SegGraph, groups: list[Group], bad: list[int]) -> list[Group]
 
 
 class _Model:
-    def __init__(self, graph: SegGraph, window: list[Group], available: set[str],
+    def __init__(self, graph: SegGraph, rules: _Rules, window: list[Group], available: set[str],
                  must_write: set[str], options):
         self.graph = graph
+        self.rules = rules
         fusion, bound = graph.fusion, graph.bound
         self.units = _coarsen(graph, window)
         self.unit_of = {i: u for u, ops in enumerate(self.units) for i in ops}
@@ -254,7 +305,7 @@ class _Model:
 
     def _static_rules(self) -> None:
         graph, m = self.graph, self.model
-        fusion, bound = graph.fusion, graph.bound
+        fusion = graph.fusion
         K = range(self.K)
         n = len(self.units)
         for u, ops in enumerate(self.units):
@@ -263,20 +314,11 @@ class _Model:
                     others = [self.x[v, k] for v in range(n) if v != u]
                     if others:
                         m.Add(sum(others) == 0).OnlyEnforceIf(self.x[u, k])
-        axes = AxisMap(bound, (fusion.ops[i] for i in graph.ops))
-        sig: dict[int, tuple] = {}
-        for ops in self.units:
-            for i in ops:
-                if graph.roles[i] is Role.REDUCTION:
-                    op = fusion.ops[i]
-                    ids = axes.ids(op.inputs[0])
-                    red = set(reduction_axes(op.attrs, len(ids)))
-                    sig[i] = (frozenset(x for x in ids if x is not None),
-                              frozenset(x for a, x in enumerate(ids)
-                                        if x is not None and a in red))
+        sig = {i: self.rules.signature[i] for ops in self.units for i in ops
+               if i in self.rules.signature}
         red_units = sorted({self.unit_of[i] for i in sig})
         view_units = sorted({u for u, ops in enumerate(self.units)
-                             if any(reindexes(fusion.ops[i], bound) for i in ops)})
+                             if any(reindexes(fusion.ops[i], graph.bound) for i in ops)})
         inner_outer = Kind.INNER_OUTER in graph.kinds
 
         def conflict(ua: int, ub: int) -> None:
@@ -293,7 +335,7 @@ class _Model:
                 if uv != ua:
                     conflict(ua, uv)
         for i in sig:
-            for o in _broadcast_back_frontier(graph, axes, i):
+            for o in self.rules.frontier[i]:
                 ua, uo = self.unit_of[i], self.unit_of.get(o)
                 if uo is not None and uo != ua:
                     conflict(ua, uo)
@@ -308,11 +350,22 @@ class _Model:
             w = frozenset(t for t in written if t in graph.produced(ops_))
             return bool(w) and not graph.classify(ops_, w)
 
+        # Drop runs of units while the rest still breaks a rule, halving the run length down to
+        # single units: a small core of a large slot costs a few classifications per unit kept,
+        # not one per unit of the slot.
         core = list(units)
-        for u in list(core):
-            trial = [v for v in core if v != u]
-            if trial and bad(trial):
-                core = trial
+        run = max(len(core) // 2, 1)
+        while True:
+            k = 0
+            while k < len(core):
+                trial = core[:k] + core[k + run:]
+                if trial and bad(trial):
+                    core = trial
+                else:
+                    k += run
+            if run == 1:
+                break
+            run //= 2
         core_ops = frozenset(i for u in core for i in self.units[u])
         core_w = sorted(t for t in written if t in graph.produced(core_ops)
                         and (t, 0) in self.w)
@@ -320,19 +373,19 @@ class _Model:
             self.model.AddBoolOr([self.x[u, k].Not() for u in core] +
                                  [self.w[t, k].Not() for t in core_w])
 
-    def solve(self, det_time: float, wall_limit: float, seed: int, hint: list[Group]):
+    def solve(self, effort: _Effort, wall_limit: float, seed: int, hint: list[Group]):
         m = self.model
         m.ClearHints()
         self._hint(hint)
         solver = cp_model.CpSolver()
         p = solver.parameters
         p.random_seed = seed
-        p.num_workers = 4
-        p.interleave_search = True  # deterministic with several workers
-        p.interleave_batch_size = 10
-        p.max_deterministic_time = det_time
-        p.max_time_in_seconds = max(wall_limit, 0.1)  # a backstop; see DET_SHARE
+        p.num_workers = 1  # one worker's deterministic time is reproducible (and on few cores
+        # it searches further per second than interleaved workers)
+        p.max_deterministic_time = effort.per_solve
+        p.max_time_in_seconds = max(wall_limit, 0.1)  # a backstop; see the module's docstring
         status = solver.Solve(m)
+        effort.solved(solver.deterministic_time)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return None
         groups = []
@@ -370,6 +423,27 @@ class _Model:
                       if n in fusion.tensors and n not in made}
         for key, v in self.r.items():
             m.AddHint(v, key in reads)
+
+
+class _Rules:
+    """What every window's static kind rules read, found once per search: each reduction's
+    signature (its domain and reduced axes, as axis ids of the whole fusion) and the ops that
+    bring its result back onto its reduced axes."""
+
+    def __init__(self, graph: SegGraph):
+        fusion = graph.fusion
+        axes = AxisMap(graph.bound, (fusion.ops[i] for i in graph.ops))
+        self.signature: dict[int, tuple] = {}
+        self.frontier: dict[int, list[int]] = {}
+        for i in graph.ops:
+            if graph.roles[i] is Role.REDUCTION:
+                op = fusion.ops[i]
+                ids = axes.ids(op.inputs[0])
+                red = set(reduction_axes(op.attrs, len(ids)))
+                self.signature[i] = (frozenset(x for x in ids if x is not None),
+                                     frozenset(x for a, x in enumerate(ids)
+                                               if x is not None and a in red))
+                self.frontier[i] = _broadcast_back_frontier(graph, axes, i)
 
 
 def _broadcast_back_frontier(graph: SegGraph, axes: AxisMap, r: int) -> list[int]:

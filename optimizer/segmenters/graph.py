@@ -11,11 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from optimizer.analysis.cost import segment_time
 from optimizer.analysis.opclass import Role, is_view, role
 from optimizer.analysis.shapes import Bound
 from optimizer.hostir.streams import stage_of_ops
 from optimizer.ir.opspec import OpClass, get_spec
-from optimizer.schedulers.kinds import ALL_KINDS, Kind, Rejection, Schedule, classify
+from optimizer.schedulers.kinds import (
+    ALL_KINDS,
+    Kind,
+    Rejection,
+    Schedule,
+    classify,
+    segment_facts,
+)
 from optimizer.schedulers.profiles import DeviceProfile
 
 
@@ -43,6 +51,8 @@ class SegGraph:
         self.forwarded: frozenset[int] = self._forwarding()
         self.placed: list[int] = [i for i in self.ops if i not in self.forwarded]
         self._cache: dict[tuple[frozenset[int], frozenset[str]], Schedule | Rejection] = {}
+        self._closures: dict[frozenset[int], frozenset[int]] = {}
+        self._times: dict[tuple[frozenset[int], frozenset[str]], float] = {}
 
     def _forwarding(self) -> frozenset[int]:
         fusion, bound = self.fusion, self.bound
@@ -78,7 +88,16 @@ class SegGraph:
     # ---- segments ---------------------------------------------------------------------------
 
     def closure(self, ops: Iterable[int]) -> frozenset[int]:
-        """``ops`` plus the forwarded ops they need, transitively."""
+        """``ops`` plus the forwarded ops they need, transitively (remembered for a frozenset:
+        the solvers ask again for the segments they keep)."""
+        if isinstance(ops, frozenset):
+            hit = self._closures.get(ops)
+            if hit is None:
+                hit = self._closures[ops] = self._closure(ops)
+            return hit
+        return self._closure(ops)
+
+    def _closure(self, ops: Iterable[int]) -> frozenset[int]:
         out = set(ops)
         stack = list(out)
         while stack:
@@ -102,8 +121,19 @@ class SegGraph:
                 hit = Rejection(f"mixes ops of stream stages {sorted(stages)}: each stream "
                                 "loop runs whole segments")
             else:
-                hit = classify(self.bound, key[0], key[1], self.profile, self.kinds)
+                hit = classify(self.bound, key[0], key[1], self.profile, self.kinds,
+                               segment_facts(self.bound, key[0], self.roles))
             self._cache[key] = hit
+        return hit
+
+    def segment_time(self, ops: frozenset[int], written: frozenset[str]) -> float:
+        """Estimated seconds of a segment (see ``analysis.cost``), which must classify."""
+        key = (ops, written)
+        hit = self._times.get(key)
+        if hit is None:
+            schedule = self.classify(ops, written)
+            assert schedule, schedule
+            hit = self._times[key] = segment_time(self.bound, schedule, self.profile)
         return hit
 
     def written(self, group: Iterable[int]) -> frozenset[str]:
