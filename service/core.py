@@ -1,209 +1,171 @@
-"""The state behind the routes: settings, the plan store, the worker, and the plans held in memory.
+"""The state behind the routes: settings, the plan store, the workers and the planners.
 
 Plans are keyed by (fusion id, input metadata, options, device profile); a stored plan is served
-without solving, and rebuilt from its JSON (not solved again) when an execution needs it.
+without solving. An execution names its plan by id: a worker that does not hold the plan
+rebuilds it from the stored JSON (not solved again). Everything heavy runs in a planner process
+(parsing, planning, serializing) or a worker process (rebuilding plans, running them): the
+service's own process moves bytes and small summaries.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
+import logging
 import threading
 from collections import OrderedDict
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import torch
 from starlette.concurrency import run_in_threadpool
 
-from optimizer.ir.fusion import Fusion
-from optimizer.ir.inputs import InputMeta, ScalarMeta
-from optimizer.ir.nvtext import parse_text
-from optimizer.ir.wire import (
-    FusionJSON,
-    fusion_from_json,
-    fusion_id,
-    meta_from_json,
-    meta_to_json,
+from runtime.tensors import from_torch_dtype
+from runtime.worker import (
+    Job,
+    PlanSource,
+    Worker,
+    WorkerCrashed,
+    WorkerTimeout,
+    WorkerUnavailable,
 )
-from optimizer.plan.plan import Plan, plan_key
-from optimizer.plan.restore import restore_plan
-from optimizer.planner import PlanOptions, make_plan
-from optimizer.schedulers.profiles import get_profile
-from runtime.tensor_wire import expand_declared_broadcasts
-from runtime.tensors import meta_of
-from runtime.worker import Worker, WorkerCrashed, WorkerTimeout, WorkerUnavailable
 from service import metrics
-from service.models import PlanOptionsModel
-from service.planning import (
-    Refusal,
-    check_sizes,
-    parse_definition,
-    plan_body,
-    plan_options,
-    plan_summary,
-    refusing,
-    serialize,
-    start_planners,
-    warm_up,
-)
+from service.admission import Gate
+from service.planners import JobCancelled, PlannerCrashed, PlannerFailed, PlannerPool
+from service.planning import Planned, Refusal, plan_body, plan_for_tensors, refusing
 from service.problems import Problem
+from service.readonly import lookup
 from service.settings import Settings
 from service.store import PlanStore, StoredPlan
 
-Parsed = tuple[Fusion, list[InputMeta] | None, str | None]  # see Service.parse
-HELD_PLANS = 64  # Plan objects kept in memory for executions
-PARSED_TEXTS = 256  # parsed definition texts kept: a client that repeats one skips the parser
+log = logging.getLogger("fusecut.service")
+KNOWN_EXECUTIONS = 4096  # execution requests remembered with the plan that serves them
+Disconnected = Callable[[], Awaitable[bool]]  # whether a request's client has gone
+
+
+class UnknownPlan(LookupError):
+    pass
 
 
 class Service:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.store = PlanStore(settings.db_path)
-        self.worker = Worker(process=settings.worker)
-        self.held: OrderedDict[str, Plan] = OrderedDict()
-        self.parsed: OrderedDict[str, Parsed] = OrderedDict()
-        self.parsed_lock = threading.Lock()
-        self.plan_slots = asyncio.Semaphore(settings.max_concurrent_plans)
-        self.exec_slots = asyncio.Semaphore(settings.max_concurrent_executions)
-        self.planners = start_planners(settings)
+        self.workers = [Worker(process=settings.worker)
+                        for _ in range(max(1, settings.max_concurrent_executions))]
+        self._assigned: set[int] = set()  # workers given a job (index)
+        self.planners = PlannerPool()
+        s = settings
+        self.plan_gate = Gate("plan", s.max_concurrent_plans, s.max_queued_plans, s.queue_wait_s,
+                              s.max_requests_per_client)
+        self.exec_gate = Gate("execution", len(self.workers), s.max_queued_executions,
+                              s.queue_wait_s, s.max_requests_per_client)
+        # (definition, options, input metadata) of executions -> plan id: a repeated execution
+        # goes straight to a worker
+        self.known: OrderedDict[str, tuple[str, str]] = OrderedDict()  # (plan id, segmenter)
+        self.known_lock = threading.Lock()
 
     def start(self) -> None:
-        """Start the worker, and (without waiting for it) one planner process."""
-        self.worker.start()
-        self.planners.submit(warm_up)
+        """Start the workers, and (without waiting for it) one planner process."""
+        for worker in self.workers:
+            worker.start()
+        self.planners.start()
 
     def stop(self) -> None:
-        self.planners.shutdown(wait=False, cancel_futures=True)
-        self.worker.stop()
+        self.planners.stop()
+        for worker in self.workers:
+            worker.stop()
         self.store.close()
 
-    # ---- definitions ---------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return any(w.ready for w in self.workers)
 
-    def parse(self, definition: str | FusionJSON) -> Parsed:
-        """The fusion, the input metadata of a text's ``inputs = [...]`` list if it has one, and
-        the text's definition function name."""
-        limit = self.settings.max_ops
-        if isinstance(definition, str):
-            key = hashlib.sha256(definition.encode()).hexdigest()
-            with self.parsed_lock:  # parse runs in threads
-                known = self.parsed.get(key)
-                if known is not None:
-                    self.parsed.move_to_end(key)
-                    return known
-            parsed = parse_text(definition, max_ops=limit)
-            known = (parsed.fusion, parsed.inputs, parsed.function_name)
-            with self.parsed_lock:  # fusions are not mutated once parsed: they can be shared
-                self.parsed[key] = known
-                if len(self.parsed) > PARSED_TEXTS:
-                    self.parsed.popitem(last=False)
-            return known
-        return parse_definition(definition, limit)
+    # ---- planning ------------------------------------------------------------------------------
 
-    def options(self, model: PlanOptionsModel) -> PlanOptions:
-        return plan_options(model, self.settings)
-
-    # ---- plans ---------------------------------------------------------------------------------
-
-    def _hold(self, plan: Plan) -> Plan:
-        self.held[plan.plan_id] = plan
-        self.held.move_to_end(plan.plan_id)
-        while len(self.held) > HELD_PLANS:
-            self.held.popitem(last=False)
-        return plan
-
-    async def plan(self, fusion: Fusion, metas: list[InputMeta], options: PlanOptions,
-                   request_key: str | None = None, name: str | None = None
-                   ) -> tuple[StoredPlan, str]:
-        """(the stored plan, "hit" or "miss"); a miss solves and stores the plan."""
-        def key() -> tuple[list[dict[str, Any]], str]:  # the fusion id converts all of it
-            check_sizes(fusion, metas, self.settings.max_plan_tensor_bytes)
-            profile = get_profile(options.device, options.device_overrides)
-            metas_json = [meta_to_json(m) for m in metas]
-            return metas_json, plan_key(fusion_id(fusion), metas_json, options.to_json(),
-                                        profile.to_json())
-
-        metas_json, pid = await run_in_threadpool(key)
-        cached = self.store.get(pid)
-        if cached is not None:
-            if request_key:
-                await run_in_threadpool(self.store.link, request_key, pid)
-            metrics.PLANS.labels(options.segmenter, "hit").inc()
-            return cached, "hit"
-        async with self.plan_slots:
-            plan = await run_in_threadpool(make_plan, fusion, metas, options)
-            # serializing a large plan takes as long as planning: off the event loop too
-            data, body, request = await run_in_threadpool(serialize, plan, metas_json, name)
-        stored = await run_in_threadpool(self.store.put_bytes, data["plan_id"], data["fusion_id"],
-                                         data["segmenter"], body, request, request_key)
-        self._hold(plan)
-        metrics.record_plan(plan_summary(data), "miss")
-        return stored, "miss"
-
-    async def off_loop(self, fn, *args, in_process: bool = True):
+    async def off_loop(self, fn, *args, in_process: bool = True, client: str = "",
+                       disconnected: Disconnected | None = None):
         """``fn(*args)`` in a planner process (or, for a small job, a thread): CPU work on
-        untrusted input never runs on the event loop. Its refusals are raised as Problems."""
+        untrusted input never runs on the event loop. Its refusals are raised as Problems; it
+        is cancelled if ``disconnected()`` says its client left, or if it runs past its
+        deadline."""
         if not in_process:
             result = await run_in_threadpool(refusing, fn, *args)
         else:
-            async with self.plan_slots:
+            s = self.settings
+            async with self.plan_gate.slot(client):
                 try:
-                    result = await asyncio.get_running_loop().run_in_executor(
-                        self.planners, refusing, fn, *args)
-                except BrokenProcessPool:  # a planner died (out of memory?): start new ones
-                    self.planners = start_planners(self.settings)
+                    result = await self.planners.run(
+                        refusing, fn, *args, cancelled=disconnected, grace_s=s.plan_grace_s,
+                        deadline_s=s.max_solver_seconds + s.plan_grace_s)
+                except JobCancelled as e:
+                    metrics.PLANS_CANCELLED.labels(e.reason).inc()
+                    if e.reason == "disconnected":
+                        raise Problem(499, "client closed request", "the client went away; "
+                                      "its planning job was cancelled") from None
+                    raise Problem(503, "planning timed out",
+                                  f"the planning job ran {s.plan_grace_s:g} s past its time "
+                                  f"limit and was cancelled; lower options.time_limit_s or "
+                                  f"the definition's size", headers={"Retry-After": "1"}
+                                  ) from None
+                except PlannerCrashed as e:
+                    log.error("%s", e)
                     raise Problem(503, "planner crashed", "the planner process died on this "
-                                                          "request; it has been restarted"
+                                  "request (out of memory?); it has been restarted",
+                                  headers={"Retry-After": "1"}) from None
+                except PlannerFailed:
+                    raise Problem(500, "internal error", "planning failed on an unexpected "
+                                  "error (a fusecut bug; the service's log has the details)"
                                   ) from None
         if isinstance(result, Refusal):
             raise Problem(result.status, result.title, result.detail, **result.extra)
         return result
 
-    async def plan_request(self, raw: bytes) -> tuple[StoredPlan, str]:
+    async def plan_request(self, raw: bytes, client: str = "",
+                           disconnected: Disconnected | None = None) -> tuple[StoredPlan, str]:
         """POST /v1/plan's body planned in a planner process: (the stored plan, "hit"/"miss")."""
-        result = await self.off_loop(plan_body, raw, self.settings)
+        result = await self.off_loop(plan_body, raw, self.settings, client=client,
+                                     disconnected=disconnected)
+        return await self._stored(result)
+
+    async def _stored(self, result: Planned) -> tuple[StoredPlan, str]:
+        """The plan a planner answered with, stored if new: (the stored plan, "hit"/"miss")."""
         if result.cache == "hit":
-            stored = self.store.get(result.plan_id)
-            if stored is not None:
+            stored = await run_in_threadpool(self.store.get, result.plan_id)
+            if stored is None:
+                raise Problem(503, "plan store changed", "the stored plan went away; try again",
+                              headers={"Retry-After": "1"})
+            if result.request_key:
                 await run_in_threadpool(self.store.link, result.request_key, stored.plan_id)
-                metrics.PLANS.labels(stored.segmenter, "hit").inc()
-                return stored, "hit"
-            raise Problem(503, "plan store changed", "the stored plan went away; try again")
+            metrics.PLANS.labels(stored.segmenter, "hit").inc()
+            return stored, "hit"
         stored = await run_in_threadpool(self.store.put_bytes, result.plan_id, result.fusion_id,
                                          result.segmenter, result.body, result.request,
-                                         result.request_key)
+                                         result.request_key or None)
         metrics.record_plan(result.metrics, "miss")
         return stored, "miss"
 
-    async def plan_object(self, plan_id: str) -> Plan:
-        """The Plan behind an id: held in memory, or rebuilt from the store."""
-        held = self.held.get(plan_id)
-        if held is not None:
-            return held
-        request, stored = self.store.request(plan_id), self.store.get(plan_id)
-        if request is None or stored is None:
-            raise Problem(404, "unknown plan", f"no plan has id {plan_id!r}")
-        fusion = fusion_from_json(request["definition"], self.settings.max_ops)
-        metas = [meta_from_json(m) for m in request["inputs"]]
-        plan = await run_in_threadpool(restore_plan, fusion, metas, json.loads(stored.body))
-        return self._hold(plan)
-
-    async def plan_for_tensors(self, definition: str | FusionJSON, options: PlanOptionsModel,
-                               tensors: dict[str, Any]) -> Plan:
-        """The plan of a definition for these tensors (planned now unless stored)."""
-        fusion, _, function_name = await run_in_threadpool(self.parse, definition)
-        check_names(fusion, tensors)
-        tensors = expand_declared_broadcasts(fusion, tensors)
-        metas: list[InputMeta] = []
-        for name in fusion.inputs:
-            value = tensors[name]
-            if name in fusion.scalars:
-                metas.append(ScalarMeta(fusion.scalars[name].dtype, scalar_value(name, value)))
-            else:
-                metas.append(meta_of(value))
-        stored, _ = await self.plan(fusion, metas, self.options(options), name=function_name)
-        return await self.plan_object(stored.plan_id)
+    async def plan_for_tensors(self, definition: str, options_json: str,
+                               tensors: dict[str, Any], client: str = "") -> str:
+        """The id of the plan of a definition (nvFuser text or wire JSON text) for these
+        tensors, planned now (in a planner process) unless stored."""
+        given = {name: describe(name, t) for name, t in tensors.items()}
+        key = hashlib.sha256(json.dumps([definition, options_json, given],
+                                        sort_keys=True).encode()).hexdigest()
+        with self.known_lock:
+            known = self.known.get(key)
+        if known is not None:
+            plan_id, segmenter = known
+            metrics.PLANS.labels(segmenter, "hit").inc()
+            return plan_id
+        result = await self.off_loop(plan_for_tensors, definition, given, options_json,
+                                     self.settings, client=client)
+        stored, _ = await self._stored(result)
+        with self.known_lock:
+            self.known[key] = (stored.plan_id, stored.segmenter)
+            while len(self.known) > KNOWN_EXECUTIONS:
+                self.known.popitem(last=False)
+        return stored.plan_id
 
     # ---- executions ----------------------------------------------------------------------------
 
@@ -213,47 +175,71 @@ class Service:
             raise Problem(413, "tensors too large", f"the inputs hold {total} bytes; the limit "
                                                     f"is {self.settings.max_tensor_bytes}")
 
-    async def execute(self, plan: Plan, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """Run ``plan`` on the worker: outputs, backend, per-segment timings."""
-        fusion = plan.fusion
-        check_names(fusion, tensors)
-        tensors = expand_declared_broadcasts(fusion, tensors)
-        args = [scalar_value(n, tensors[n]) if n in fusion.scalars else tensors[n]
-                for n in fusion.inputs]
-        async with self.exec_slots:
+    def plan_source(self, plan_id: str) -> PlanSource:
+        """The texts a worker rebuilds plan ``plan_id`` from (read in a worker's thread)."""
+        row = lookup(self.settings.db_path, "SELECT request, plan FROM plans WHERE plan_id = ?",
+                     plan_id)
+        if row is not None:
+            return row[0], row[1]
+        request, stored = self.store.request(plan_id), self.store.get(plan_id)  # ":memory:"
+        if request is None or stored is None:
+            raise UnknownPlan(plan_id)
+        return json.dumps(request), stored.body.decode()
+
+    async def execute(self, plan_id: str, tensors: dict[str, torch.Tensor], wire: str,
+                      client: str = "") -> dict[str, Any]:
+        """Run plan ``plan_id`` on a worker: named outputs, backend, per-segment timings."""
+        s = self.settings
+        job = Job(plan_id, tensors, wire, s.max_output_bytes, s.max_intermediate_bytes)
+        async with self.exec_gate.slot(client):
+            index = self._pick_worker(plan_id)
             try:
-                response = await run_in_threadpool(self.worker.execute, plan, args,
-                                                   self.settings.execute_timeout_s)
+                response = await run_in_threadpool(self.workers[index].execute, job,
+                                                   lambda: self.plan_source(plan_id),
+                                                   s.execute_timeout_s)
+            except UnknownPlan:
+                raise Problem(404, "unknown plan", f"no plan has id {plan_id!r}") from None
             except WorkerCrashed as e:
                 metrics.WORKER_RESTARTS.inc()
-                raise Problem(503, "worker crashed", str(e)) from None
+                raise Problem(503, "worker crashed", str(e), headers={"Retry-After": "2"}
+                              ) from None
             except WorkerTimeout as e:
                 metrics.WORKER_RESTARTS.inc()
                 raise Problem(504, "execution timed out", str(e)) from None
             except WorkerUnavailable as e:
-                raise Problem(503, "worker unavailable", str(e)) from None
+                raise Problem(503, "worker unavailable", str(e), headers={"Retry-After": "2"}
+                              ) from None
+            finally:
+                self._assigned.discard(index)
         if not response["ok"]:
             kind = response["kind"]
+            if kind == "ResultTooLarge":
+                raise Problem(413, "result too large", response["message"])
             if kind in ("DefinitionError", "InputError", "PlanError"):
                 raise Problem(422, "inputs do not match" if kind == "InputError" else
                               "cannot execute", response["message"])
-            raise Problem(500, "execution failed", f"{kind}: {response['message']}")
+            log.error("execution of plan %s failed: %s: %s", plan_id, kind,
+                              response["message"])
+            raise Problem(500, "execution failed", f"the execution failed on an unexpected "
+                                                   f"error ({kind}; the service's log has the "
+                                                   f"details)")
         metrics.record_execution(response)
         return response
 
+    def _pick_worker(self, plan_id: str) -> int:
+        """A worker without a job (the gate admits no more jobs than there are workers): one
+        that holds the plan if any does, else the first."""
+        free = [i for i in range(len(self.workers)) if i not in self._assigned]
+        index = next((i for i in free if self.workers[i].knows(plan_id)), free[0])
+        self._assigned.add(index)
+        return index
 
-def check_names(fusion: Fusion, tensors: dict[str, Any]) -> None:
-    missing = [n for n in fusion.inputs if n not in tensors]
-    extra = sorted(set(tensors) - set(fusion.inputs))
-    if missing or extra:
-        raise Problem(422, "inputs do not match",
-                      f"the definition's inputs are {list(fusion.inputs)}; missing {missing}, "
-                      f"unexpected {extra}")
 
-
-def scalar_value(name: str, value: torch.Tensor) -> Any:
-    """A scalar input travels as a one-element tensor."""
-    if value.numel() != 1:
-        raise Problem(422, "inputs do not match", f"scalar input {name} must be a one-element "
-                                                  f"tensor, got shape {list(value.shape)}")
-    return value.item()
+def describe(name: str, value: torch.Tensor) -> dict[str, Any]:
+    """What planning needs of an execution's tensor: shape, strides, dtype, and the value of a
+    one-element tensor (it may be a scalar input)."""
+    given: dict[str, Any] = {"shape": list(value.shape), "strides": list(value.stride()),
+                             "dtype": from_torch_dtype(value.dtype).value}
+    if value.numel() == 1:
+        given["value"] = value.item()
+    return given

@@ -12,22 +12,22 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import multiprocessing
-import sqlite3
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from optimizer.errors import FusecutError
+from optimizer.errors import FusecutError, InputError
 from optimizer.gcpause import gc_paused
+from optimizer.ir.dtypes import DType
 from optimizer.ir.fusion import Fusion
-from optimizer.ir.inputs import InputMeta, TensorMeta
+from optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta
 from optimizer.ir.nvtext import parse_text
 from optimizer.ir.wire import (
+    FusionJSON,
     canonical_json,
+    checked_scalar,
     fusion_from_json,
     fusion_to_json,
     meta_from_json,
@@ -37,7 +37,9 @@ from optimizer.plan.plan import Plan, plan_key
 from optimizer.planner import PlanOptions, make_plan
 from optimizer.schedulers.profiles import get_profile
 from service.models import PlanOptionsModel, PlanRequest
+from service.planners import announce_time_limit
 from service.problems import TITLES, Problem, validation_problem
+from service.readonly import lookup
 from service.settings import Settings
 
 INT64_MAX = 2**63 - 1
@@ -52,7 +54,7 @@ class Planned:
     segmenter: str
     body: bytes  # the plan JSON (strict: no NaN or Infinity)
     request: str  # the definition (wire JSON) and input metadata that made it, as JSON
-    request_key: str
+    request_key: str  # the hash of a POST /v1/plan body ("" for an execution's plan)
     cache: str  # "hit" (stored before: body is empty) or "miss"
     metrics: dict[str, Any]
 
@@ -91,11 +93,13 @@ def _plan_body(raw: bytes, settings: Settings) -> Planned:
     except ValidationError as e:
         raise validation_problem(list(e.errors())) from None
     request_key = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
-    known = _lookup(settings.db_path, "SELECT p.plan_id, p.fusion_id, p.segmenter FROM requests "
+    known = lookup(settings.db_path, "SELECT p.plan_id, p.fusion_id, p.segmenter FROM requests "
                     "r JOIN plans p ON p.plan_id = r.plan_id WHERE r.request_key = ?",
                     request_key)
     if known is not None:
         return Planned(known[0], known[1], known[2], b"", "", request_key, "hit", {})
+    options = plan_options(body.options, settings)
+    announce_time_limit(options.time_limit_s)
     fusion, text_inputs, name = parse_definition(body.definition, settings.max_ops)
     if body.inputs is not None:
         if len(body.inputs) != len(fusion.inputs):
@@ -109,22 +113,73 @@ def _plan_body(raw: bytes, settings: Settings) -> Planned:
         raise Problem(422, "no input metadata",
                       "pass `inputs` (shape, dtype, strides per fusion input) or a "
                       "definition text with an `inputs = [...]` list")
+    return _plan_parsed(fusion, metas, options, name, request_key, settings)
+
+
+def plan_for_tensors(definition: str, given: dict[str, dict[str, Any]], options_json: str,
+                     settings: Settings) -> Planned:
+    """Plan a definition (nvFuser text or wire JSON text) for the tensors of an execution,
+    described by ``given`` (see ``describe_tensors``), in a planner process like ``plan_body``.
+    """
+    with gc_paused():
+        try:
+            options = plan_options(PlanOptionsModel.model_validate_json(options_json), settings)
+        except ValidationError as e:
+            raise validation_problem(list(e.errors())) from None
+        announce_time_limit(options.time_limit_s)
+        if definition.lstrip().startswith("{"):
+            try:
+                definition = FusionJSON.model_validate_json(definition)
+            except ValidationError as e:
+                raise validation_problem(list(e.errors())) from None
+        fusion, _, name = parse_definition(definition, settings.max_ops)
+        return _plan_parsed(fusion, metas_for(fusion, given), options, name, None, settings)
+
+
+def metas_for(fusion: Fusion, given: dict[str, dict[str, Any]]) -> list[InputMeta]:
+    """The input metadata of an execution's tensors: a scalar input's value from its
+    one-element tensor, and stride 0 on the axes the definition declares broadcast (where the
+    worker expands the dense tensors that travelled: runtime.tensor_wire.arguments)."""
+    missing = [n for n in fusion.inputs if n not in given]
+    extra = sorted(set(given) - set(fusion.inputs))
+    if missing or extra:
+        raise InputError(f"the definition's inputs are {list(fusion.inputs)}; missing {missing}, "
+                         f"unexpected {extra}")
+    metas: list[InputMeta] = []
+    for name in fusion.inputs:
+        shape, strides = tuple(given[name]["shape"]), list(given[name]["strides"])
+        if name in fusion.scalars:
+            if "value" not in given[name]:
+                raise InputError(f"scalar input {name} must be a one-element tensor, got shape "
+                                 f"{list(shape)}")
+            dtype = fusion.scalars[name].dtype
+            metas.append(ScalarMeta(dtype, checked_scalar(dtype, given[name]["value"])))
+            continue
+        declared = fusion.tensors[name].broadcast
+        if len(declared) == len(shape):
+            strides = [0 if b and e != 1 else s for b, e, s in zip(declared, shape, strides)]
+        metas.append(TensorMeta(shape, tuple(strides), DType(given[name]["dtype"])))
+    return metas
+
+
+def _plan_parsed(fusion: Fusion, metas: list[InputMeta], options: PlanOptions, name: str | None,
+                 request_key: str | None, settings: Settings) -> Planned:
+    """The stored plan for a parsed fusion (a "hit", naming it) or a new one (a "miss")."""
     check_sizes(fusion, metas, settings.max_plan_tensor_bytes)
-    options = plan_options(body.options, settings)
     metas_json = [meta_to_json(m) for m in metas]
     definition = fusion_to_json(fusion)  # converted once: the id, and the stored request
     fid = hashlib.sha256(canonical_json(definition).encode()).hexdigest()  # as wire.fusion_id
     profile = get_profile(options.device, options.device_overrides)
     pid = plan_key(fid, metas_json, options.to_json(), profile.to_json())
-    known = _lookup(settings.db_path, "SELECT plan_id, fusion_id, segmenter FROM plans WHERE "
+    known = lookup(settings.db_path, "SELECT plan_id, fusion_id, segmenter FROM plans WHERE "
                     "plan_id = ?", pid)
     if known is not None:
-        return Planned(pid, fid, known[2], b"", "", request_key, "hit", {})
+        return Planned(pid, fid, known[2], b"", "", request_key or "", "hit", {})
     plan = make_plan(fusion, metas, options)
     plan.fusion_id = fid  # known: not converted again
     data, body_bytes, request = serialize(plan, metas_json, name, definition)
     return Planned(data["plan_id"], data["fusion_id"], data["segmenter"], body_bytes, request,
-                   request_key, "miss", plan_summary(data))
+                   request_key or "", "miss", plan_summary(data))
 
 
 def serialize(plan: Plan, metas_json: list[dict[str, Any]], name: str | None = None,
@@ -148,36 +203,6 @@ def plan_summary(data: dict[str, Any]) -> dict[str, Any]:
     summary = {k: data[k] for k in ("segmenter", "totals", "baseline", "solver")}
     summary["segment_kinds"] = dict(Counter(seg["kind"] for seg in data["segments"]))
     return summary
-
-
-def start_planners(settings: Settings) -> ProcessPoolExecutor:
-    # spawn, not fork: the service process has threads (and torch) that a fork would copy
-    return ProcessPoolExecutor(max_workers=settings.max_concurrent_plans,
-                               mp_context=multiprocessing.get_context("spawn"))
-
-
-def warm_up() -> None:
-    """Nothing: submitting it starts a planner process, which imports this module."""
-
-
-_connections: dict[str, sqlite3.Connection] = {}
-
-
-def _lookup(db_path: str, query: str, key: str) -> tuple | None:
-    """A read-only look into the service's plan store (its process writes)."""
-    if db_path == ":memory:":
-        return None
-    db = _connections.get(db_path)
-    if db is None:
-        try:
-            db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
-        except sqlite3.Error:
-            return None
-        _connections[db_path] = db
-    try:
-        return db.execute(query, (key,)).fetchone()
-    except sqlite3.Error:
-        return None
 
 
 def parse_definition(definition: Any, max_ops: int
