@@ -53,6 +53,8 @@ WORKER_RESTARTS = Counter("fusecut_worker_restarts_total", "GPU worker restarts"
 PLANS_CANCELLED = Counter("fusecut_plans_cancelled_total",
                           "Planning jobs cancelled: their client went away, or their deadline "
                           "passed", ["reason"])
+for _reason in ("disconnected", "deadline"):  # exported at 0 before the first: a dashboard
+    PLANS_CANCELLED.labels(_reason)            # shows "none" rather than "no data"
 HTTP = Counter("fusecut_http_requests_total", "HTTP requests", ["route", "status"])
 HTTP_SECONDS = Histogram("fusecut_http_request_seconds", "Time to answer an HTTP request",
                          ["route"], buckets=(5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.025, 0.05, 0.1,

@@ -1,5 +1,6 @@
-"""POST /v1/plan's work, done in a separate process: validate the body, parse the definition,
-check sizes, look the plan up in the store, plan, and serialize.
+"""Planning, done in a planner process (``service.planners``): validate a POST /v1/plan body
+(or take an execution's definition and tensor metadata), parse the definition, check sizes,
+look the plan up in the store, plan, and serialize.
 
 Every step here is CPU work on untrusted input, and several (JSON and pydantic parsing, pickling)
 are single C calls that hold the GIL for seconds on a large body; run in the service's process,

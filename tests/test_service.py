@@ -592,7 +592,8 @@ def test_metrics_count_what_happened(tmp_path):
     assert s[("fusecut_http_requests_total", (("route", "/v1/plan"), ("status", "2xx")))] == 6
     assert s[("fusecut_worker_up", ())] == 1
     labels = {k for (name, labels) in s if name.startswith("fusecut_") for k, _ in labels}
-    assert labels <= {"segmenter", "cache", "kind", "backend", "le", "route", "status"}
+    assert labels <= {"segmenter", "cache", "kind", "backend", "le", "route", "status",
+                      "reason"}
 
 
 def test_metrics_add_up_over_several_uvicorn_workers(tmp_path):
