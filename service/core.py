@@ -227,10 +227,11 @@ class Service:
         return response
 
     def _pick_worker(self, plan_id: str) -> int:
-        """A worker without a job (the gate admits no more jobs than there are workers): one
-        that holds the plan if any does, else the first."""
+        """A worker without a job (the gate admits no more jobs than there are workers): a
+        running one that holds the plan if any does, else the first running one."""
         free = [i for i in range(len(self.workers)) if i not in self._assigned]
-        index = next((i for i in free if self.workers[i].knows(plan_id)), free[0])
+        up = [i for i in free if self.workers[i].ready] or free  # not one that is restarting
+        index = next((i for i in up if self.workers[i].knows(plan_id)), up[0])
         self._assigned.add(index)
         return index
 
@@ -240,6 +241,6 @@ def describe(name: str, value: torch.Tensor) -> dict[str, Any]:
     one-element tensor (it may be a scalar input)."""
     given: dict[str, Any] = {"shape": list(value.shape), "strides": list(value.stride()),
                              "dtype": from_torch_dtype(value.dtype).value}
-    if value.numel() == 1:
+    if value.numel() == 1 and not value.is_complex():  # scalar inputs are real
         given["value"] = value.item()
     return given

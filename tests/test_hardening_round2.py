@@ -402,8 +402,8 @@ def test_a_small_execution_does_not_wait_behind_a_slow_one(server):
                                        "data": [1, 2]}]})
     took = time.monotonic() - start
     assert small.status_code == 200 and small.json()["outputs"][0]["data"] == [-1, -2]
-    assert slow.is_alive(), "the slow execution should still run"
-    assert took < 1.5, took
+    # answered on the other worker: with one, it waited for the slow one to end
+    assert slow.is_alive(), f"the small execution waited {took:.1f} s, for the slow one"
     slow.join(120)
     assert answer["r"].status_code == 200, answer["r"].text
 
@@ -474,26 +474,25 @@ def test_media_types_origins_and_security_headers(tmp_path):
         assert "script-src 'self'" in docs and "frame-ancestors 'none'" in docs
 
 
-def test_metrics_can_need_the_key_and_routes_are_labelled(tmp_path):
-    with Server(tmp_path / "plans.sqlite", api_key="k3y", metrics_need_key=1) as server:
-        assert_problem(httpx.get(f"{server.url}/metrics"), 401, "Bearer")
-        httpx.get(f"{server.url}/openapi.json")
-        httpx.get(f"{server.url}/docs/assets/swagger-ui.css")
-        httpx.get(f"{server.url}/no/such/route")
-        text = httpx.get(f"{server.url}/metrics", headers={"authorization": "Bearer k3y"}).text
-    routes = {dict(labels)["route"] for (name, labels) in metric_samples(text)
-              if name == "fusecut_http_requests_total"}
-    assert {"/openapi.json", "/docs/assets/{path}", "/metrics", "unmatched"} <= routes
-
-
-def test_https_with_a_certificate_and_key(tmp_path):
-    with Server(tmp_path / "plans.sqlite", tls=(TLS / "cert.pem", TLS / "key.pem")) as server:
+def test_https_the_key_on_metrics_and_route_labels(tmp_path):
+    key = {"authorization": "Bearer k3y"}
+    with Server(tmp_path / "plans.sqlite", tls=(TLS / "cert.pem", TLS / "key.pem"),
+                api_key="k3y", metrics_need_key=1) as server:
         assert server.url.startswith("https://")
         context = ssl.create_default_context(cafile=str(TLS / "cert.pem"))
         with httpx.Client(base_url=server.url, verify=context, timeout=60) as http:
             assert http.get("/healthz").json() == {"status": "ok"}
-            plan = http.post("/v1/plan", json={"definition": NEG, "inputs": [
+            plan = http.post("/v1/plan", headers=key, json={"definition": NEG, "inputs": [
                 {"shape": [4], "dtype": "float32"}]})
             assert plan.status_code == 200
+            assert_problem(http.get("/metrics"), 401, "Bearer")
+            http.get("/openapi.json")
+            http.get("/docs/assets/swagger-ui.css")
+            http.get("/no/such/route")
+            text = http.get("/metrics", headers=key).text
         with pytest.raises(httpx.ConnectError):  # a client that does not trust it is refused
             httpx.get(f"{server.url}/healthz", timeout=10)
+    # FastAPI's own routes and the docs' assets were counted as "unmatched"
+    routes = {dict(labels)["route"] for (name, labels) in metric_samples(text)
+              if name == "fusecut_http_requests_total"}
+    assert {"/openapi.json", "/docs/assets/{path}", "/metrics", "unmatched"} <= routes
