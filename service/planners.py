@@ -63,7 +63,6 @@ class PlannerPool:
         self._idle: list[_Planner] = []
         self._all: set[int] = set()  # pids of the planners alive
         self._lock = threading.Lock()  # _idle and _all: spares are started from threads
-        self.cancelled = 0  # jobs cancelled so far (their planners were replaced)
 
     @property
     def pids(self) -> list[int]:
@@ -116,7 +115,6 @@ class PlannerPool:
                 with self._lock:
                     self._idle.append(planner)
             else:  # cancelled, crashed, or this task was: the planner's state is unknown
-                self.cancelled += 1
                 planner.proc.kill()
                 self._forget(planner)
                 threading.Thread(target=reap, args=(planner.proc, planner.conn), daemon=True,
