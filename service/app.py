@@ -135,8 +135,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # ---- execution -----------------------------------------------------------------------------
 
-    async def resolve(definition: str | None, plan_id: str | None, options_json: str,
-                      tensors: dict[str, Any], client: str) -> str:
+    async def resolve(request: Request, definition: str | None, plan_id: str | None,
+                      options_json: str, tensors: dict[str, Any]) -> str:
         """The id of the plan to run: given, or made (or found) for a definition."""
         service.check_size(tensors)
         if plan_id is not None and definition is not None:
@@ -145,7 +145,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return plan_id
         if definition is None:
             raise Problem(422, "no definition", "give a definition or a plan_id")
-        return await service.plan_for_tensors(definition, options_json, tensors, client)
+        return await service.plan_for_tensors(definition, options_json, tensors,
+                                              client_of(request), request.is_disconnected)
 
     outputs_doc = {200: {"description": "the outputs: KServe-v2 JSON for a JSON request, "
                                         "safetensors otherwise",
@@ -187,8 +188,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                       in_process=len(raw) > INLINE_BODY_BYTES)
         tensors = await run_in_threadpool(lambda: {
             name: from_array(values, datatype) for name, (values, datatype) in body.arrays.items()})
-        plan_id = await resolve(body.definition_text or body.definition_json, body.plan_id,
-                                body.options_json, tensors, client)
+        plan_id = await resolve(request, body.definition_text or body.definition_json,
+                                body.plan_id, body.options_json, tensors)
         response = await service.execute(plan_id, tensors, "json", client)
         outputs = await run_in_threadpool(lambda: [
             (name, to_array(t), NAMES[t.dtype]) for name, t in response["outputs"]])
@@ -223,7 +224,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 options = parse_model(PlanOptionsModel, text_part(form, "options"))
         tensors = await run_in_threadpool(load_safetensors, raw)
         client = client_of(request)
-        plan_id = await resolve(definition, plan_id, options.model_dump_json(), tensors, client)
+        plan_id = await resolve(request, definition, plan_id, options.model_dump_json(), tensors)
         response = await service.execute(plan_id, tensors, "safetensors", client)
         outputs = dict(response["outputs"])
         content = await run_in_threadpool(safetensors_io.dump, outputs)  # a view, no copy

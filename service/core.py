@@ -146,7 +146,8 @@ class Service:
         return stored, "miss"
 
     async def plan_for_tensors(self, definition: str, options_json: str,
-                               tensors: dict[str, Any], client: str = "") -> str:
+                               tensors: dict[str, Any], client: str = "",
+                               disconnected: Disconnected | None = None) -> str:
         """The id of the plan of a definition (nvFuser text or wire JSON text) for these
         tensors, planned now (in a planner process) unless stored."""
         given = {name: describe(name, t) for name, t in tensors.items()}
@@ -159,7 +160,7 @@ class Service:
             metrics.PLANS.labels(segmenter, "hit").inc()
             return plan_id
         result = await self.off_loop(plan_for_tensors, definition, given, options_json,
-                                     self.settings, client=client)
+                                     self.settings, client=client, disconnected=disconnected)
         stored, _ = await self._stored(result)
         with self.known_lock:
             self.known[key] = (stored.plan_id, stored.segmenter)
