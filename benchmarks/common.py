@@ -35,3 +35,25 @@ def write_result(name: str, device: str, title: str, table: str, notes: str = ""
     path.write_text(f"# {title}\n\nDevice: {device}\nDate: {date}\n\n{table}\n\n{notes}".rstrip()
                     + "\n")
     return path
+
+
+def wait_ready(url: str, proc=None, timeout: float = 120.0) -> None:
+    """Wait until the service at ``url`` answers /readyz with 200 (SystemExit if it does not, or
+    if ``proc`` exits first)."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"the server at {url} exited")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    if proc is not None:
+        proc.kill()
+    raise SystemExit(f"the server at {url} did not start")

@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from benchmarks.common import CORPUS, cpu_name, markdown_table, write_result
+from benchmarks.common import CORPUS, cpu_name, markdown_table, wait_ready, write_result
 from benchmarks.fusiongen import generate
 from runtime.tensor_wire import dump_safetensors
 
@@ -258,16 +258,7 @@ def start_server(cores: int) -> tuple[subprocess.Popen, str]:
                              "--log-level", "warning"], env=env, cwd=ROOT,
                             preexec_fn=lambda: os.sched_setaffinity(0, server_cpus))
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    else:
-        proc.kill()
-        raise SystemExit("the server did not start")
+    wait_ready(url, proc)
     rest = set(cpus) - server_cpus
     if rest:  # keep the load generator off the server's cores where there are others
         os.sched_setaffinity(0, rest)

@@ -1,148 +1,213 @@
-"""Thunder benchmark (GPU): one training step (forward and backward) of Thunder's own nanoGPT
-``Block`` and llama2 ``TransformerBlock`` in bf16, through
+"""Thunder benchmark (GPU): fusecut inside Thunder against Thunder's own default executors.
 
-- ``thunder.jit`` with fusecut (``fusecut_ex``, matmuls left to torch),
-- ``thunder.jit`` with its torch executor,
-- ``thunder.jit`` with its torch.compile executor,
-- plain ``torch.compile``,
+Blocks (``benchmarks.models``): Thunder's nanoGPT ``Block`` and llama2 ``TransformerBlock``, a
+Llama-3-style block, and nanoGPT with dropout 0.1; bf16. Steps: a training step (forward and
+backward with a fixed output gradient, batch 8, sequence 2048, width 2048) and a batch-1
+inference step (forward only under ``torch.no_grad``, sequence 128: host-bound). Systems, in one
+process on the same weights and inputs:
 
-in one process, on the same weights and inputs. Time per step is the CUDA-event median of warm
-steps; for fusecut, the bytes its regions planned against greedy and the lower bound, and the
-kernels (segments) per step. Prints the table and writes it to benchmarks/results/.
+- ``thunder default``: ``thunder.jit(m)``, Thunder's default executors (sdpa, the torch.compile
+  cross-entropy executor, nvFuser);
+- ``thunder default, fusecut``: the same list with ``fusecut_ex`` in nvFuser's place;
+- ``thunder fusecut only``: ``thunder.jit(m, executors=[fusecut_ex])``;
+- ``torch.compile`` and eager.
 
-    python -m benchmarks.thunder [--batch 8] [--seq 2048] [--width 2048] [--iters 20]
+Per row: ms per step (median of warm steps, CUDA events), GPU busy ms per step and GPU ops per
+step (kernels, copies and memsets, from torch.profiler over a few steps), and for fusecut the bytes
+its regions planned against their lower bound. A second table lists each system's top kernels.
+
+    python -m benchmarks.thunder [--steps train,infer] [--models nanogpt_block,...] [--iters 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import re
 import statistics
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from benchmarks.common import markdown_table, write_result
 
-
-def models(width: int, seq: int):
-    """(name, module, extra forward arguments) for each model, bf16 on the GPU."""
-    import importlib
-
-    import fusecut.thunder_executor  # noqa: F401  (readies torch before thunder's import)
-
-    nanogpt_model = importlib.import_module("thunder.tests.nanogpt_model")
-    llama2_model = importlib.import_module("thunder.tests.llama2_model")
-
-    gpt = nanogpt_model.Block(nanogpt_model.GPTConfig(
-        n_layer=1, n_head=width // 128, n_embd=width, block_size=seq, dropout=0.0, bias=True))
-    args = llama2_model.ModelArgs(dim=width, n_layers=1, n_heads=width // 128,
-                                  n_kv_heads=width // 256, max_seq_len=seq, dropout=0.0)
-    llama = llama2_model.TransformerBlock(0, args)
-    cos, sin = llama2_model.precompute_freqs_cis(args.dim // args.n_heads, seq)
-    dev = "cuda"
-    return [("nanogpt_block", gpt.to(dev, torch.bfloat16), ()),
-            ("llama2_block", llama.to(dev, torch.bfloat16), (cos.to(dev), sin.to(dev)))]
+STEPS = {"train": (8, 2048), "infer": (1, 128)}  # batch, sequence
+HEADERS = ["model", "step", "system", "ms / step", "GPU busy ms", "GPU ops / step",
+           "fusecut planned / lower bound MiB", "note"]
 
 
-def systems():
-    import thunder
-    from thunder.executors.torch_compile import torch_compile_ex
+def systems() -> list[tuple[str, Callable]]:
+    from fusecut.thunder_executor import fusecut_ex, thunder
 
-    from fusecut.thunder_executor import fusecut_ex
-
+    defaults = list(thunder.get_default_executors())
+    names = [e.name for e in defaults]
+    with_fusecut = ([fusecut_ex if e.name == "nvfuser" else e for e in defaults]
+                    if "nvfuser" in names else defaults + [fusecut_ex])
     return [
-        ("thunder + fusecut", lambda m: thunder.jit(m, executors=[fusecut_ex])),
-        ("thunder + torch", lambda m: thunder.jit(m, executors=[thunder.pytorch_executor])),
-        ("thunder + torch.compile", lambda m: thunder.jit(m, executors=[torch_compile_ex])),
+        (f"thunder default ({', '.join(names)})", lambda m: thunder.jit(m)),
+        ("thunder default, fusecut for nvFuser", lambda m: thunder.jit(m, executors=with_fusecut)),
+        ("thunder fusecut only", lambda m: thunder.jit(m, executors=[fusecut_ex])),
         ("torch.compile", lambda m: torch.compile(m)),
+        ("eager", lambda m: m),
     ]
 
 
-def step_time(fn, x, extra, grad, iters: int) -> float:
-    def step():
-        y = fn(x, *extra)
-        y.backward(grad)
+@dataclass
+class Measured:
+    ms: float
+    busy_ms: float
+    ops: float
+    top: list[tuple[str, float, float]] = field(default_factory=list)  # name, ms/step, calls
 
+
+def run_step(fn, x, extra, grad):
+    if grad is None:
+        with torch.no_grad():
+            return fn(x, *extra)
+    y = fn(x, *extra)
+    y.backward(grad)
+    return y
+
+
+def measure(fn, x, extra, grad, iters: int, profiled: int = 3,
+            timeline: str | None = None) -> Measured:
     for _ in range(3):
-        step()
+        run_step(fn, x, extra, grad)
     torch.cuda.synchronize()
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        step()
+        run_step(fn, x, extra, grad)
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+        times.append(start.elapsed_time(end))
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(profiled):
+            run_step(fn, x, extra, grad)
+        torch.cuda.synchronize()
+    if timeline:  # the GPU ops of the last profiled step, in order: which region is which
+        ops = sorted((e for e in prof.events() if e.device_type.name == "CUDA"),
+                     key=lambda e: e.time_range.start)
+        per_step = len(ops) // profiled
+        with open(timeline, "w") as f:
+            f.writelines(f"{e.device_time_total / 1e3:8.3f} ms  {e.name[:120]}\n"
+                         for e in ops[-per_step:])
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    busy = sum(e.self_device_time_total for e in kernels) / 1e3 / profiled
+    ops = sum(e.count for e in kernels) / profiled
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:6]
+    return Measured(statistics.median(times), busy, ops,
+                    [(e.key[:90], e.self_device_time_total / 1e3 / profiled, e.count / profiled)
+                     for e in top])
 
 
-def fusecut_summary(jitted) -> tuple[str, str, str, str]:
+def fusecut_bytes(jitted) -> str:
     from fusecut.thunder_executor import region_reports
 
-    reports = region_reports(jitted)
-    planned = [r for r in reports if r.planned_bytes is not None]
-    fallbacks = [r for r in reports if r.fallback]
-    mib = lambda attr: f"{sum(getattr(r, attr) or 0 for r in planned) / 2**20:.0f}"  # noqa: E731
-    kernels = sum(len(r.segments) for r in planned)
-    note = f"{len(planned)} regions" + (f", {len(fallbacks)} on torch" if fallbacks else "")
-    return f"{mib('planned_bytes')} / {mib('greedy_bytes')} / {mib('lower_bound_bytes')}", \
-        str(kernels), note, "; ".join(r.summary() for r in fallbacks)
+    reports = [r for r in region_reports(jitted) if r.planned_bytes is not None]
+    planned = sum(r.planned_bytes for r in reports) / 2**20
+    bound = sum(r.lower_bound_bytes for r in reports) / 2**20
+    fallbacks = sum(1 for r in region_reports(jitted) if r.fallback)
+    note = f"{len(reports)} regions" + (f", {fallbacks} on torch" if fallbacks else "")
+    return f"{planned:.0f} / {bound:.0f} ({note})"
 
 
-def run(batch: int, seq: int, width: int, iters: int) -> tuple[str, str]:
-    torch.manual_seed(0)
-    rows = []
-    for name, model, extra in models(width, seq):
-        x = torch.randn(batch, seq, width, device="cuda", dtype=torch.bfloat16,
-                        requires_grad=True)
-        grad = torch.randn_like(x)
-        for system, make in systems():
-            candidate = copy.deepcopy(model)
-            try:
-                fn = make(candidate)
-                start = time.perf_counter()
-                fn(x, *extra).backward(grad)
-                torch.cuda.synchronize()
-                first = time.perf_counter() - start
-                seconds = step_time(fn, x, extra, grad, iters)
-                planned, kernels, note = "-", "-", f"first step {first:.1f} s"
-                if "fusecut" in system:
-                    planned, kernels, regions, why = fusecut_summary(fn)
-                    note = f"{regions}; {note}" + (f"; {why}" if why else "")
-                rows.append([name, system, f"{seconds * 1e3:.2f}", planned, kernels, note])
-            except Exception as e:  # one failing system never aborts the table
-                traceback.print_exc()
-                rows.append([name, system, "-", "-", "-", f"{type(e).__name__}: {e}"[:160]])
-            print(" | ".join(rows[-1]), flush=True)
-            del candidate
-            torch.cuda.empty_cache()
-    headers = ["model", "system", "ms / step", "fusecut planned / greedy / lower bound MiB",
-               "fusecut kernels / step", "note"]
-    notes = (f"One training step (forward + backward with a fixed output gradient), bf16, batch "
-             f"{batch}, sequence {seq}, width {width}; median of {iters} warm steps, CUDA events, "
-             f"same process and weights; PyTorch {torch.__version__}. fusecut's executor leaves "
-             f"matmuls, attention and everything it does not claim to Thunder's other "
-             f"executors; its bytes and kernels are those of its own regions.")
-    return markdown_table(headers, rows) + "\n", notes
+def dump_traces(fn, path: str) -> None:
+    """The last forward (and backward) execution traces Thunder ran, for reading."""
+    from fusecut.thunder_executor import thunder
+
+    texts = [str(thunder.last_traces(fn)[-1])]
+    try:
+        texts.append(str(thunder.last_backward_traces(fn)[-1]))
+    except Exception:  # an inference step has no backward
+        pass
+    with open(path, "w") as f:
+        f.write("\n\n".join(texts))
+
+
+def run(steps: list[str], models: list[str] | None, iters: int, width: int, log,
+        traces: str | None = None, on_row=None) -> tuple:
+    from benchmarks.models import blocks, place
+
+    rows, tops = [], []
+    for step in steps:
+        batch, seq = STEPS[step]
+        for name, module, extra in blocks(width, seq):
+            if models and name not in models:
+                continue
+            torch.manual_seed(0)
+            module, extra = place(module, extra, "cuda", torch.bfloat16)
+            if step == "infer":
+                module.eval()
+            x = torch.randn(batch, seq, width, device="cuda", dtype=torch.bfloat16,
+                            requires_grad=step == "train")
+            grad = torch.randn_like(x) if step == "train" else None
+            for system, make in systems():
+                candidate = copy.deepcopy(module)
+                try:
+                    fn = make(candidate)
+                    start = time.perf_counter()
+                    run_step(fn, x, extra, grad)
+                    torch.cuda.synchronize()
+                    first = time.perf_counter() - start
+                    tag = re.sub(r"[^a-z]+", "-", system.lower())[:32].strip("-")
+                    m = measure(fn, x, extra, grad, iters, timeline=traces and
+                                f"{traces}/{name}-{step}-{tag}.kernels.txt")
+                    planned = fusecut_bytes(fn) if "fusecut" in system else "-"
+                    if traces and system.startswith("thunder"):
+                        dump_traces(fn, f"{traces}/{name}-{step}-{tag}.txt")
+                    row = [name, step, system, f"{m.ms:.2f}", f"{m.busy_ms:.2f}", f"{m.ops:.0f}",
+                           planned, f"first step {first:.1f} s"]
+                    tops.append([name, step, system, "; ".join(
+                        f"{k} {ms:.3f} ms x{n:.0f}" for k, ms, n in m.top)])
+                except Exception as e:  # one failing system never aborts the table
+                    traceback.print_exc()
+                    why = f"{type(e).__name__}: {e}".replace("\n", " ").replace("|", "/")
+                    row = [name, step, system, "-", "-", "-", "-", f"fails: {why[:200]}"]
+                rows.append(row)
+                log(" | ".join(row))
+                if on_row is not None:  # the table so far, so that a crash loses nothing
+                    on_row(markdown_table(HEADERS, rows))
+                del candidate
+                torch.cuda.empty_cache()
+    notes = (f"Training step: batch {STEPS['train'][0]}, sequence {STEPS['train'][1]}; inference "
+             f"step: batch {STEPS['infer'][0]}, sequence {STEPS['infer'][1]}, forward under "
+             f"no_grad; width {width}, bf16, 128-wide heads. Median of {iters} warm steps (CUDA "
+             f"events); GPU busy time and op counts from torch.profiler over 3 steps. PyTorch "
+             f"{torch.__version__}.")
+    top_table = markdown_table(["model", "step", "system", "top GPU ops (ms / step, calls)"],
+                               tops)
+    return markdown_table(HEADERS, rows) + "\n\n## Top GPU ops per system\n\n" + top_table, notes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--steps", default="train,infer")
+    parser.add_argument("--models", default="", help="comma-separated; default: all")
     parser.add_argument("--width", type=int, default=2048)
-    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--traces", help="a folder: write each Thunder system's last traces "
+                        "and each system's GPU ops of one step, in order")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.thunder needs a CUDA GPU")
-    table, notes = run(args.batch, args.seq, args.width, args.iters)
+    models = [m for m in args.models.split(",") if m] or None
+    device = torch.cuda.get_device_name()
+
+    def save(table: str, notes: str = "(partial: the run stopped here)") -> str:
+        return write_result("thunder", device, "Thunder benchmark", table, notes)
+
+    table, notes = run(args.steps.split(","), models, args.iters, args.width,
+                       lambda line: print(line, flush=True), args.traces, save)
     print(table)
     print(notes)
-    device = torch.cuda.get_device_name()
-    print(f"written to {write_result('thunder', device, 'Thunder benchmark', table, notes)}")
+    print(f"written to {save(table, notes)}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import re
 from collections.abc import Callable
 
 from codegen import cuda
+from optimizer.analysis.axes import reshape_spans
 from optimizer.analysis.opclass import Role, role
 from optimizer.analysis.shapes import Bound
 from optimizer.errors import PlanError
@@ -106,6 +107,9 @@ class Emitter:
         # expressions or None (random numbers need the linear index of each element).
         self.flat_index: Callable[[str, Index], tuple[str, str] | None] | None = None
         self.names = names if names is not None else Names()
+        # joined index expression and extents -> the parts (see join)
+        self.joined: dict[tuple[str, tuple[int, ...]], Index] = {}
+        self.joined_from: dict[tuple[Index, tuple[int, ...]], str] = {}  # the reverse of split
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -156,6 +160,32 @@ class Emitter:
         if value is None:
             raise PlanError(f"scalar {name} has no value at code generation time")
         return cuda.literal(value, d)
+
+    def join(self, parts: Index, extents: tuple[int, ...]) -> str:
+        """The index of an axis made of a run of axes (row-major, outer first) from their
+        indices; remembered, so that splitting it again gives the parts back."""
+        whole = self.joined_from.get((parts, extents))
+        if whole is not None:  # the parts were split from this index
+            return whole
+        expr = join_index(parts, extents)
+        self.joined[(expr, extents)] = parts
+        return expr
+
+    def split(self, expr: str, extents: tuple[int, ...]) -> Index:
+        """The indices of a run of axes (extents ``extents``) that an axis indexed by ``expr``
+        is made of: the parts it was joined from, else by division."""
+        hit = self.joined.get((expr, extents))
+        if hit is not None:
+            return hit
+        if len(extents) == 1:
+            return (expr,)
+        out, stride = [], math.prod(extents)
+        for e in extents:
+            stride //= e
+            q = f"({expr} / {stride})" if stride > 1 else expr
+            out.append(q if len(out) == 0 else f"({q} % {e})")
+        self.joined_from[(tuple(out), extents)] = expr
+        return tuple(out)
 
     def ref_int(self, x) -> int:
         return int(self.bound.scalars[x.name]) if isinstance(x, Ref) else int(x)
@@ -333,8 +363,20 @@ class Emitter:
             return tuple("0" if flags[a] else idx[inv[a]] for a in range(rank))
         if name == "reshape":
             out_shape = b.shapes[op.outputs[0]]
-            flat = _linearize(idx, out_shape)
-            return _delinearize(flat, shape, flags)
+            spans = reshape_spans(shape, out_shape)
+            if spans is None:  # elements regrouped: through the flat index
+                flat = _linearize(idx, out_shape)
+                return _delinearize(flat, shape, flags)
+            out = ["0"] * rank  # extent-1 axes are in no span
+            for ins, outs in spans:
+                if len(ins) == 1:  # kept or split: the split parts make its index
+                    out[ins[0]] = self.join(tuple(idx[j] for j in outs),
+                                            tuple(out_shape[j] for j in outs))
+                else:  # merged: its index splits back into theirs
+                    for a, part in zip(ins, self.split(idx[outs[0]],
+                                                       tuple(shape[a] for a in ins))):
+                        out[a] = part
+            return tuple("0" if flags[a] else out[a] for a in range(rank))
         if name == "slice":
             strides = op.attrs["strides"] or [1] * rank
             out = []
@@ -489,6 +531,26 @@ class Emitter:
         pos = idx[0] if ct == {"int": "int", "int64": "long long"}.get(self.itype) else \
             f"({ct})({idx[0]})"
         return self.let_value(tensor, f"({ct})({start}) + {pos} * ({ct})({step})")
+
+
+def join_index(parts: Index, extents: tuple[int, ...]) -> str:
+    """``sum(part * stride)`` over a row-major run of axes, as C: ``(i1 * 10 + c_2)``. A vector
+    lane stays last and outside inner parentheses (``(i3 * 64 + c_4 + _lane)``), the form
+    the kernels recognise as a lane-contiguous index."""
+    if len(parts) == 1:
+        return parts[0]
+    terms, stride = [], 1
+    for p, e in zip(reversed(parts), reversed(extents)):
+        if p != "0":
+            lane = _LANE_SUM.fullmatch(p) if stride == 1 else None
+            if lane is not None and _balanced(lane.group(1)):
+                terms.append(f"{lane.group(1)} + {lane.group(2)}")
+            else:
+                terms.append(p if stride == 1 else f"{p} * {stride}")
+        stride *= e
+    if not terms:
+        return "0"
+    return f"({' + '.join(reversed(terms))})"
 
 
 def _linearize(idx: Index, shape) -> str:

@@ -48,7 +48,8 @@ from codegen.kernel import (
 )
 from codegen.layout import address, covering_grid, decompose, index_type, tensor_strides
 from codegen.reduction import _acc_size
-from codegen.regions import LANE, Region, lane_loop, pick_vector
+from codegen.regions import LANE, Region, at_lane_zero, lane_loop, pick_vector
+from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
 from optimizer.schedulers.kinds import Schedule
 from optimizer.schedulers.persistent import COLUMN, is_row_tensor
@@ -60,6 +61,8 @@ from optimizer.schedulers.profiles import DeviceProfile
 # norm's weights with the row, and one-barrier reductions for single-row blocks were no faster.
 NORM_VECTORS = 2
 NORM_ROWS_PER_BLOCK = 1
+NORM_MAX_THREADS = 1024  # threads of one row: longer rows hold more vectors per thread
+NORM_STREAM_BYTES = 32 * 1024  # input bytes per row from which rows stream (streams_rows)
 # Inner-outer blocks: threads per block (row groups of threads_per_row), blocks per SM, input
 # bytes each SM keeps in flight through the prefetch pipeline (32 KiB gives two stages for the
 # corpus cases, the fastest measured), and vectors per thread per row.
@@ -171,6 +174,7 @@ class _Persistent:
                                max_vector)
         row_vecs = -(-self.row_len // self.vec)
         columns = bool(schedule.outer_reductions)
+        streamed = not columns and self.streams_rows()
         # Short rows: a warp per row, eight rows per block. Longer rows: a block per row, each
         # thread holding several vectors (independent loads in flight); inner-outer blocks hold
         # fewer (their column accumulators need registers) and fewer blocks run, so that fewer
@@ -178,20 +182,21 @@ class _Persistent:
         self.warp_rows = row_vecs <= 128 and not columns
         self.row_reducers = [reducer(bound, i) for i in schedule.reductions]
         self.col_reducers = [reducer(bound, i) for i in schedule.outer_reductions]
-        if columns:  # row groups of threads_per_row threads (see the module docstring)
+        if columns or streamed:  # row groups of threads_per_row threads (module docstring)
             self.threads_per_row = max(32, min(512, -(-row_vecs // IO_SLOTS // 32) * 32))
             groups = max(1, IO_BLOCK_THREADS // self.threads_per_row)
             if self.threads_per_row > 32:  # named barriers 1..15, one per group
                 groups = min(15, groups)
             # the groups' column sums meet in shared memory at the end
-            acc = max(_acc_size(r) for r in self.col_reducers)
+            acc = max((_acc_size(r) for r in self.col_reducers), default=0)
             while groups > 1 and groups * self.row_len * acc > self.smem_budget:
                 groups //= 2
             self.threads = self.threads_per_row * groups
         elif self.warp_rows:
             self.threads_per_row, self.threads = 32, 256
         else:
-            self.threads_per_row = max(64, min(1024, -(-row_vecs // NORM_VECTORS // 32) * 32))
+            self.threads_per_row = max(64, min(NORM_MAX_THREADS,
+                                               -(-row_vecs // NORM_VECTORS // 32) * 32))
             self.threads = self.threads_per_row * max(1, min(
                 NORM_ROWS_PER_BLOCK, 15, 1024 // self.threads_per_row))  # named barriers 1..15
         self.slots = -(-row_vecs // self.threads_per_row)  # E: vectors per thread per row
@@ -199,7 +204,7 @@ class _Persistent:
         self.smem_decls: list[str] = []
         self.rvars = [f"i{a}" for a in self.rows_axes]
         self.cvars = [f"c_{a}" for a in self.row_axes]
-        self.groups = columns  # inner-outer: row groups, prefetched inputs
+        self.groups = columns or streamed  # row groups, prefetched inputs
         # normalization blocks of several rows: a group of threads per row, meeting on its own
         # named barrier
         self.norm_group = not columns and not self.warp_rows and self.rows_per_block > 1
@@ -216,6 +221,21 @@ class _Persistent:
         self.bulk: list[str] = []  # staged inputs moved by bulk copies (sm_90)
         self.smem_offsets: dict[str, int] = {}
         self.dyn_smem = 0
+
+    def streams_rows(self) -> bool:
+        """Whether a normalization's rows are long enough to stream through shared memory as
+        the inner-outer scheme's do (and short enough for two to fit there): a block holding
+        a long row in registers reads it, reduces, then writes it, and the blocks of an SM (two
+        at most, for such rows) go through these phases together; prefetching the next row
+        while the current one is reduced and written keeps memory busy throughout."""
+        last = len(self.domain) - 1
+        if last not in self.row_axes:
+            return False
+        # the inputs read along the row (a weight varying along part of it stays in cache)
+        along = [t for t in self.schedule.inputs if self.domain_steps(t).get(last) == 1]
+        nbytes = sum(-(-self.row_len * self.fusion.tensors[t].dtype.itemsize // 16) * 16
+                     for t in along)
+        return NORM_STREAM_BYTES <= nbytes and 2 * nbytes <= self.smem_budget
 
     @property
     def smem_budget(self) -> int:
@@ -282,7 +302,7 @@ class _Persistent:
         fixed = sum(row_bytes(t) for t in self.fixed)
         budget = self.smem_budget
         combine = (groups * self.row_len * max(_acc_size(r) for r in self.col_reducers)
-                   if groups > 1 else 0)
+                   if groups > 1 and self.col_reducers else 0)
         stages = 0
         if per_stage:
             want = 1 + -(-IO_INFLIGHT_BYTES // IO_BLOCKS_PER_SM // max(1, groups * per_row))
@@ -338,7 +358,7 @@ class _Persistent:
         if (self.vec > 1 and len(lanes) == 1 and strides[lanes[0]] == 1
                 and all(x % self.vec == 0 for a, x in enumerate(strides) if a != lanes[0])):
             a = lanes[0]
-            return address(tuple(self.cvars[-1] if k == a else i for k, i in enumerate(idx)),
+            return address(tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx)),
                            strides)
         return None
 
@@ -425,20 +445,29 @@ class _Persistent:
     def contiguous_row(self, t: str) -> bool:
         """Whether input t's row is one contiguous run of memory, 16-byte aligned (so one bulk
         copy moves it)."""
-        fusion = self.fusion
-        size = fusion.tensors[t].dtype.itemsize
-        strides = tensor_strides(self.bound, t)
-        amap = self.schedule.axis_map[t]
-        dims = [d for d, a in enumerate(amap) if a is not None and a in self.row_axes]
-        if [amap[d] for d in dims] != self.row_axes or (self.row_len * size) % 16:
+        size = self.fusion.tensors[t].dtype.itemsize
+        steps = self.domain_steps(t)
+        if any(a not in steps for a in self.row_axes) or (self.row_len * size) % 16:
             return False
         expect = 1
-        for d in reversed(dims):
-            if self.domain[amap[d]] > 1 and strides[d] != expect:
+        for a in reversed(self.row_axes):
+            if self.domain[a] > 1 and steps[a] != expect:
                 return False
-            expect *= self.domain[amap[d]]
-        return all((strides[d] * size) % 16 == 0 for d, a in enumerate(amap)
-                   if a is not None and a not in self.row_axes)
+            expect *= self.domain[a]
+        return all((step * size) % 16 == 0 for a, step in steps.items()
+                   if a not in self.row_axes)
+
+    def domain_steps(self, t: str) -> dict[int, int]:
+        """How far input t's address moves per step of each domain axis it varies along (an
+        axis on a run of domain axes moves its stride times the extents inside the run)."""
+        strides = tensor_strides(self.bound, t)
+        steps = {}
+        for d, entry in enumerate(self.schedule.axis_map[t]):
+            step = strides[d]
+            for a in reversed(domain_axes(entry)):
+                steps[a] = step
+                step *= self.domain[a]
+        return steps
 
     @property
     def tid(self) -> str:
@@ -492,7 +521,8 @@ class _Persistent:
         ps += [Param("ws", f"c{k}", f"{r.acc_type}* __restrict__")
                for k, r in enumerate(self.col_reducers)]
         row_blocks = -(-self.rows // self.rows_per_block)
-        if self.col_reducers:  # one column partial per block: as many blocks as fit at once
+        if self.groups:  # resident blocks striding over the rows (and, inner-outer, one
+            # column partial per block): as many blocks as fit at once
             blocks = max(1, min(row_blocks, self.profile.sm_count * IO_BLOCKS_PER_SM))
         else:  # a block per row (group): 5-7% faster on H100 than striding a resident grid
             blocks = covering_grid(self.rows, self.rows_per_block, self.itype)
@@ -714,7 +744,7 @@ class _Persistent:
         if (self.vec > 1 and len(lanes) == 1 and strides[lanes[0]] == 1
                 and all(x % self.vec == 0 for a, x in enumerate(strides) if a != lanes[0])):
             a = lanes[0]
-            base = tuple(self.cvars[-1] if k == a else i for k, i in enumerate(idx))
+            base = tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx))
             slot_pre.append(f"p_{t}[k] = *reinterpret_cast<const fc_vec<{st}, {self.vec}>*>("
                             f"in_{t} + {address(base, strides)});")
             self.aligned[t] = self.vec * d.itemsize

@@ -40,6 +40,7 @@ from codegen.layout import (
     tensor_strides,
 )
 from codegen.precision import fast_math_tensors
+from codegen.transpose import generate_transpose
 from optimizer.analysis.shapes import Bound
 from optimizer.schedulers.kinds import Schedule
 from optimizer.schedulers.profiles import DeviceProfile
@@ -81,6 +82,9 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
     domain = list(schedule.domain)
     if numel(domain) == 0:
         return SegmentKernels(index, "pointwise", "", [])
+    tiled = generate_transpose(bound, schedule, profile, index, vector, recomputed)
+    if tiled is not None:  # its tensors disagree on the innermost axis
+        return tiled
     per_axis = [(a, a) for a in range(len(domain))]
     kernels, rows = _generate(bound, schedule, index, vector, recomputed, per_axis)
     if rows is None:  # an access that is not a plain domain index (slice, pad, gather...)

@@ -29,13 +29,14 @@ from codegen.kernel import (
 )
 from codegen.layout import decompose, index_type
 from codegen.regions import LANE, Region, pick_vector
+from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
 from optimizer.schedulers.kinds import Schedule
 from optimizer.schedulers.profiles import DeviceProfile
 
 
 def _varies_along(schedule: Schedule, tensor: str, axes) -> bool:
-    return any(m in axes for m in schedule.axis_map[tensor] if m is not None)
+    return any(a in axes for m in schedule.axis_map[tensor] for a in domain_axes(m))
 
 
 def generate_reduction(bound: Bound, schedule: Schedule, profile: DeviceProfile,

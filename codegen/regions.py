@@ -9,10 +9,13 @@ kernel itself holds there (reduction results, on-chip buffers).
 
 from __future__ import annotations
 
+import re
+
 from codegen import cuda
 from codegen.emit import Emitter, Names, value_name
 from codegen.layout import address, compact_strides, tensor_strides
 from codegen.precision import fast_math_tensors
+from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
 from optimizer.schedulers.kinds import Schedule
 
@@ -40,8 +43,20 @@ class Region:
         self.em.fast = fast_math_tensors(bound, schedule)
 
     def index_of(self, tensor: str) -> tuple[str, ...]:
-        """The tensor's index in this region, through its axis map onto the domain."""
-        return tuple("0" if m is None else self.p_idx[m] for m in self.schedule.axis_map[tensor])
+        """The tensor's index in this region, through its axis map onto the domain (an axis on
+        a run of domain axes joins their indices, as the emitter's reshapes do)."""
+        domain = self.schedule.domain
+        out = []
+        for m in self.schedule.axis_map[tensor]:
+            run = domain_axes(m)
+            if not run:
+                out.append("0")
+            elif len(run) == 1:
+                out.append(self.p_idx[run[0]])
+            else:
+                out.append(self.em.join(tuple(self.p_idx[a] for a in run),
+                                        tuple(domain[a] for a in run)))
+        return tuple(out)
 
     def value(self, tensor: str) -> str:
         return self.em.value(tensor, self.index_of(tensor))
@@ -69,8 +84,7 @@ class Region:
                 and idx[lanes[0]].endswith(f" + {LANE})") and strides[lanes[0]] == 1
                 and all(s % self.vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
             a = lanes[0]
-            base_i = idx[a][1:-len(f" + {LANE})")]
-            base = tuple(base_i if k == a else i for k, i in enumerate(idx))
+            base = tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx))
             reg = f"o_{tensor}"
             st = cuda.storage(d)
             self.decls.append(f"fc_vec<{st}, {self.vec}> {reg};")
@@ -111,8 +125,7 @@ class Region:
                 and strides[lanes[0]] == 1
                 and all(s % self.vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
             a = lanes[0]
-            base_i = idx[a][1:-len(f" + {LANE})")]
-            base = tuple(base_i if k == a else i for k, i in enumerate(idx))
+            base = tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx))
             key = (t, base)
             if key not in self._vec_loads:
                 vname = em.names.fresh(f"vec_{t}")
@@ -123,6 +136,16 @@ class Region:
                 self.aligned[t] = self.vec * d.itemsize
             return cuda.to_compute(f"{self._vec_loads[key]}.v[{LANE}]", d)
         return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
+
+
+def at_lane_zero(component: str) -> str:
+    """An index component of a vector's first lane: ``(c_2 + _lane)`` -> ``c_2``, and for an
+    axis joined from several (``(i1 * 64 + c_2 + _lane)``) -> ``(i1 * 64 + c_2)``."""
+    suffix = f" + {LANE})"
+    if not (component.startswith("(") and component.endswith(suffix)):
+        return component
+    inner = component[1:-len(suffix)]
+    return inner if re.fullmatch(r"\w+", inner) else f"({inner})"
 
 
 def lane_loop(vec: int, lines: list[str]) -> list[str]:

@@ -35,11 +35,14 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def start_child(module: str) -> tuple[subprocess.Popen, Connection]:
-    """``python -m module <fd> <our pid>``, and our end of its socket pair."""
+def start_child(module: str, env: dict[str, str] | None = None
+                ) -> tuple[subprocess.Popen, Connection]:
+    """``python -m module <fd> <our pid>``, and our end of its socket pair; ``env`` adds to
+    its environment (CUDA_VISIBLE_DEVICES pins a worker to a GPU)."""
     ours, theirs = socket.socketpair()
     proc = subprocess.Popen([sys.executable, "-m", module, str(theirs.fileno()),
-                             str(os.getpid())], pass_fds=[theirs.fileno()], env=child_env())
+                             str(os.getpid())], pass_fds=[theirs.fileno()],
+                            env={**child_env(), **(env or {})})
     theirs.close()
     return proc, Connection(ours.detach())
 

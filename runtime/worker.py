@@ -137,8 +137,10 @@ class _Pickler(pickle.Pickler):
         for axis in range(obj.dim()):
             if obj.stride(axis) == 0 and obj.shape[axis] > 1:
                 core = core.narrow(axis, 0, 1)
-        core = core.contiguous()
-        raw = pickle.PickleBuffer(core.reshape(-1).view(torch.uint8).numpy())
+        flat = core.contiguous().reshape(-1)
+        if flat.numel() and flat.stride(0) != 1:  # one element with stride 0 is "contiguous"
+            flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+        raw = pickle.PickleBuffer(flat.view(torch.uint8).numpy())
         return tensor_from_bytes, (raw, obj.dtype, tuple(core.shape), tuple(obj.shape))
 
 
@@ -183,9 +185,11 @@ def _main(conn: Connection) -> None:  # the worker process
 class Worker:
     """The service's handle on the worker process: start, restart, run one request at a time."""
 
-    def __init__(self, process: bool = True, start_timeout: float = 120.0):
+    def __init__(self, process: bool = True, start_timeout: float = 120.0,
+                 env: dict[str, str] | None = None):
         self.process = process
         self.start_timeout = start_timeout
+        self.env = env or {}  # for the worker process: CUDA_VISIBLE_DEVICES pins it to a GPU
         self.restarts = 0
         self.device = "starting"
         self._lock = threading.Lock()  # one request at a time through the socket
@@ -214,7 +218,7 @@ class Worker:
             self._settled.set()
 
     def _spawn(self) -> None:
-        proc, conn = start_child("runtime.worker")
+        proc, conn = start_child("runtime.worker", self.env)
         hello: dict[str, Any] = {"ready": False, "error": "no answer"}
         if conn.poll(self.start_timeout):
             try:
@@ -237,6 +241,11 @@ class Worker:
         if not self.process:
             return self._inline is not None
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def settled(self) -> bool:
+        """False while a start is under way."""
+        return self._settled.is_set()
 
     @property
     def pid(self) -> int | None:

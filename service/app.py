@@ -12,6 +12,8 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import os
+import socket
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -38,14 +40,15 @@ from service.security import CrossOrigin, SecurityHeaders, allowed_origins, key_
 from service.settings import Settings
 
 JSON = "application/json"
+REPLICA = f"{socket.gethostname()}:{os.getpid()}"
 SAFETENSORS = "application/octet-stream"
 PLAN_ID = r"^[0-9a-f]{32}$"
 M = TypeVar("M", bound=BaseModel)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, worker=None) -> FastAPI:
     settings = settings or Settings.from_env()
-    service = Service(settings)
+    service = Service(settings, worker)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -113,14 +116,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         require_media_type(request, JSON)
         raw = await request.body()
         raw_key = "raw:" + await run_in_threadpool(lambda: hashlib.sha256(raw).hexdigest())
-        cached = await run_in_threadpool(service.store.by_request, raw_key)
-        outcome = "hit"
-        if cached is None:
-            cached, outcome = await service.plan_request(raw, client_of(request),
-                                                         request.is_disconnected)
-            await run_in_threadpool(service.store.link, raw_key, cached.plan_id)
-        else:
-            metrics.PLANS.labels(cached.segmenter, "hit").inc()
+        cached, outcome = await service.plan_request(raw, raw_key, client_of(request),
+                                                     request.is_disconnected)
         return Response(cached.body, media_type=JSON, headers={"X-Fusecut-Cache": outcome})
 
     @v1.get("/plans/{plan_id}", summary="A plan made before", responses={
@@ -246,6 +243,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                  **(openapi.problems(401) if metrics_auth else {})})
     async def get_metrics() -> Response:
         metrics.WORKER_UP.set(1 if service.ready else 0)
+        metrics.record_devices(service.worker)
         content, media_type = metrics.exposition()
         return Response(content, media_type=media_type)
 
@@ -253,24 +251,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", summary="A worker is up")
+    @app.get("/readyz", summary="A worker is up (and whether the plan cache works)")
     async def readyz() -> JSONResponse:
-        workers = service.workers
-        ready = service.ready
-        body = {"status": "ready" if ready else "not ready",
-                "worker": "up" if ready else "down", "device": workers[0].device,
-                "worker_pid": workers[0].pid, "worker_restarts": sum(w.restarts for w in workers),
-                "workers": [{"pid": w.pid, "up": w.ready, "device": w.device} for w in workers],
-                "planner_pids": service.planners.pids,
-                "plans_stored": await run_in_threadpool(service.store.count)}
-        return JSONResponse(body, status_code=200 if ready else 503)
+        w = service.worker
+        cache = await run_in_threadpool(service.store.status)
+        # a failing cache is "degraded", not unready: plans are still made and returned
+        status = "not ready" if not w.ready else "ready" if cache["state"] == "ok" else \
+            "degraded"
+        body = {"status": status, "replica": REPLICA,  # which replica behind a balancer
+                "worker": "up" if w.ready else "down", "device": w.device,
+                "worker_pid": w.pid, "worker_restarts": w.restarts,
+                "workers": w.snapshot(), "planner_pids": service.planners.pids,
+                "plans_stored": cache["plans"], "cache": cache}
+        return JSONResponse(body, status_code=200 if w.ready else 503)
 
     @app.get("/dashboard", response_class=HTMLResponse, summary="Recent plans")
     async def dashboard(request: Request) -> HTMLResponse:
-        worker = {"device": service.workers[0].device, "up": service.ready}
-        page = await service.off_loop(render_recent, settings.db_path, settings.recent_plans,
-                                      worker, client=client_of(request))
-        if page is None:  # a store only the service's process can read (":memory:")
+        worker = {"device": service.worker.device, "up": service.ready}
+        page = await service.off_loop(render_recent, settings.cache_location,
+                                      settings.recent_plans, worker, client=client_of(request))
+        if page is None:  # a cache only the service's process can read (":memory:")
             page = await run_in_threadpool(lambda: render(
                 service.store.recent(settings.recent_plans), worker))
         return HTMLResponse(page)

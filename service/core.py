@@ -21,22 +21,16 @@ import torch
 from starlette.concurrency import run_in_threadpool
 
 from runtime.tensors import from_torch_dtype
-from runtime.worker import (
-    Job,
-    PlanSource,
-    Worker,
-    WorkerCrashed,
-    WorkerTimeout,
-    WorkerUnavailable,
-)
+from runtime.worker import Job, PlanSource, WorkerCrashed, WorkerTimeout, WorkerUnavailable
+from runtime.worker_pool import WorkerPool, parse_gpus
 from service import metrics
 from service.admission import Gate
 from service.planners import JobCancelled, PlannerCrashed, PlannerFailed, PlannerPool
 from service.planning import Planned, Refusal, plan_body, plan_for_tensors, refusing
 from service.problems import Problem
-from service.readonly import lookup
 from service.settings import Settings
-from service.store import PlanStore, StoredPlan
+from service.singleflight import SingleFlight
+from service.store import PlanStore, StoredPlan, read_plan
 
 log = logging.getLogger("fusecut.service")
 KNOWN_EXECUTIONS = 4096  # execution requests remembered with the plan that serves them
@@ -48,17 +42,19 @@ class UnknownPlan(LookupError):
 
 
 class Service:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, worker=None):
+        """``worker``: what runs executions (a WorkerPool by default; Ray Serve passes a
+        handle on its execute deployment). The execution gate lets as many run at once as it
+        has workers, and ``max_queued_executions`` wait."""
         self.settings = settings
-        self.store = PlanStore(settings.db_path)
-        self.workers = [Worker(process=settings.worker)
-                        for _ in range(max(1, settings.max_concurrent_executions))]
-        self._assigned: set[int] = set()  # workers given a job (index)
-        self.planners = PlannerPool()
         s = settings
+        self.store = PlanStore(s.cache_location, s.cache_max_bytes, s.cache_memory_items)
+        self.worker = worker or WorkerPool(parse_gpus(s.gpus), s.worker, s.workers_per_device)
+        self.flights: SingleFlight[tuple[StoredPlan, str]] = SingleFlight()
+        self.planners = PlannerPool()
         self.plan_gate = Gate("plan", s.max_concurrent_plans, s.max_queued_plans, s.queue_wait_s,
                               s.max_requests_per_client)
-        self.exec_gate = Gate("execution", len(self.workers), s.max_queued_executions,
+        self.exec_gate = Gate("execution", len(self.worker), s.max_queued_executions,
                               s.queue_wait_s, s.max_requests_per_client)
         # (definition, options, input metadata) of executions -> plan id: a repeated execution
         # goes straight to a worker
@@ -67,19 +63,17 @@ class Service:
 
     def start(self) -> None:
         """Start the workers, and (without waiting for it) one planner process."""
-        for worker in self.workers:
-            worker.start()
+        self.worker.start()
         self.planners.start()
 
     def stop(self) -> None:
         self.planners.stop()
-        for worker in self.workers:
-            worker.stop()
+        self.worker.stop()
         self.store.close()
 
     @property
     def ready(self) -> bool:
-        return any(w.ready for w in self.workers)
+        return self.worker.ready
 
     # ---- planning ------------------------------------------------------------------------------
 
@@ -121,29 +115,59 @@ class Service:
             raise Problem(result.status, result.title, result.detail, **result.extra)
         return result
 
-    async def plan_request(self, raw: bytes, client: str = "",
+    async def plan_request(self, raw: bytes, raw_key: str, client: str = "",
                            disconnected: Disconnected | None = None) -> tuple[StoredPlan, str]:
-        """POST /v1/plan's body planned in a planner process: (the stored plan, "hit"/"miss")."""
-        result = await self.off_loop(plan_body, raw, self.settings, client=client,
-                                     disconnected=disconnected)
-        return await self._stored(result)
+        """POST /v1/plan: (the stored plan, "hit"/"miss"). A repeated body is answered by
+        ``raw_key``, the hash of its bytes; anything else is planned in a planner process,
+        once for concurrent identical bodies."""
+        stored = self.store.remembered(raw_key) or \
+            await run_in_threadpool(self.store.by_request, raw_key)
+        if stored is not None:
+            metrics.PLANS.labels(stored.segmenter, "hit").inc()
+            return stored, "hit"
+        while True:
+            try:
+                (stored, outcome), shared = await self.flights.run(
+                    raw_key, lambda: self._plan_body(raw, raw_key, client, disconnected))
+            except Problem as e:  # the client of the request it waited on went away: not this
+                if e.status == 499 and disconnected is not None and not await disconnected():
+                    continue
+                raise
+            if shared:
+                metrics.PLANS.labels(stored.segmenter, "hit").inc()
+                return stored, "hit"
+            return stored, outcome
 
-    async def _stored(self, result: Planned) -> tuple[StoredPlan, str]:
-        """The plan a planner answered with, stored if new: (the stored plan, "hit"/"miss")."""
+    async def _plan_body(self, raw: bytes, raw_key: str, client: str,
+                         disconnected: Disconnected | None) -> tuple[StoredPlan, str]:
+        def plan(use_cache: bool = True) -> Awaitable[Planned]:
+            return self.off_loop(plan_body, raw, self.settings, use_cache, client=client,
+                                 disconnected=disconnected)
+
+        stored, outcome = await self._stored(await plan(), lambda: plan(False))
+        await run_in_threadpool(self.store.link, raw_key, stored.plan_id)
+        return stored, outcome
+
+    async def _stored(self, result: Planned, replan: Callable[[], Awaitable[Planned]]
+                      ) -> tuple[StoredPlan, str]:
+        """The plan a planner answered with, stored if new: (the stored plan, "hit"/"miss").
+        A "hit" the cache no longer has (damaged, evicted or unreachable since) is planned
+        after all, by ``replan()``."""
+        stored = None
         if result.cache == "hit":
             stored = await run_in_threadpool(self.store.get, result.plan_id)
             if stored is None:
-                raise Problem(503, "plan store changed", "the stored plan went away; try again",
-                              headers={"Retry-After": "1"})
-            if result.request_key:
-                await run_in_threadpool(self.store.link, result.request_key, stored.plan_id)
-            metrics.PLANS.labels(stored.segmenter, "hit").inc()
-            return stored, "hit"
-        stored = await run_in_threadpool(self.store.put_bytes, result.plan_id, result.fusion_id,
-                                         result.segmenter, result.body, result.request,
-                                         result.request_key or None)
-        metrics.record_plan(result.metrics, "miss")
-        return stored, "miss"
+                result = await replan()
+        if stored is None:
+            stored = await run_in_threadpool(
+                self.store.put_bytes, result.plan_id, result.fusion_id, result.segmenter,
+                result.body, result.request, result.request_key or None)
+            metrics.record_plan(result.metrics, "miss")
+            return stored, "miss"
+        if result.request_key:
+            await run_in_threadpool(self.store.link, result.request_key, stored.plan_id)
+        metrics.PLANS.labels(stored.segmenter, "hit").inc()
+        return stored, "hit"
 
     async def plan_for_tensors(self, definition: str, options_json: str,
                                tensors: dict[str, Any], client: str = "",
@@ -159,9 +183,13 @@ class Service:
             plan_id, segmenter = known
             metrics.PLANS.labels(segmenter, "hit").inc()
             return plan_id
-        result = await self.off_loop(plan_for_tensors, definition, given, options_json,
-                                     self.settings, client=client, disconnected=disconnected)
-        stored, _ = await self._stored(result)
+
+        def plan(use_cache: bool = True) -> Awaitable[Planned]:
+            return self.off_loop(plan_for_tensors, definition, given, options_json,
+                                 self.settings, use_cache, client=client,
+                                 disconnected=disconnected)
+
+        stored, _ = await self._stored(await plan(), lambda: plan(False))
         with self.known_lock:
             self.known[key] = (stored.plan_id, stored.segmenter)
             while len(self.known) > KNOWN_EXECUTIONS:
@@ -178,10 +206,9 @@ class Service:
 
     def plan_source(self, plan_id: str) -> PlanSource:
         """The texts a worker rebuilds plan ``plan_id`` from (read in a worker's thread)."""
-        row = lookup(self.settings.db_path, "SELECT request, plan FROM plans WHERE plan_id = ?",
-                     plan_id)
-        if row is not None:
-            return row[0], row[1]
+        found = read_plan(self.settings.cache_location, plan_id)
+        if found is not None:
+            return found
         request, stored = self.store.request(plan_id), self.store.get(plan_id)  # ":memory:"
         if request is None or stored is None:
             raise UnknownPlan(plan_id)
@@ -193,11 +220,9 @@ class Service:
         s = self.settings
         job = Job(plan_id, tensors, wire, s.max_output_bytes, s.max_intermediate_bytes)
         async with self.exec_gate.slot(client):
-            index = self._pick_worker(plan_id)
-            try:
-                response = await run_in_threadpool(self.workers[index].execute, job,
-                                                   lambda: self.plan_source(plan_id),
-                                                   s.execute_timeout_s)
+            try:  # the least-loaded worker, one holding the plan among equals
+                response = await self.worker.execute(job, lambda: self.plan_source(plan_id),
+                                                     s.execute_timeout_s)
             except UnknownPlan:
                 raise Problem(404, "unknown plan", f"no plan has id {plan_id!r}") from None
             except WorkerCrashed as e:
@@ -210,8 +235,6 @@ class Service:
             except WorkerUnavailable as e:
                 raise Problem(503, "worker unavailable", str(e), headers={"Retry-After": "2"}
                               ) from None
-            finally:
-                self._assigned.discard(index)
         if not response["ok"]:
             kind = response["kind"]
             if kind == "ResultTooLarge":
@@ -226,15 +249,6 @@ class Service:
                                                    f"details)")
         metrics.record_execution(response)
         return response
-
-    def _pick_worker(self, plan_id: str) -> int:
-        """A worker without a job (the gate admits no more jobs than there are workers): a
-        running one that holds the plan if any does, else the first running one."""
-        free = [i for i in range(len(self.workers)) if i not in self._assigned]
-        up = [i for i in free if self.workers[i].ready] or free  # not one that is restarting
-        index = next((i for i in up if self.workers[i].knows(plan_id)), up[0])
-        self._assigned.add(index)
-        return index
 
 
 def describe(name: str, value: torch.Tensor) -> dict[str, Any]:

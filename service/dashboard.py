@@ -8,13 +8,12 @@ stalled every other request.
 
 from __future__ import annotations
 
-import json
 from html import escape
 from typing import Any
 
 from optimizer.plan.render import human_bytes, to_svg
 from optimizer.schedulers.kinds import Kind
-from service.readonly import lookup_all
+from service.store import read_recent
 
 STYLE = """
 body { font-family: Helvetica, Arial, sans-serif; margin: 24px; color: #222; }
@@ -29,17 +28,11 @@ h1 { font-size: 20px; } h2 { font-size: 15px; margin-bottom: 4px; }
 """
 
 
-RECENT = ("SELECT plan, json_extract(request, '$.name') FROM plans ORDER BY created DESC "
-          "LIMIT ?")  # as PlanStore.recent
-
-
-def render_recent(db_path: str, n: int, worker: dict[str, Any]) -> str | None:
-    """The page of the ``n`` newest plans in the store at ``db_path`` (None if it cannot be
+def render_recent(location: str, n: int, worker: dict[str, Any]) -> str | None:
+    """The page of the ``n`` newest plans in the cache at ``location`` (None if it cannot be
     read from here)."""
-    rows = lookup_all(db_path, RECENT, n)
-    if rows is None:
-        return None
-    return render([(json.loads(plan), name) for plan, name in rows], worker)
+    plans = read_recent(location, n)
+    return None if plans is None else render(plans, worker)
 
 
 def render(plans: list[tuple[dict[str, Any], str | None]], worker: dict[str, Any]) -> str:

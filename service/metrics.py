@@ -60,6 +60,27 @@ HTTP_SECONDS = Histogram("fusecut_http_request_seconds", "Time to answer an HTTP
                          ["route"], buckets=(5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.025, 0.05, 0.1,
                                              0.25, 0.5, 1, 2.5, 5, 10, 30))
 WORKER_UP = Gauge("fusecut_worker_up", "1 while the GPU worker runs", multiprocess_mode="max")
+DEVICE_EXECUTIONS = Counter("fusecut_device_executions_total", "Executions run, per device "
+                            "worker (fusecut serve --gpus)", ["device"])
+DEVICE_SECONDS = Counter("fusecut_device_execute_seconds_total",
+                         "Device time of the executions, per device worker", ["device"])
+DEVICE_QUEUE = Gauge("fusecut_device_queue", "Executions running or waiting, per device worker",
+                     ["device"], multiprocess_mode="livesum")
+DEVICE_UP = Gauge("fusecut_device_worker_up", "1 while the device's worker runs", ["device"],
+                  multiprocess_mode="max")
+CACHE_ERRORS = Counter("fusecut_cache_errors_total", "Plan cache operations that failed or "
+                       "found a damaged plan (the request was served without the cache)",
+                       ["operation"])
+for _operation in ("get", "put", "link", "damaged"):  # exported at 0 before any failure
+    CACHE_ERRORS.labels(_operation)
+CACHE_EVICTIONS = Counter("fusecut_cache_evictions_total",
+                          "Plans evicted from the cache by its size bound")
+CACHE_QUARANTINED = Counter("fusecut_cache_quarantined_total",
+                            "Corrupt cache files moved aside (and fresh ones started)")
+CACHE_DEGRADED = Gauge("fusecut_cache_degraded", "1 while the plan cache fails",
+                       multiprocess_mode="max")
+CACHE_BYTES = Gauge("fusecut_cache_bytes", "Bytes counted against the cache's size bound",
+                    multiprocess_mode="max")
 
 
 class CountRequests:
@@ -134,9 +155,19 @@ def record_plan(plan: dict, cache: str) -> None:
         SEGMENTS.labels(kind).inc(count)
 
 
+def record_devices(worker) -> None:
+    """Each device worker's queue and state (a WorkerPool's, or Ray's execute handle's)."""
+    for slot in worker.snapshot():
+        DEVICE_QUEUE.labels(slot["device"]).set(slot["pending"])
+        DEVICE_UP.labels(slot["device"]).set(1 if slot["up"] else 0)
+
+
 def record_execution(response: dict) -> None:
     backend = response["backend"]
     seconds = sum(t["seconds"] for t in response["timings"])
+    if "device" in response:
+        DEVICE_EXECUTIONS.labels(response["device"]).inc()
+        DEVICE_SECONDS.labels(response["device"]).inc(seconds)
     moved = sum(t["bytes"] for t in response["timings"])
     EXECUTE_SECONDS.labels(backend).observe(seconds)
     EXECUTE_BYTES.labels(backend).inc(moved)

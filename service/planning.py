@@ -40,8 +40,8 @@ from optimizer.schedulers.profiles import get_profile
 from service.models import PlanOptionsModel, PlanRequest
 from service.planners import announce_time_limit
 from service.problems import TITLES, Problem, validation_problem
-from service.readonly import lookup
 from service.settings import Settings
+from service.store import lookup
 
 INT64_MAX = 2**63 - 1
 
@@ -80,23 +80,22 @@ def refusing(fn, *args):
         return Refusal(422, title, str(e), {})
 
 
-def plan_body(raw: bytes, settings: Settings) -> Planned:
-    """Plan the POST /v1/plan body ``raw`` (run through ``refusing``). The collector is paused
-    throughout: parsing and planning build large structures that all survive the request, and
-    its full passes over them took about a fifth of a 20,000-op request's CPU time."""
+def plan_body(raw: bytes, settings: Settings, use_cache: bool = True) -> Planned:
+    """Plan the POST /v1/plan body ``raw`` (run through ``refusing``), unless ``use_cache`` and
+    the cache has it. The collector is paused throughout: parsing and planning build large
+    structures that all survive the request, and its full passes over them took about a fifth
+    of a 20,000-op request's CPU time."""
     with gc_paused():
-        return _plan_body(raw, settings)
+        return _plan_body(raw, settings, use_cache)
 
 
-def _plan_body(raw: bytes, settings: Settings) -> Planned:
+def _plan_body(raw: bytes, settings: Settings, use_cache: bool) -> Planned:
     try:
         body = PlanRequest.model_validate_json(raw)
     except ValidationError as e:
         raise validation_problem(list(e.errors())) from None
     request_key = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
-    known = lookup(settings.db_path, "SELECT p.plan_id, p.fusion_id, p.segmenter FROM requests "
-                    "r JOIN plans p ON p.plan_id = r.plan_id WHERE r.request_key = ?",
-                    request_key)
+    known = lookup(settings.cache_location, request_key=request_key) if use_cache else None
     if known is not None:
         return Planned(known[0], known[1], known[2], b"", "", request_key, "hit", {})
     options = plan_options(body.options, settings)
@@ -114,11 +113,11 @@ def _plan_body(raw: bytes, settings: Settings) -> Planned:
         raise Problem(422, "no input metadata",
                       "pass `inputs` (shape, dtype, strides per fusion input) or a "
                       "definition text with an `inputs = [...]` list")
-    return _plan_parsed(fusion, metas, options, name, request_key, settings)
+    return _plan_parsed(fusion, metas, options, name, request_key, settings, use_cache)
 
 
 def plan_for_tensors(definition: str, given: dict[str, dict[str, Any]], options_json: str,
-                     settings: Settings) -> Planned:
+                     settings: Settings, use_cache: bool = True) -> Planned:
     """Plan a definition (nvFuser text or wire JSON text) for the tensors of an execution,
     described by ``given`` (see ``describe_tensors``), in a planner process like ``plan_body``.
     """
@@ -134,7 +133,8 @@ def plan_for_tensors(definition: str, given: dict[str, dict[str, Any]], options_
             except ValidationError as e:
                 raise validation_problem(list(e.errors())) from None
         fusion, _, name = parse_definition(definition, settings.max_ops)
-        return _plan_parsed(fusion, metas_for(fusion, given), options, name, None, settings)
+        return _plan_parsed(fusion, metas_for(fusion, given), options, name, None, settings,
+                            use_cache)
 
 
 def metas_for(fusion: Fusion, given: dict[str, dict[str, Any]]) -> list[InputMeta]:
@@ -164,16 +164,16 @@ def metas_for(fusion: Fusion, given: dict[str, dict[str, Any]]) -> list[InputMet
 
 
 def _plan_parsed(fusion: Fusion, metas: list[InputMeta], options: PlanOptions, name: str | None,
-                 request_key: str | None, settings: Settings) -> Planned:
-    """The stored plan for a parsed fusion (a "hit", naming it) or a new one (a "miss")."""
+                 request_key: str | None, settings: Settings, use_cache: bool = True) -> Planned:
+    """The stored plan for a parsed fusion (a "hit", naming it, unless not ``use_cache``) or a
+    new one (a "miss")."""
     check_sizes(fusion, metas, settings.max_plan_tensor_bytes)
     metas_json = [meta_to_json(m) for m in metas]
     definition = fusion_to_json(fusion)  # converted once: the id, and the stored request
     fid = hashlib.sha256(canonical_json(definition).encode()).hexdigest()  # as wire.fusion_id
     profile = get_profile(options.device, options.device_overrides)
     pid = plan_key(fid, metas_json, options.to_json(), profile.to_json())
-    known = lookup(settings.db_path, "SELECT plan_id, fusion_id, segmenter FROM plans WHERE "
-                    "plan_id = ?", pid)
+    known = lookup(settings.cache_location, plan_id=pid) if use_cache else None
     if known is not None:
         return Planned(pid, fid, known[2], b"", "", request_key or "", "hit", {})
     plan = make_plan(fusion, metas, options)

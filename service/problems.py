@@ -34,7 +34,7 @@ class Problem(Exception):
                  headers: dict[str, str] | None = None, **extra: Any):
         super().__init__(detail)
         self.status, self.title, self.detail, self.extra = status, title, detail, extra
-        self.headers = headers
+        self.headers = headers  # e.g. Retry-After on a 503
 
 
 def problem_response(status: int, title: str, detail: str, instance: str | None = None,

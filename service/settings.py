@@ -15,6 +15,9 @@ def _default_db() -> str:
 @dataclass(frozen=True)
 class Settings:
     db_path: str = field(default_factory=_default_db)  # the plan cache (SQLite)
+    cache_url: str | None = None  # or a postgresql:// URL (or SQLite path): overrides db_path
+    cache_max_bytes: int = 512 * 1024**2  # the cache's bound: least recently used plans go
+    cache_memory_items: int = 1024  # plans (and request keys) also kept in memory
     max_body_bytes: int = 256 * 1024 * 1024
     max_plan_body_bytes: int = 16 * 1024 * 1024  # POST /v1/plan carries no tensors
     max_ops: int = 20_000
@@ -22,9 +25,14 @@ class Settings:
     max_plan_tensor_bytes: int = 2**40  # per input of a plan, its logical extent (1 TiB)
     max_solver_seconds: float = 60.0
     default_time_limit_s: float = 5.0
-    max_concurrent_executions: int = 2  # worker processes, each running one at a time
+    # Executions run in worker processes, each one at a time: ``workers_per_device`` per device
+    # listed in ``gpus`` ("all" or "0,1,..."), or that many on whatever devices the service sees
+    # without it. Two per device overlap one execution's host work with another's kernels.
+    gpus: str | None = None
+    workers_per_device: int = 2
     max_concurrent_plans: int = 4  # planner processes
-    max_queued_executions: int = 8  # waiting for a worker; more are answered 503
+    max_queued_executions: int = 8  # waiting for a worker, all workers together (beyond those
+    # running); more are answered 503 with Retry-After
     max_queued_plans: int = 16  # waiting for a planner; more are answered 503
     queue_wait_s: float = 30.0  # the longest a request waits for a slot (then 503)
     max_requests_per_client: int = 0  # running or waiting per client (API key or address);
@@ -39,6 +47,10 @@ class Settings:
     cors_origins: str = ""  # browser origins allowed to call the API, comma-separated
     worker: bool = True  # run executions in separate worker processes
     recent_plans: int = 20  # shown on the dashboard
+
+    @property
+    def cache_location(self) -> str:
+        return self.cache_url or self.db_path
 
     @classmethod
     def from_env(cls, **overrides) -> Settings:

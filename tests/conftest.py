@@ -49,3 +49,14 @@ def http(server):
 
     with httpx.Client(base_url=server.url, timeout=60) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server (Debian's package) for the whole run; tests make their own
+    databases (``postgres.create_database``). A test that stops the server makes its own."""
+    from tests.postgres import Postgres, require_binaries
+
+    server = Postgres(require_binaries()).start()
+    yield server
+    server.close()

@@ -20,10 +20,38 @@ def adam_step(p, g, m, v):
     return [p - step, m1, v1]
 
 
+def bias_dropout_add_layernorm(x, b, res, w, bias, seed, offset):
+    from runtime.philox import random_values  # the generated kernels' random numbers
+
+    h = x.float() + b.float()
+    u = random_values("uniform", h.numel(), False, seed, offset, 0.0, 1.0, h.device)
+    z = h * (u.reshape(h.shape) < 0.9) * 1.11111 + res.float()
+    var, mean = torch.var_mean(z, dim=1, correction=0)
+    rstd = torch.rsqrt(var + 1e-05)
+    y = (z - mean[:, None]) * rstd[:, None] * w.float() + bias.float()
+    return [z.to(bf16), y.to(bf16), mean, rstd]
+
+
+def cross_entropy_fwd(logits, target):
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=1)
+    picked = x.gather(1, target[:, None]).squeeze(1)
+    return [(lse - picked).sum() * 0.00048828125, lse]
+
+
 def gelu_tanh_fwd(x, b):
     h = x.float() + b.float()
     inner = (h + h * h * h * 0.044715) * 0.7978845608028654
     return [(h * 0.5 * (torch.tanh(inner) + 1.0)).to(bf16)]
+
+
+def group_norm_fwd(x, w, b):
+    n, c, h, wd = x.shape
+    g = x.float().reshape(n, 32, c // 32, h, wd)
+    var, mean = torch.var_mean(g, dim=(2, 3, 4), correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + 1e-05)
+    y = ((g - mean) * rstd).reshape(x.shape) * w.float()[:, None, None] + b.float()[:, None, None]
+    return [y.to(bf16), mean.reshape(n, 32), rstd]
 
 
 def layernorm_bwd(x, dy, mean, rstd, w):
@@ -56,6 +84,15 @@ def rmsnorm_fwd(x, w):
     x = x.float()
     r = torch.rsqrt((x * x).sum(1) * (1.0 / x.shape[1]) + 1e-06)
     return [(x * r[:, None] * w.float()).to(bf16), r]
+
+
+def rmsnorm_bwd_2d_weight(x, dy, w, rstd):
+    x, dy = x.float(), dy.float()
+    g = dy * w.float()[:, None, :]
+    xhat = x * rstd[:, :, None]
+    s = (g * xhat).sum(2, keepdim=True) * 0.00048828125
+    dx = (g - xhat * s) * rstd[:, :, None]
+    return [dx.to(bf16), (dy * xhat).sum(1).to(bf16)]
 
 
 def seed_2146_rmsnorm_bwd(t0, t1, t2, t3, t4, t5, t6):
@@ -118,11 +155,16 @@ def softmax_fwd(x):
     return [(e / e.sum(1, keepdim=True)).to(bf16)]
 
 
+def transpose_add(x, y):
+    return [(x.float() + y.float().T).to(bf16)]
+
+
 CASES = {f.__name__: f for f in (
-    adam_step, gelu_tanh_fwd, layernorm_bwd, layernorm_fwd, mlp_gelu, rmsnorm_fwd,
+    adam_step, bias_dropout_add_layernorm, cross_entropy_fwd, gelu_tanh_fwd, group_norm_fwd,
+    layernorm_bwd, layernorm_fwd, mlp_gelu, rmsnorm_bwd_2d_weight, rmsnorm_fwd,
     seed_2146_rmsnorm_bwd, seed_3334_reduction_broadcast_pointwise, seed_3366_neg_broadcast_mul,
     seed_4147_stream_set, seed_4147_stream_two_ops, seed_4269_forward_full, silu_mul_fwd,
-    softmax_bwd, softmax_fwd)}
+    softmax_bwd, softmax_fwd, transpose_add)}
 
 
 class _Lazy:

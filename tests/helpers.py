@@ -26,3 +26,17 @@ def graph(body: str, *shapes, dtype=None, profile=None):
 
 def ops_named(g: SegGraph, *outputs: str) -> set[int]:
     return {i for i in g.ops if set(g.fusion.ops[i].outputs) & set(outputs)}
+
+
+def require_installed(found, what: str, package: str):
+    """``found`` (a binary's path), or: in CI a failure (.ci/run installs Debian's ``package``),
+    elsewhere a skip saying why."""
+    import os
+
+    import pytest
+
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{what} is not installed; .ci/run installs Debian's {package}")
+        pytest.skip(f"{what} is not installed (apt-get install {package}); CI runs this")
+    return found

@@ -26,10 +26,11 @@ class Server:
     """Start with ``start()``; ``url`` is its base URL; ``stop()`` shuts it down gracefully."""
 
     def __init__(self, db_path: Path, workers: int = 1, tls: tuple[Path, Path] | None = None,
-                 **settings: object):
+                 wrap: list[str] | None = None, **settings: object):
         self.db_path = db_path
         self.workers = workers
         self.tls = tls  # (certificate, key): serve HTTPS
+        self.wrap = wrap or []  # a command the server runs under (unshare, taskset)
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "clients"),
                                                   self.env.get("PYTHONPATH", "")])
@@ -41,17 +42,25 @@ class Server:
         self.log = db_path.parent / f"server-{id(self)}.log"
 
     def start(self, timeout: float = 90.0) -> Server:
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> Server:
+        """Start the process without waiting for it (several start at once)."""
         port = free_port()
         self.url = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
-        command = [sys.executable, "-m", "fusecut.cli", "serve", "--port", str(port),
+        command = [*self.wrap, sys.executable, "-m", "fusecut.cli", "serve", "--port", str(port),
                    "--db", str(self.db_path), "--workers", str(self.workers),
                    "--log-level", "warning"]
-        verify: bool | ssl.SSLContext = True
         if self.tls:
             command += ["--ssl-certfile", str(self.tls[0]), "--ssl-keyfile", str(self.tls[1])]
-            verify = ssl.create_default_context(cafile=str(self.tls[0]))
         self.proc = subprocess.Popen(command, env=self.env, stdout=open(self.log, "wb"),
                                      stderr=subprocess.STDOUT, cwd=ROOT)
+        return self
+
+    def wait_ready(self, timeout: float = 90.0) -> Server:
+        verify: bool | ssl.SSLContext = True
+        if self.tls:
+            verify = ssl.create_default_context(cafile=str(self.tls[0]))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

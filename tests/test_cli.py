@@ -242,7 +242,7 @@ def test_progress_is_shown_on_a_terminal_only():
 def test_help_is_plain_words():
     # it tagged options with <bool>/<str>, showed RST ``backticks`` and cut `serve --db` short
     env = dict(os.environ, COLUMNS="80")
-    for command in ("check", "plan", "codegen", "execute", "serve"):
+    for command in ("check", "plan", "codegen", "execute", "ray-serve", "serve"):  # serve last
         r = subprocess.run([sys.executable, "-m", "fusecut.cli", command, "--help"], env=env,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0

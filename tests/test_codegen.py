@@ -506,3 +506,202 @@ def test_normalization_blocks_of_several_rows(monkeypatch):
     assert "fc_block_reduce" not in sk.source
     for arch in ("sm_80", "sm_90"):
         assert compile_cubin(sk.source, arch, sk.kernels[0].name)
+
+
+# ---- tiled transpose --------------------------------------------------------------------------
+
+TRANSPOSE_ADD = """
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+T1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+T2 = fd.ops.permute(T1, dims=[1, 0])
+T3 = fd.ops.add(fd.ops.cast(T0, dtype=DataType.Float), fd.ops.cast(T2, dtype=DataType.Float))
+fd.add_output(fd.ops.cast(T3, dtype=DataType.BFloat16))
+"""
+
+
+def _kernels_of(body: str, *metas):
+    plan = make_plan(fusion(body), list(metas), PlanOptions(time_limit_s=2))
+    assert len(plan.segments) == 1, [s.kind for s in plan.segments]
+    return generate_segment(plan, plan.segments[0])
+
+
+@pytest.mark.parametrize("tile", [32, 64])
+@pytest.mark.parametrize("vec", [1, 2, 4, 8])
+def test_tile_phases_cover_each_position_once(tile, vec):
+    """The threads of a phase take every (slow, fast) position of a tile exactly once."""
+    from codegen.transpose import THREADS, TilePhase
+
+    ph = TilePhase(tile, vec)
+    seen = []
+    for t in range(THREADS):
+        for it in range(ph.iters):
+            env = {"threadIdx": t, "it": it}
+            fast = _eval(ph.fast().replace("threadIdx.x", "threadIdx").replace("(int)", ""), env)
+            slow = _eval(ph.slow("it").replace("threadIdx.x", "threadIdx")
+                         .replace("(int)", ""), env)
+            if slow < tile:
+                seen += [(slow, fast + j) for j in range(vec)]
+    assert sorted(seen) == [(s, f) for s in range(tile) for f in range(tile)]
+
+
+def test_transposed_operand_is_staged_and_both_sides_are_vectors():
+    """x + y.T: y is read along its own rows into a shared-memory tile (16-byte vectors), x is
+    read and the output written along theirs."""
+    sk = _kernels_of(TRANSPOSE_ADD, tensor_meta((4096, 2048), DType.bfloat16),
+                     tensor_meta((2048, 4096), DType.bfloat16))
+    assert sk.notes["scheme"] == "transpose" and sk.notes["tile_axes"] == (0, 1)
+    assert sk.notes["staged"] == ["T1"] and sk.notes["vector"] == 8
+    assert sk.vector_aligned == {"T1": 16, "T0": 16, "T6": 16}
+    src = sk.source
+    assert "__shared__ __nv_bfloat16 s0_T1[64][66];" in src  # an odd number of words per row
+    assert "fc_vec<__nv_bfloat16, 8>*>(in_T1 + x1 * 4096 + x0)" in src  # along T1's rows
+    assert "fc_vec<__nv_bfloat16, 8>*>(in_T0 + x0 * 2048 + x1)" in src
+    assert "s0_T1[sl][fa + _lane]" in src and "(out_T6 + x0 * 2048 + x1) = o_T6" in src
+    for arch in ("sm_80", "sm_90"):
+        compile_cubin(src, arch, sk.kernels[0].name)
+
+
+def test_layouts_that_agree_keep_the_pointwise_kernel():
+    sk = _kernels_of(TRANSPOSE_ADD.replace("dims=[1, 0]", "dims=[0, 1]"),
+                     tensor_meta((256, 128), DType.bfloat16),
+                     tensor_meta((256, 128), DType.bfloat16))
+    assert "scheme" not in sk.notes and "__shared__" not in sk.source
+    # too short an axis to fill a tile: the strided reads stay
+    sk = _kernels_of(TRANSPOSE_ADD, tensor_meta((4096, 8), DType.bfloat16),
+                     tensor_meta((8, 4096), DType.bfloat16))
+    assert "scheme" not in sk.notes
+
+
+def test_input_in_another_stride_order_is_staged():
+    from optimizer.ir.inputs import TensorMeta
+
+    body = """
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+fd.add_output(fd.ops.neg(T0))
+"""
+    sk = _kernels_of(body, TensorMeta((64, 48), (1, 64), DType.float32))  # column-major
+    assert sk.notes["scheme"] == "transpose" and sk.notes["staged"] == ["T0"]
+    assert sk.notes["tile"] == 64 and "(in_T0 + x0 + x1 * 64)" in sk.source
+    compile_cubin(sk.source, "sm_90", sk.kernels[0].name)
+
+
+def test_permuted_output_is_written_through_a_tile():
+    body = """
+T0 = fd.define_tensor(shape=[-1, -1, -1], contiguity=[True, True, True], dtype=DataType.Float)
+T1 = fd.ops.exp(T0)
+fd.add_output(T1)
+fd.add_output(fd.ops.permute(T1, dims=[0, 2, 1]))
+"""
+    sk = _kernels_of(body, tensor_meta((3, 100, 70), DType.float32))
+    assert sk.notes["tile_axes"] == (1, 2) and sk.notes["written_through_tiles"] == ["T2"]
+    src = sk.source
+    assert "__shared__ float so_T2[64][65];" in src
+    assert "const index_t batch = tile / 4;" in src  # 2 x 2 tiles per batch index
+    assert "out_T2 + x0 * 7000 + x2 * 100 + x1) = w;" in src  # along T2's rows
+    compile_cubin(src, "sm_90", sk.kernels[0].name)
+
+
+def test_transpose_feeding_cat_is_staged_through_the_clamp():
+    """Thunder materialises cat([x.T, y]): the transposed piece is read along its rows, its
+    index clamped into range as the emitter writes it."""
+    body = """
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+T1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+T2 = fd.ops.permute(T0, dims=[1, 0])
+fd.add_output(fd.ops.cat([T2, T1], dim=0))
+"""
+    sk = _kernels_of(body, tensor_meta((512, 256), DType.bfloat16),
+                     tensor_meta((128, 512), DType.bfloat16))
+    assert sk.notes["scheme"] == "transpose" and sk.notes["staged"] == ["T0"]
+    assert "fc_clampi<int>(x0, 255)" in sk.source
+    compile_cubin(sk.source, "sm_90", sk.kernels[0].name)
+
+
+# ---- grouped normalization ----------------------------------------------------------------------
+
+SPLITS = """
+T0 = fd.define_tensor(shape=[-1, -1, -1], contiguity=[True, True, True], dtype=DataType.Float)
+T1 = fd.ops.reshape(T0, new_shape=[2, 4, 3, 5])
+T2 = fd.ops.reshape(T1, new_shape=[2, 12, 5])
+T3 = fd.ops.reshape(T0, new_shape=[2, 60])
+T4 = fd.ops.reshape(T0, new_shape=[2, 1, 12, 5])
+fd.add_output(T2)
+fd.add_output(T3)
+fd.add_output(T4)
+"""
+
+
+@pytest.mark.parametrize("target", ["T1", "T2", "T3", "T4"])
+def test_index_maps_of_split_and_merged_axes_match_torch(target):
+    """Reshapes that only split or merge axes index each axis from its parts, and a merge of
+    a split gives the parts back (T2 reads T0 at T0's own indices)."""
+    f = fusion(SPLITS)
+    bound = bind(f, [tensor_meta((2, 12, 5), DType.float32)])
+    src = torch.arange(120).reshape(2, 12, 5)
+    want = {"T1": src.reshape(2, 4, 3, 5), "T2": src, "T3": src.reshape(2, 60),
+            "T4": src.reshape(2, 1, 12, 5)}[target]
+    producer = {o: op for op in f.ops for o in op.outputs}
+    em = Emitter(bound, tuple(range(len(f.ops))), {"T0"}, lambda t, i: "", "index_t")
+    shape = bound.shapes[target]
+    names = tuple(f"x{a}" for a in range(len(shape)))
+    chain = []
+    t, cur = target, names
+    while t != "T0":
+        op = producer[t]
+        cur = em.operand_index(op, cur)
+        t = op.inputs[0]
+        chain.append(cur)
+    if target == "T2":
+        assert cur == names  # split then merged: no division left
+    if target == "T1":
+        assert cur == ("x0", "(x1 * 3 + x2)", "x3")
+    for idx in itertools.product(*[range(e) for e in shape]):
+        env = dict(zip(names, idx))
+        assert src[tuple(_eval(i, env) for i in cur)] == want[idx], (target, idx)
+
+
+def test_group_norm_is_one_kernel_reading_through_the_split():
+    parsed = parse_text((CORPUS_FILES[0].parent / "group_norm_fwd.py").read_text())
+    plan = make_plan(parsed.fusion, parsed.inputs, PlanOptions(time_limit_s=2))
+    assert [s.kind.value for s in plan.segments] == ["normalization"]
+    assert plan.io_bytes == plan.lower_bound_bytes
+    sk = generate_segment(plan, plan.segments[0])
+    src = sk.source
+    assert len(sk.kernels) == 1 and sk.notes["prefetched"] == ["T0"]
+    # the channel index is the group's and the channel-in-group's, joined: a group's rows are
+    # one contiguous run, copied whole
+    assert "in_T0 + n0 * 1310720 + (n1 * 10) * 4096, 81920" in src
+    assert "in_T1[(i1 * 10 + c_2)]" in src
+    assert "(out_T23 + i0 * 1310720 + (i1 * 10 + c_2) * 4096 + c_3 * 64 + c_4) = o_T23" in src
+    compile_cubin(src, "sm_90", sk.kernels[0].name)
+
+
+def _group_norm_kernels(n, c, length, groups):
+    from tests.test_gpu import group_norm
+
+    plan = make_plan(fusion(group_norm(n, c, length, groups)),
+                     [tensor_meta((n, c, length), DType.bfloat16),
+                      tensor_meta((c,), DType.bfloat16)], PlanOptions(time_limit_s=2))
+    assert [s.kind.value for s in plan.segments] == ["normalization"]
+    return generate_segment(plan, plan.segments[0])
+
+
+def test_vector_lanes_inside_a_split_axis_keep_its_outer_part():
+    """[1, 6, 1] in 3 groups: the row's only moving axis is the split channel, so the vector
+    lane lands inside the joined index, whose group part must stay in the address."""
+    sk = _group_norm_kernels(1, 6, 1, 3)
+    assert "(in_T0 + (i0 * 2 + c_1))" in sk.source and "(in_T1 + (i0 * 2 + c_1))" in sk.source
+    compile_cubin(sk.source, "sm_90", sk.kernels[0].name)
+
+
+def test_long_group_norm_rows_stream_through_shared_memory():
+    """A group of 40960 bf16 values: the next row is copied in (one bulk copy per row on sm_90)
+    while the block reduces and writes the current one, by resident blocks."""
+    sk = _group_norm_kernels(32, 320, 4096, 32)
+    assert sk.notes["prefetched"] == ["T0"] and sk.notes["prefetch_stages"] == 2
+    assert sk.kernels[0].grid == (132, 1, 1) and sk.kernels[0].smem == 2 * 40960 * 2
+    assert ("fc_bulk_copy(sm_T0 + (nbuf * 1 + g) * 40960, in_T0 + n0 * 1310720 + (n1 * 10) * "
+            "4096, 81920" in sk.source)
+    compile_cubin(sk.source, "sm_90", sk.kernels[0].name)
+    short = _group_norm_kernels(2, 64, 4099, 32)  # 16 KiB rows stay in registers
+    assert "prefetched" not in short.notes and short.notes["persisted"] == ["T0"]

@@ -103,14 +103,17 @@ def test_images_copy_every_package_and_start_the_cli():
     assert "FUSECUT_DB_PATH=/data/" in env  # the plan cache lives on the volume
 
 
+REPLICAS = ["fusecut", "fusecut-2"]
+
+
 def test_compose_wires_prometheus_and_grafana_to_the_service():
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     gpu = yaml.safe_load((DOCKER / "compose.gpu.yaml").read_text())
     service = compose["services"]["fusecut"]
     stages = dockerfile_stages()
     variants = [service["build"]["args"]["VARIANT"],
-                gpu["services"]["fusecut"]["build"]["args"]["VARIANT"]]
-    assert variants == ["cpu", "gpu"] and all(f"base-{v}" in stages for v in variants)
+                *(gpu["services"][r]["build"]["args"]["VARIANT"] for r in REPLICAS)]
+    assert variants == ["cpu", "gpu", "gpu"] and all(f"base-{v}" in stages for v in variants)
     assert (ROOT / service["build"]["dockerfile"]).resolve() == DOCKER / "Dockerfile"
     published = [p.rsplit(":", 1)[1] for p in service["ports"]]  # the container's port
     assert all(p.startswith("127.0.0.1:") for s in compose["services"].values()
@@ -118,7 +121,7 @@ def test_compose_wires_prometheus_and_grafana_to_the_service():
     prometheus = yaml.safe_load((DOCKER / "prometheus.yml").read_text())
     targets = [t for job in prometheus["scrape_configs"] for c in job["static_configs"]
                for t in c["targets"]]
-    assert targets == [f"fusecut:{published[0]}"]
+    assert targets == [f"{r}:{published[0]}" for r in REPLICAS]  # every replica scraped
     assert prometheus["scrape_configs"][0]["metrics_path"] == "/metrics"
     for mount in [*compose["services"]["grafana"]["volumes"],
                   *compose["services"]["prometheus"]["volumes"]]:
@@ -145,6 +148,27 @@ def test_empty_optional_settings_mean_unset(monkeypatch):
     monkeypatch.setenv("FUSECUT_MAX_OPS", "many")
     with pytest.raises(ValueError, match="FUSECUT_MAX_OPS must be a number"):
         Settings.from_env()
+
+
+def test_compose_replicas_share_a_postgresql_cache():
+    # issue 20: two replicas and a PostgreSQL service; a plan made on one is a hit on the other
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    services = compose["services"]
+    database = services["postgres"]
+    env = database["environment"]
+    assert database["image"].startswith("postgres:") and "pg_isready" in database[
+        "healthcheck"]["test"]
+    for name in REPLICAS:
+        replica = services[name]
+        url = replica["environment"]["FUSECUT_CACHE_URL"]
+        assert url.startswith(f"postgresql://{env['POSTGRES_USER']}:") and \
+            url.endswith(f"@postgres:5432/{env['POSTGRES_DB']}")
+        assert replica["depends_on"]["postgres"]["condition"] == "service_healthy"
+    hosts = [services[r]["ports"][0].rsplit(":", 2)[1] for r in REPLICAS]
+    assert len(set(hosts)) == len(REPLICAS)  # each replica on its own host port
+    assert "postgres" in (DOCKER / "Dockerfile").read_text()  # the image has psycopg
+    gpu = yaml.safe_load((DOCKER / "compose.gpu.yaml").read_text())["services"]
+    assert all(gpu[r]["environment"]["FUSECUT_GPUS"] == "all" for r in REPLICAS)
 
 
 # ---- issue 19: the images ---------------------------------------------------------------------
@@ -175,6 +199,12 @@ def test_the_cpu_image_leaves_out_cuda_python_and_runs_without_it():
                             capture_output=True, text=True, check=True).stdout.splitlines()
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert listed == [d for d in declared if not d.startswith("cuda-python")]
+    with_postgres = subprocess.run(
+        [sys.executable, str(DOCKER / "deps.py"), "--without", "cuda-python", "--extra",
+         "postgres"], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert with_postgres[:len(listed)] == listed and with_postgres[len(listed):] == \
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+            "optional-dependencies"]["postgres"]
     # the CPU path (planning, the worker's runner, the service) never imports cuda
     probe = """
 import sys

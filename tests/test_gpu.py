@@ -271,3 +271,122 @@ fd.add_output(T3)
     for v in (0.5, -3.0):  # one kernel, any value: scalar inputs are not compiled in
         (y,) = execute_plan(plan, [x, v], cuda_runner, "cuda").outputs
         torch.testing.assert_close(y, x * (2 * v))
+
+
+# ---- tiled transpose and grouped normalization --------------------------------------------------
+
+TRANSPOSE_ADD = """
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.{dt})
+T1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.{dt})
+T2 = fd.ops.permute(T1, dims=[1, 0])
+T3 = fd.ops.add(fd.ops.cast(T0, dtype=DataType.Float), fd.ops.cast(T2, dtype=DataType.Float))
+fd.add_output(fd.ops.cast(T3, dtype=DataType.{dt}))
+fd.add_output(fd.ops.permute(T3, dims=[1, 0]))
+"""
+
+
+def _tiled(plan) -> bool:
+    from codegen import generate_segment
+
+    return any(generate_segment(plan, s).notes.get("scheme") == "transpose"
+               for s in plan.segments if s.kind.value == "pointwise")
+
+
+@pytest.mark.parametrize("dt", ["BFloat16", "Float", "Double"])
+@pytest.mark.parametrize("rows,cols", [(64, 48), (33, 130), (130, 33), (1000, 17), (257, 4099),
+                                       (4096, 2048)])
+def test_transpose_add_through_tiles(dt, rows, cols):
+    """Tiles cut by the edges (odd extents, a 17-long axis), widths that forbid vectors, both
+    a staged input and an output written through a tile."""
+    f = fusion(TRANSPOSE_ADD.format(dt=dt))
+    dtype = {"BFloat16": DType.bfloat16, "Float": DType.float32, "Double": DType.float64}[dt]
+    plan, got, want = run_both(f, [tensor_meta((rows, cols), dtype),
+                                   tensor_meta((cols, rows), dtype)])
+    assert _tiled(plan)
+    close(got, want, f"transpose {dt} {rows}x{cols}")
+
+
+def test_tiled_permutes_of_three_axes_and_cat_of_a_transpose():
+    f = fusion("""
+T0 = fd.define_tensor(shape=[-1, -1, -1], contiguity=[True, True, True], dtype=DataType.Float)
+T1 = fd.ops.exp(T0)
+fd.add_output(T1)
+fd.add_output(fd.ops.permute(T1, dims=[0, 2, 1]))
+fd.add_output(fd.ops.permute(T0, dims=[2, 1, 0]))
+""")
+    for shape in [(3, 100, 70), (2, 33, 65), (40, 17, 129)]:
+        plan, got, want = run_both(f, [tensor_meta(shape, DType.float32)])
+        assert _tiled(plan)
+        close(got, want, f"permutes {shape}")
+    g = fusion("""
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+T1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+T2 = fd.ops.permute(T0, dims=[1, 0])
+fd.add_output(fd.ops.cat([T2, T1], dim=0))
+fd.add_output(fd.ops.cat([T1, T2], dim=0))
+""")
+    for a, b in [((512, 256), (128, 512)), ((50, 30), (7, 50))]:
+        plan, got, want = run_both(g, [tensor_meta(a, DType.bfloat16),
+                                       tensor_meta(b, DType.bfloat16)])
+        assert _tiled(plan)
+        close(got, want, f"cat {a} {b}")
+
+
+def test_tiled_transpose_of_misaligned_inputs():
+    f = fusion(TRANSPOSE_ADD.format(dt="BFloat16"))
+    metas = [tensor_meta((256, 128), DType.bfloat16), tensor_meta((128, 256), DType.bfloat16)]
+    plan = make_plan(f, metas)
+    base = torch.randn(128 * 256 + 1, device=DEV).to(torch.bfloat16)
+    y = base[1:].view(128, 256)  # not 16-byte aligned: regenerated without vectors
+    x = torch.randn(256, 128, device=DEV).to(torch.bfloat16)
+    got = execute_plan(plan, [x, y], cuda_runner, "cuda").outputs
+    close(got, run_reference(f, [x, y]), "misaligned transpose")
+
+
+def group_norm(n: int, c: int, length: int, groups: int) -> str:
+    return f"""
+T0 = fd.define_tensor(shape=[-1, -1, -1], contiguity=[True, True, True], dtype=DataType.BFloat16)
+T1 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.BFloat16)
+T2 = fd.ops.reshape(T0, new_shape=[{n}, {groups}, {c // groups}, {length}])
+T3 = fd.ops.cast(T2, dtype=DataType.Float)
+T4, T5 = fd.ops.var_mean(T3, dims=[2, 3], correction=0, keepdim=False)
+T6 = fd.ops.broadcast_in_dim(T5, shape=T2.shape(), broadcast_dims=[0, 1])
+T7 = fd.ops.broadcast_in_dim(fd.ops.rsqrt(fd.ops.add(T4, 1e-5)), shape=T2.shape(),
+                             broadcast_dims=[0, 1])
+T8 = fd.ops.mul(fd.ops.sub(T3, T6), T7)
+T9 = fd.ops.reshape(T8, new_shape=T0.shape())
+T10 = fd.ops.broadcast_in_dim(T1, shape=T0.shape(), broadcast_dims=[1])
+T11 = fd.ops.mul(T9, fd.ops.cast(T10, dtype=DataType.Float))
+fd.add_output(fd.ops.cast(T11, dtype=DataType.BFloat16))
+fd.add_output(T5)
+"""
+
+
+@pytest.mark.parametrize("n,c,length,groups", [(4, 48, 32, 8), (3, 30, 7, 5), (2, 64, 4099, 32),
+                                               (1, 6, 1, 3), (16, 320, 4096, 32),
+                                               (6, 64, 1024, 4), (3, 96, 2050, 6),
+                                               (2, 60, 1023, 2)])
+def test_group_norm_in_one_kernel(n, c, length, groups):
+    """Rows in registers, and long rows streamed through shared memory (by bulk copies, by
+    per-thread copies, and read directly when a row's vectors cannot be copied)."""
+    f = fusion(group_norm(n, c, length, groups))
+    plan, got, want = run_both(f, [tensor_meta((n, c, length), DType.bfloat16),
+                                   tensor_meta((c,), DType.bfloat16)])
+    assert [s.kind.value for s in plan.segments] == ["normalization"]
+    close(got, want, f"group norm {n}x{c}x{length} / {groups}")
+
+
+@pytest.mark.parametrize("shape", [(8, 16, 64), (5, 7, 33), (16, 64, 1024)])
+def test_rows_that_skip_the_kept_axis(shape):
+    """Batch-norm style rows: each channel's [N, L] values."""
+    f = fusion("""
+T0 = fd.define_tensor(shape=[-1, -1, -1], contiguity=[True, True, True], dtype=DataType.Float)
+T1, T2 = fd.ops.var_mean(T0, dims=[0, 2], correction=0, keepdim=False)
+T3 = fd.ops.broadcast_in_dim(T2, shape=T0.shape(), broadcast_dims=[1])
+T4 = fd.ops.broadcast_in_dim(fd.ops.rsqrt(fd.ops.add(T1, 1e-5)), shape=T0.shape(),
+                             broadcast_dims=[1])
+fd.add_output(fd.ops.mul(fd.ops.sub(T0, T3), T4))
+""")
+    plan, got, want = run_both(f, [tensor_meta(shape, DType.float32)])
+    assert [s.kind.value for s in plan.segments] == ["normalization"]
+    close(got, want, f"batch-norm rows {shape}")

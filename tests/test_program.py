@@ -193,6 +193,23 @@ def test_shape_scalars_are_part_of_the_signature():
     assert programs.signature([x, 3, 1.0], baked) == programs.signature([x, 3, 2.0], baked)
 
 
+def test_random_seed_and_offset_are_kernel_parameters():
+    # Thunder passes a new Philox seed and offset every step: one program must serve them all.
+    parsed = parse_text(
+        "from nvfuser import FusionDefinition, DataType\n"
+        "def f(fd):\n"
+        "    T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)\n"
+        "    S1 = fd.define_scalar(dtype=DataType.Int)\n"
+        "    S2 = fd.define_scalar(dtype=DataType.Int)\n"
+        "    T3 = fd.ops.uniform(0.0, 1.0, shape=[4, 8], dtype=DataType.Float, rng_seed=S1,\n"
+        "                        rng_offset=S2)\n"
+        "    fd.add_output(fd.ops.mul(T0, T3))\n")
+    baked = programs.baked_positions(parsed.fusion)
+    assert baked == frozenset()
+    x = torch.randn(4, 8)
+    assert programs.signature([x, 3, 0], baked) == programs.signature([x, 4, 8], baked)
+
+
 def test_expanded_strides():
     assert programs.expanded_strides((4, 3, 5), (False, True, False)) == (5, 0, 1)
     assert programs.expanded_strides((2, 6), (True, False)) == (0, 1)

@@ -8,16 +8,15 @@ it skips, saying why.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from runtime.tensor_wire import to_json
+from tests.helpers import require_installed
 from tests.server import ROOT, Server, free_port
 from tests.test_service import SMALL, small_args, small_metas
 
@@ -43,12 +42,7 @@ def dashboard_queries() -> list[str]:
 
 
 def prometheus_binary() -> str:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("prometheus is not installed; .ci/run installs Debian's package")
-        pytest.skip("prometheus is not installed (apt-get install prometheus); CI runs this")
-    return binary
+    return require_installed(shutil.which("prometheus"), "prometheus", "prometheus")
 
 
 class Prometheus:

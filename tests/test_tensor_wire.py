@@ -109,3 +109,21 @@ def test_every_dtype_crosses_the_worker_pipe_and_stride_zero_axes_stay():
         assert torch.equal(raw(a), raw(b))
     ours.close()
     theirs.close()
+
+
+def test_an_expanded_tensor_crosses_the_worker_pipe():
+    # an output of shape [N] and stride 0 (a reduction of a broadcast scalar) killed the worker:
+    # narrowed to one element it was "contiguous" with stride 0, which .view(uint8) refused
+    import socket
+    from multiprocessing.connection import Connection
+
+    from runtime.worker import _recv, _send
+
+    a, b = socket.socketpair()
+    ours, theirs = Connection(a.detach()), Connection(b.detach())
+    sent = {"row": torch.tensor([2.5]).expand(3072), "grid": torch.arange(3.).expand(4, 3),
+            "one": torch.tensor([7.0]).as_strided((1,), (0,))}
+    _send(ours, sent)
+    got = _recv(theirs)
+    for name, value in sent.items():
+        assert got[name].shape == value.shape and torch.equal(got[name], value), name

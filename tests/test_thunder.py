@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import copy
 import importlib
+import subprocess
+import sys
 
 import pytest
 import torch
+from thunder.core.proxies import Proxy  # noqa: E402
 
 import fusecut.local
+from benchmarks.models import blocks, place  # noqa: E402
 from fusecut.thunder_executor import (
     POINTWISE,
     REDUCTIONS,
@@ -20,6 +24,7 @@ from fusecut.thunder_executor import (
     region_reports,
     thunder,  # imported through fusecut, which first patches torch 2.13 for Thunder 0.2.6
 )
+from fusecut.thunder_layout import is_layout_only, split_region  # noqa: E402
 
 nanogpt_model = importlib.import_module("thunder.tests.nanogpt_model")
 llama2_model = importlib.import_module("thunder.tests.llama2_model")
@@ -27,7 +32,7 @@ llama2_model = importlib.import_module("thunder.tests.llama2_model")
 # fp32 everywhere; bf16 on CUDA (the CPU path runs fusecut's torch reference interpreter).
 CASES = [("cpu", torch.float32)] + ([("cuda", torch.float32), ("cuda", torch.bfloat16)]
                                      if torch.cuda.is_available() else [])
-TOLERANCE = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (3e-2, 3e-2)}
+TOLERANCE = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (5e-2, 5e-2)}
 
 
 def block(dropout: float = 0.0, seed: int = 0) -> torch.nn.Module:
@@ -61,7 +66,8 @@ def final_traces(jitted):
 
 
 def assert_all_fused_by_fusecut(jitted) -> None:
-    """Every fusion is fusecut's, and no elementwise or reduction prim runs outside one."""
+    """Every fusion is fusecut's, and no elementwise or reduction prim runs outside one (a cast
+    to the dtype a tensor already has computes nothing: torch returns the tensor)."""
     fused_ops = set(POINTWISE) | set(REDUCTIONS)
     for trace in final_traces(jitted):
         assert fusecut_regions(trace), "no fusecut region in a trace"
@@ -69,7 +75,8 @@ def assert_all_fused_by_fusecut(jitted) -> None:
             if bsym.sym.is_fusion:
                 assert bsym.sym.executor is fusecut_ex, bsym.sym.name
                 continue
-            outside = [leaf.sym.name for leaf in leaves(bsym) if leaf.sym.id in fused_ops]
+            outside = [leaf.sym.name for leaf in leaves(bsym)
+                       if leaf.sym.id in fused_ops and not is_layout_only([leaf])]
             assert not outside, f"{bsym.sym.name} runs {outside} outside a fusion"
 
 
@@ -138,6 +145,85 @@ def test_llama2_block_matches_torch_executor():
     assert all(r.fallback is None for r in region_reports(ours))
 
 
+def assert_no_layout_only_region(jitted) -> None:
+    """No fusecut region only re-lays data, and none writes an output that torch could return
+    as a view of an input or of another output (``split_region`` would find nothing to move)."""
+    for trace in final_traces(jitted):
+        for bsym, _ in fusecut_regions(trace):
+            assert not is_layout_only(bsym.subsymbols), f"{bsym.sym.name} only re-lays data"
+            inputs = [a for a in bsym.flat_args if isinstance(a, Proxy)]
+            split = split_region(bsym.subsymbols, inputs, list(bsym.flat_outs))
+            assert not split.changed, (f"{bsym.sym.name} writes {[p.name for p in split.after]}"
+                                       f" that views could return")
+
+
+BLOCKS = {name: (module, extra) for name, module, extra in blocks(32, 8, dropout=False)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_blocks_have_no_layout_only_region_and_match_torch(name, dtype):
+    # bf16 brings cast round trips (bf16 -> f32 -> bf16) whose aliases later views name.
+    module, extra = BLOCKS[name]
+    model, extra = place(copy.deepcopy(module), extra, "cpu", dtype)
+    reference = copy.deepcopy(model)
+    ours = thunder.jit(model, executors=[fusecut_ex])
+    theirs = thunder.jit(reference, executors=[thunder.pytorch_executor])
+    atol, rtol = TOLERANCE[dtype]
+    x = torch.randn(2, 8, 32, dtype=dtype)
+    assert_same_step(ours, theirs, model, reference, x, *extra, atol=atol, rtol=rtol)
+    if dtype == torch.float32:
+        # (In bf16 Thunder's autograd casts the incoming cotangent f32 and back with
+        # ``Tensor.to(copy=True)`` after the fusion passes ran: no executor sees those casts.)
+        assert_all_fused_by_fusecut(ours)
+    assert_no_layout_only_region(ours)
+    assert all(r.fallback is None for r in region_reports(ours))
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_outputs_that_are_layouts_come_back_as_views(device):
+    def f(x, w):
+        y = torch.relu(x * w)
+        q, k = x.split(4, dim=1)  # views of the input
+        return y, y.t(), y.reshape(-1), q, k.unsqueeze(0), (x * w).to(torch.float32)
+
+    x = torch.randn(6, 8, device=device)
+    w = torch.randn(6, 8, device=device)
+    jitted = thunder.jit(f, executors=[fusecut_ex])
+    out = jitted(x, w)
+    for got, want in zip(out, f(x, w)):
+        torch.testing.assert_close(got, want)
+    storage = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
+    assert storage(out[1]) == storage(out[2]) == storage(out[0])  # one buffer, three layouts
+    assert storage(out[3]) == storage(out[4]) == storage(x)  # no copy of the input at all
+    assert out[1].stride() == (1, 8)
+    [region] = fusecut_regions(thunder.last_traces(jitted)[-1])
+    # y and x * w, each written once: the layouts of y are views, the fp32 cast of fp32 x * w is
+    # x * w again, and the second x * w repeats the first (CSE).
+    assert len(region[0].flat_outs) == 2
+
+
+def test_a_region_of_layout_only_dissolves_into_views():
+    def f(x):
+        return x[1:].reshape(3, 2, 3).transpose(1, 2)[:, ::2].unsqueeze(0).expand(2, -1, -1, -1)
+
+    x = torch.randn(4, 6)
+    jitted = thunder.jit(f, executors=[fusecut_ex])
+    out = jitted(x)
+    torch.testing.assert_close(out, f(x))
+    assert not fusecut_regions(thunder.last_traces(jitted)[-1])
+    assert out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+
+
+def test_thunder_imports_before_fusecut():
+    # Thunder 0.2.6 needs torch's named-tensor methods at import; fusecut-thunder.pth installs
+    # the stubs before Thunder's first import, whichever module comes first.
+    code = "import thunder, torch; assert callable(torch.Tensor.align_as); print(thunder.jit)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_first_call_plans_each_region_once(planner_calls):
     model = block(seed=1)
     ours = thunder.jit(model, executors=[fusecut_ex])
@@ -167,6 +253,39 @@ def test_dropout_region_is_left_to_another_executor():
     randoms = [leaf for bsym in forward.bound_symbols if not bsym.sym.is_fusion
                for leaf in leaves(bsym) if leaf.sym.name in ("uniform", "uniform_philox")]
     assert randoms, "dropout's random numbers should run outside fusecut"
+
+
+@pytest.mark.gpu
+def test_dropout_draws_run_in_fusecut_kernels_on_cuda(planner_calls):
+    def f(x):
+        return torch.nn.functional.dropout(x * 2.0, p=0.25, training=True)
+
+    x = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+    jitted = thunder.jit(f, executors=[fusecut_ex])
+
+    def run(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(seed)
+        x.grad = None
+        y = jitted(x)
+        y.backward(torch.ones_like(y))
+        return y.detach(), x.grad.clone()
+
+    y, grad = run(3)
+    # The backward's mask is the forward's (recomputed from the same seed and offset, or saved):
+    # y = 2x * mask / 0.75 and dy/dx = 2 * mask / 0.75.
+    torch.testing.assert_close(y, x.detach() * grad, atol=1e-6, rtol=1e-6)
+    assert abs((grad == 0).float().mean().item() - 0.25) < 0.01
+    planned = len(planner_calls)
+    y_again, _ = run(3)
+    assert torch.equal(y, y_again)  # the generator's seed decides the draw
+    assert not torch.equal(y, run(4)[0])
+    assert len(planner_calls) == planned  # seed and offset are run-time scalars: no new plan
+    forward = thunder.last_traces(jitted)[-1]
+    inside = {leaf.sym.name for bsym, _ in fusecut_regions(forward) for leaf in leaves(bsym)}
+    assert "uniform_philox" in inside
+    outside = {leaf.sym.name for bsym in forward.bound_symbols if not bsym.sym.is_fusion
+               for leaf in leaves(bsym)}
+    assert not outside & {"uniform", "uniform_philox"}
 
 
 def test_region_whose_plan_fails_runs_on_torch(monkeypatch):

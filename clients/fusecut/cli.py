@@ -436,6 +436,12 @@ def serve(host: str = typer.Option("127.0.0.1", metavar="HOST",
           db: str = typer.Option(None, metavar="PATH",
                                  help="the plan cache, an SQLite file (default "
                                       "~/.local/share/fusecut/plans.sqlite)"),
+          cache: str = typer.Option(None, envvar="FUSECUT_CACHE_URL", metavar="URL",
+                                    help="plan cache: an SQLite path, or postgresql://... to "
+                                         "share one with other replicas (overrides --db)"),
+          gpus: str = typer.Option(None, envvar="FUSECUT_GPUS", metavar="all|0,1,...",
+                                   help="GPU workers per listed device: all, or indices as 0,1 "
+                                        "(default: workers on whatever devices are visible)"),
           api_key: str = typer.Option(None, envvar="FUSECUT_API_KEY", metavar="KEY",
                                       help="require 'Authorization: Bearer KEY' on every /v1 "
                                            "route"),
@@ -455,11 +461,14 @@ def serve(host: str = typer.Option("127.0.0.1", metavar="HOST",
     from service.settings import Settings
 
     # Settings reach every uvicorn worker process through the environment.
-    for name, value in (("FUSECUT_DB_PATH", db), ("FUSECUT_API_KEY", api_key)):
+    for name, value in (("FUSECUT_DB_PATH", db), ("FUSECUT_API_KEY", api_key),
+                        ("FUSECUT_CACHE_URL", cache), ("FUSECUT_GPUS", gpus)):
         if value is not None:
             os.environ[name] = value
     try:
-        Settings.from_env()  # refuse bad FUSECUT_* values here, not in every worker
+        from runtime.worker_pool import parse_gpus
+
+        parse_gpus(Settings.from_env().gpus)  # refuse bad values here, not in every worker
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     if (ssl_certfile is None) != (ssl_keyfile is None):
@@ -475,6 +484,51 @@ def serve(host: str = typer.Option("127.0.0.1", metavar="HOST",
                 http="service.http:ReadTimeoutProtocol",  # drops half-sent requests
                 ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
                 ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None)
+
+
+@app.command("ray-serve", short_help="Run the HTTP service on Ray Serve.")
+def ray_serve(address: str = typer.Option(None, metavar="ADDRESS",
+                                          help="a running Ray cluster (auto, or HOST:PORT); "
+                                               "default: start one here"),
+              host: str = typer.Option("127.0.0.1", metavar="HOST",
+                                       help="address Serve's HTTP proxy binds"),
+              port: int = typer.Option(8000, metavar="PORT", help="Serve's HTTP port"),
+              cache: str = typer.Option(None, envvar="FUSECUT_CACHE_URL", metavar="URL",
+                                        help="plan cache shared by the replicas: "
+                                             "postgresql://... (or an SQLite path on one node)"),
+              plan_replicas: int = typer.Option(2, metavar="N", help="planning replicas (CPU)"),
+              min_replicas: int = typer.Option(None, metavar="N",
+                                               help="autoscale planning replicas from this "
+                                                    "many..."),
+              max_replicas: int = typer.Option(None, metavar="N", help="...to this many"),
+              plan_cpus: float = typer.Option(1.0, metavar="CPUS",
+                                              help="CPUs Ray reserves per planning replica"),
+              execute_replicas: int = typer.Option(1, metavar="N", help="execute replicas"),
+              execute_gpus: float = typer.Option(None, metavar="GPUS",
+                                                 help="GPUs per execute replica (default: 1 if "
+                                                      "the cluster has GPUs, else 0: the CPU "
+                                                      "path)"),
+              num_cpus: int = typer.Option(None, metavar="N",
+                                           help="a local cluster's CPUs (default: all)"),
+              object_store_mb: int = typer.Option(256, metavar="MB",
+                                                  help="a local cluster's object store")):
+    """Serve the HTTP API on Ray Serve: planning replicas behind Serve's proxy, executions on
+    GPU replicas, one shared plan cache (needs the 'ray' extra)."""
+    import os
+
+    try:
+        from service import ray_serve as rs
+    except ImportError as e:
+        fail(f"ray-serve needs Ray Serve: pip install 'fusecut[ray]' ({e})")
+    if cache is not None:
+        os.environ["FUSECUT_CACHE_URL"] = cache
+
+    def ready(url: str, gpus: float) -> None:
+        err.print(f"fusecut on Ray Serve at {url} ({plan_replicas} planning replicas, "
+                  f"{execute_replicas} execute replicas with {gpus:g} GPU each)")
+
+    rs.run(address, host, port, plan_replicas, min_replicas, max_replicas, plan_cpus,
+           execute_replicas, execute_gpus, num_cpus, object_store_mb, ready)
 
 
 def main() -> None:

@@ -23,28 +23,14 @@ from typing import Any
 
 import torch
 
+from fusecut.thunder_hook import patch_named_tensor_methods  # noqa: E402
 
-def _patch_named_tensor_methods() -> None:
-    """torch 2.13 removed the named-tensor methods Thunder 0.2.6 registers at import; give the
-    missing ones a stub (named as torch would, which Thunder checks) that says so."""
-    for name in ("align_as", "align_to", "has_names", "refine_names", "rename"):
-        if hasattr(torch.Tensor, name):
-            continue
-
-        def removed(*args: Any, _name: str = name, **kwargs: Any) -> Any:
-            raise NotImplementedError(f"torch.Tensor.{_name} (named tensors) was removed from "
-                                      f"this torch build")
-
-        removed.__name__ = removed.__qualname__ = name
-        setattr(torch.Tensor, name, removed)
-
-
-_patch_named_tensor_methods()
+patch_named_tensor_methods()
 
 import thunder  # noqa: E402
 from thunder.core import dtypes, prims, utils  # noqa: E402
-from thunder.core.proxies import Proxy, TensorProxy, unvariableify  # noqa: E402
-from thunder.core.rematerialization import rematerialize  # noqa: E402
+from thunder.core.proxies import IntegerProxy, Proxy, TensorProxy, unvariableify  # noqa: E402
+from thunder.core.rematerialization import rematerialize, replace_uniform  # noqa: E402
 from thunder.core.symbol import BoundSymbol  # noqa: E402
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx  # noqa: E402
 from thunder.core.transform_common import dce  # noqa: E402
@@ -53,6 +39,7 @@ from thunder.executors.utils import Region  # noqa: E402
 from thunder.extend import FusionExecutor, register_executor  # noqa: E402
 
 from fusecut.definition import FusionDefinition  # noqa: E402
+from fusecut.thunder_layout import is_layout_only, split_region  # noqa: E402
 from optimizer.errors import FusecutError  # noqa: E402
 from optimizer.ir.builder import MAX_RANK  # noqa: E402
 from optimizer.ir.dtypes import DType  # noqa: E402
@@ -78,13 +65,18 @@ POINTWISE = {getattr(prims, n).id: n for n in _UNARY + _BINARY if hasattr(prims,
 POINTWISE[prims.where.id] = "where"
 POINTWISE[prims.convert_element_type.id] = "cast"
 POINTWISE[prims.shallow_copy.id] = "set"
+POINTWISE[prims.clone.id] = "set"  # ``x.to(dtype, copy=True)`` is clone + cast
 REDUCTIONS = {prims.sum.id: "sum", prims.amax.id: "max", prims.amin.id: "min",
               prims.prod.id: "prod", prims.var.id: "var", prims.var_mean.id: "var_mean"}
 SHAPES = {prims.broadcast_in_dim.id: "broadcast_in_dim", prims.reshape.id: "reshape",
           prims.transpose.id: "permute", prims.squeeze.id: "squeeze",
           prims.slice_prim.id: "slice", prims.pad.id: "pad", prims.cat.id: "cat",
           prims.take.id: "index_select", prims.take_along_axis.id: "take_along_axis"}
-FACTORIES = {prims.full.id: "full", prims.iota.id: "iota"}
+FACTORIES = {prims.full.id: "full", prims.iota.id: "iota",
+             prims.uniform_philox.id: "uniform",
+             # Claimed only to keep it a prim until the fusion pass turns it into uniform_philox
+             # (translating it as such is refused: a stateful draw never runs in a region).
+             prims.uniform.id: "uniform_stateful"}
 LIBRARY = {prims.matmul.id: "matmul", prims.linear.id: "linear"}
 
 
@@ -146,7 +138,21 @@ def _factory_ok(*args: Any, device: Any, dtype: Any, **kwargs: Any) -> bool:
             and _args_ok(*args, **kwargs))
 
 
+def _uniform_philox_ok(shape: Sequence[int], minval: Any, maxval: Any, *, device: Any,
+                       dtype: Any, seed: Any, offset: Any) -> bool:
+    """Thunder's dropout draw (``replace_uniform`` makes it from ``uniform``): fusecut's Philox
+    kernels compute it from the seed and offset Thunder takes from torch's CUDA generator."""
+    return (device.type == "cuda" and dtypes.to_dtype(dtype) in _FLOAT
+            and all(isinstance(s, int) for s in shape)
+            and all(isinstance(v, Number) for v in (minval, maxval))
+            and all(isinstance(v, (int, IntegerProxy)) for v in (seed, offset)))
+
+
 def _checker(prim_id: Any) -> Callable[..., bool]:
+    if prim_id == prims.uniform_philox.id:
+        return _uniform_philox_ok
+    if prim_id == prims.uniform.id:
+        return lambda *args, device, dtype: device.type == "cuda"
     if prim_id == prims.div.id:
         return _div_ok
     if prim_id == prims.convert_element_type.id:
@@ -194,15 +200,18 @@ def translate(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
     with fd:
         arg_names = []
         for p in inputs:
-            if not isinstance(p, TensorProxy):
-                raise TranslationError(f"region input {p.name} is not a tensor")
-            shape = [1 if s == 1 else -1 for s in p.shape]
-            env[p.name] = fd.define_tensor(shape=shape, contiguity=[True] * len(shape),
-                                           dtype=_fc_dtype(p.dtype))
+            if isinstance(p, IntegerProxy):  # a number known at run time (a Philox seed, offset)
+                env[p.name] = fd.define_scalar(dtype=DType.int64)
+            elif isinstance(p, TensorProxy):
+                shape = [1 if s == 1 else -1 for s in p.shape]
+                env[p.name] = fd.define_tensor(shape=shape, contiguity=[True] * len(shape),
+                                               dtype=_fc_dtype(p.dtype))
+            else:
+                raise TranslationError(f"region input {p.name} is not a tensor or an integer")
             arg_names.append(p.name)
 
         def value(x: Any) -> Any:
-            if isinstance(x, TensorProxy):
+            if isinstance(x, Proxy):
                 if x.name not in env:
                     raise TranslationError(f"{x.name} is used before it is defined")
                 return env[x.name]
@@ -258,6 +267,13 @@ def _emit(fd: FusionDefinition, name: str, bsym: BoundSymbol, value: Callable) -
         return list(r) if isinstance(r, tuple) else [r]
     if name == "cast":
         return [o.cast(value(a[0]), _fc_dtype(a[1]))]
+    if name == "uniform":  # uniform_philox: Thunder's stateless dropout draw
+        return [o.uniform(value(a[1]), value(a[2]), list(a[0]), dtype=_fc_dtype(kw["dtype"]),
+                          rng_seed=value(kw["seed"]), rng_offset=value(kw["offset"]))]
+    if name == "uniform_stateful":
+        raise TranslationError("a uniform draw with torch's generator state (not uniform_philox)")
+    if name == "set":  # shallow_copy, or clone (whose memory format a fresh tensor has anyway)
+        return [o.set(value(a[0]))]
     if name == "broadcast_in_dim":
         return [o.broadcast_in_dim(value(a[0]), list(a[1]), list(a[2]))]
     if name == "reshape":
@@ -441,7 +457,11 @@ class FusecutExecutor(FusionExecutor):
 
     def fuse(self, region: Region, fusion_counter: int) -> BoundSymbol:
         bsyms, inputs, outputs = self._prepare(region)
-        name = f"fusecut{fusion_counter}"
+        return self._fusion(f"fusecut{fusion_counter}", bsyms, inputs, outputs)
+
+    def _fusion(self, name: str, bsyms: list[BoundSymbol], inputs: list[Proxy],
+                outputs: list[Proxy]) -> BoundSymbol:
+        """The fusion symbol that runs ``bsyms`` (claimed prims) as fusecut region ``name``."""
 
         def fallback() -> Callable:
             return _torch_callable(bsyms, inputs, outputs)
@@ -456,18 +476,24 @@ class FusecutExecutor(FusionExecutor):
         return self.register_temporary_operation(name, fn, inputs=inputs, outputs=outputs,
                                                  bsyms=bsyms)
 
-    def translatable(self, region: Region) -> bool:
+    def worth_a_kernel(self, region: Region) -> bool:
+        """The region translates, and computes something (a region of layout prims only would
+        just copy: torch's views do it for nothing)."""
         try:
             bsyms, inputs, outputs = self._prepare(region)
             translate(bsyms, inputs, outputs, self.claimed)
         except TranslationError:
             return False
-        return True
+        return not is_layout_only(bsyms)
 
     def fusion_pass(self, trace: TraceCtx) -> TraceCtx:
         start = time.perf_counter_ns()
         from thunder.executors.data_dependent_partition import Node, fuse_bound_symbols
 
+        if _uniform_on_cuda_only(trace):
+            # As Thunder's nvFuser pass: stateless draws from the generator's seed and offset,
+            # which rematerialization may recompute in the backward instead of saving a mask.
+            trace = replace_uniform(trace)
         fused = from_trace(trace)
         producers, consumers = utils.producers_and_consumers(trace)
 
@@ -481,12 +507,8 @@ class FusecutExecutor(FusionExecutor):
             if len(bsyms) == 1 and not self.can_fuse(bsyms[0]):
                 bsyms_out.append(bsyms[0])
                 continue
-            # A region of shape ops only would just copy: leave it to views on the next executor.
-            if all(prims.OpTags.SHAPE_OP in (b.sym.tags or ()) for b in bsyms):
-                bsyms_out.extend(bsyms)
-                continue
             region = Region(producers, consumers, bsyms)
-            if not self.translatable(region):
+            if not self.worth_a_kernel(region):
                 bsyms_out.extend(bsyms)
                 continue
             bsyms_out.append(self.fuse(region, counter))
@@ -494,10 +516,38 @@ class FusecutExecutor(FusionExecutor):
         fused.bound_symbols = bsyms_out
         fused = rematerialize(fused)
         fused = dce(fused)
+        fused = self._views_out_of_kernels(fused)
         fused = update_fusion_call_ctx(fused)
         ms = (time.perf_counter_ns() - start) // 1_000_000
         fused.set_provenance(TraceProvenance(f"Fusion by fusecut (took {ms} milliseconds)"))
         return fused
+
+    def _views_out_of_kernels(self, trace: TraceCtx) -> TraceCtx:
+        """Each region's outputs that torch can return as views leave its kernel (see
+        ``thunder_layout``); a region left with nothing to compute dissolves into torch prims."""
+        out = from_trace(trace)
+        bsyms: list[BoundSymbol] = []
+        for bsym in trace.bound_symbols:
+            if not (bsym.sym.is_fusion and bsym.sym.executor is self):
+                bsyms.append(bsym)
+                continue
+            inputs = [a for a in bsym.flat_args if isinstance(a, Proxy)]
+            split = split_region(bsym.subsymbols, inputs, list(bsym.flat_outs))
+            if not split.changed:
+                bsyms.append(bsym)
+                continue
+            if split.kernel:
+                bsyms.append(self._fusion(bsym.sym.name, split.kernel, split.kernel_inputs,
+                                          split.kernel_outputs))
+            bsyms.extend(split.after)
+        out.bound_symbols = bsyms
+        return dce(out)
+
+
+def _uniform_on_cuda_only(trace: TraceCtx) -> bool:
+    """Some ``uniform`` draws, all on CUDA (Thunder's generator-state prim reads CUDA's)."""
+    draws = [b for b in trace.bound_symbols if b.sym.id == prims.PrimIDs.UNIFORM]
+    return bool(draws) and all(b.kwargs["device"].type == "cuda" for b in draws)
 
 
 class _Fallback:

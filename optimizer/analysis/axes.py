@@ -3,9 +3,12 @@
 Within a set of ops, an elementwise op ties each of its output's axes to the aligned axes of its
 operands; broadcast_in_dim, broadcast, expand, squeeze, permute and reductions tie the axes they
 keep. Broadcast axes (concretely: extent 1 or expanded) carry no iteration and are never tied.
-View ops that re-index data (reshape, slice, pad, cat, gathers) tie nothing: their outputs start
-new axes. This is nvFuser's exact map, restricted to what a segment needs: a reduction segment is
-well formed when every tensor's axes land on the axes of one reduction domain.
+View ops that re-index data (slice, pad, cat, gathers, and reshapes that regroup elements) tie
+nothing: their outputs start new axes. A reshape that only splits axes ([N, C, H, W] -> [N, G, C/G,
+H, W], as group norm views its channels) or merges them back ties the axes it keeps and records
+the split axis as *compound*: the run of axes it is made of, outer first. This is nvFuser's exact
+map, restricted to what a segment needs: a reduction segment is well formed when every tensor's
+axes land on the axes of one reduction domain, each on one axis or on a run of them.
 """
 
 from __future__ import annotations
@@ -18,14 +21,64 @@ from optimizer.ir.ops_misc import reduction_axes
 from optimizer.ir.opspec import OpClass, get_spec
 
 AxisKey = tuple[str, int]
+Span = tuple[tuple[int, ...], tuple[int, ...]]
+# Where a tensor axis lands on a segment's domain: one domain axis, a run of them (a compound
+# axis), or nowhere (a broadcast axis).
+AxisEntry = int | tuple[int, ...] | None
+
+
+def domain_axes(entry: AxisEntry) -> tuple[int, ...]:
+    """The domain axes an axis-map entry covers: none, one, or a run."""
+    if entry is None:
+        return ()
+    return entry if isinstance(entry, tuple) else (entry,)
+
+
+def reshape_spans(src: tuple[int, ...], dst: tuple[int, ...]) -> list[Span] | None:
+    """How a row-major reshape from ``src`` to ``dst`` regroups axes, as (source axes, target
+    axes) spans of equal element counts, each one-to-one, one-to-many (a split) or many-to-one
+    (a merge); extent-1 axes belong to no span. None when some span is many-to-many (the
+    elements are regrouped: [6, 4] -> [4, 6]) or the tensor is empty."""
+    if 0 in src or 0 in dst:
+        return None
+    a = [k for k, e in enumerate(src) if e != 1]
+    b = [k for k, e in enumerate(dst) if e != 1]
+    spans: list[Span] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        ins, outs = [a[i]], [b[j]]
+        pa, pb = src[a[i]], dst[b[j]]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb:
+                if i == len(a):
+                    return None
+                ins.append(a[i])
+                pa *= src[a[i]]
+                i += 1
+            else:
+                if j == len(b):
+                    return None
+                outs.append(b[j])
+                pb *= dst[b[j]]
+                j += 1
+        if len(ins) > 1 and len(outs) > 1:
+            return None
+        spans.append((tuple(ins), tuple(outs)))
+    if i != len(a) or j != len(b):
+        return None
+    return spans
 
 
 class AxisMap:
     def __init__(self, bound: Bound, ops: Iterable[Op]):
         self.bound = bound
         self._parent: dict[AxisKey, AxisKey] = {}
+        # a split or merged axis -> the run of finer axes it is made of (see reshape_spans)
+        self._compound: list[tuple[AxisKey, tuple[AxisKey, ...]]] = []
         for op in ops:
             self._tie_op(op)
+        self._tie_compounds()
 
     # ---- union-find -------------------------------------------------------------------------
 
@@ -57,6 +110,31 @@ class AxisMap:
 
     def ids(self, tensor: str) -> list[AxisKey | None]:
         return [self.root(tensor, a) for a in range(len(self.bound.shapes[tensor]))]
+
+    def parts(self, axis_id: AxisKey) -> tuple[AxisKey, ...] | None:
+        """The ids of the run of axes a compound axis is made of, outer first (None if the axis
+        is not compound)."""
+        for coarse, fine in self._compound:
+            if self._find(coarse) == axis_id:
+                return tuple(self._find(k) for k in fine)
+        return None
+
+    def _tie_compounds(self) -> None:
+        """Two records of one compound axis, split alike, tie their parts axis by axis."""
+        changed = True
+        while changed:
+            changed = False
+            seen: dict[tuple, tuple[AxisKey, ...]] = {}
+            for coarse, fine in self._compound:
+                extents = tuple(self.bound.shapes[t][a] for t, a in fine)
+                key = (self._find(coarse), extents)
+                if key not in seen:
+                    seen[key] = fine
+                    continue
+                for x, y in zip(seen[key], fine):
+                    if self._find(x) != self._find(y):
+                        self._union(x, y)
+                        changed = True
 
     # ---- per-op ties ----------------------------------------------------------------------------
 
@@ -91,6 +169,20 @@ class AxisMap:
         elif op.name == "permute":
             for j, a in enumerate(op.attrs["dims"]):
                 self._union((outs[0], j), (tensors[0], a % len(bound.shapes[tensors[0]])))
+        elif op.name == "reshape":
+            src, dst = tensors[0], outs[0]
+            spans = reshape_spans(bound.shapes[src], bound.shapes[dst])
+            for ins, outs_ in spans or ():
+                keys_in = [(src, a) for a in ins]
+                keys_out = [(dst, j) for j in outs_]
+                if any(self.is_broadcast(k) for k in keys_in + keys_out):
+                    continue
+                if len(ins) == len(outs_) == 1:
+                    self._union(keys_in[0], keys_out[0])
+                elif len(ins) == 1:
+                    self._compound.append((keys_in[0], tuple(keys_out)))
+                else:
+                    self._compound.append((keys_out[0], tuple(keys_in)))
         elif cls is OpClass.REDUCTION:
             src = tensors[0]
             rank = len(bound.shapes[src])

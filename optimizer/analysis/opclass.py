@@ -67,6 +67,19 @@ def is_view(op: Op) -> bool:
     return get_spec(op.name).op_class in VIEW_CLASSES
 
 
+def reindexes(op: Op, bound: Bound) -> bool:
+    """A view that moves elements to other axis positions, so that it cannot join a reduction
+    segment: every view but a reshape that only splits or merges axes (see
+    ``optimizer.analysis.axes.reshape_spans``), whose axes land on runs of the domain's."""
+    from optimizer.analysis.axes import reshape_spans
+
+    if not is_view(op):
+        return False
+    if op.name != "reshape":
+        return True
+    return reshape_spans(bound.shapes[op.inputs[0]], bound.shapes[op.outputs[0]]) is None
+
+
 def op_cost(op: Op, bound: Bound) -> float:
     """Arithmetic of one evaluation of ``op`` over its output, in simple-op units."""
     spec = get_spec(op.name)

@@ -120,6 +120,9 @@ def eval_scalar_op(name: str, args: list[Any], attrs: dict[str, Any], out: DType
     return coerce(fn(*args), out)
 
 
+RANDOM_OPS = frozenset({"uniform", "normal"})
+
+
 def baked_scalar_inputs(fusion) -> set[str]:
     """Scalar inputs whose values a plan is built for: sizes, indices, anything other than an
     operand of elementwise math (which kernels take as a parameter at run time). A call with
@@ -132,7 +135,10 @@ def baked_scalar_inputs(fusion) -> set[str]:
         if scalar_op:
             continue
         refs = op.refs()
-        operands = set(op.inputs) if get_spec(op.name).op_class is OpClass.POINTWISE else set()
+        # Elementwise operands, and a random op's bounds, seed and offset (its shape is an
+        # attribute), reach kernels as parameters: a new value needs no new plan.
+        run_time = get_spec(op.name).op_class is OpClass.POINTWISE or op.name in RANDOM_OPS
+        operands = set(op.inputs) if run_time else set()
         baked.update(n for n in refs if n in fusion.scalars and n not in operands)
     for op in reversed(fusion.ops):  # what a baked derived scalar is computed from is baked too
         if any(o in baked for o in op.outputs) and all(o in fusion.scalars for o in op.outputs):

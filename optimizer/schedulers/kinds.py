@@ -27,8 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from optimizer.analysis.axes import AxisMap
-from optimizer.analysis.opclass import Role, is_view, role
+from optimizer.analysis.axes import AxisEntry, AxisMap, domain_axes
+from optimizer.analysis.opclass import Role, reindexes, role
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.ops_misc import reduction_axes
 from optimizer.schedulers.persistent import Persistence, analyze_persistence
@@ -60,9 +60,10 @@ class Schedule:
     outputs: tuple[str, ...]  # tensors written to global memory
     domain: tuple[int, ...] = ()  # iteration domain (pointwise: the reference output; else P)
     ref: str | None = None  # the tensor whose axes define the domain
-    # tensor -> domain axis of each of its axes (None: broadcast). Pointwise: written tensors;
+    # tensor -> domain axis of each of its axes (None: broadcast; reduction kinds: a run of
+    # domain axes for an axis a reshape splits, see domain_axes). Pointwise: written tensors;
     # reduction kinds: every tensor of the segment.
-    axis_map: dict[str, tuple[int | None, ...]] = field(default_factory=dict)
+    axis_map: dict[str, tuple[AxisEntry, ...]] = field(default_factory=dict)
     reduction_axes: tuple[int, ...] = ()  # domain axes the (row) reductions reduce
     outer_axes: tuple[int, ...] = ()  # inner_outer: domain axes the column reductions reduce
     reductions: tuple[int, ...] = ()  # row reductions (op indices)
@@ -195,7 +196,7 @@ def _pointwise(bound: Bound, ops, inputs, outputs) -> Schedule | Rejection:
 def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile) -> Schedule | Rejection:
     fusion = bound.fusion
     for i in ops:
-        if is_view(fusion.ops[i]):
+        if reindexes(fusion.ops[i], bound):
             op = fusion.ops[i]
             return Rejection(f"{op.name} ({op.outputs[0]}) re-indexes data and cannot join a "
                              f"reduction segment")
@@ -252,17 +253,16 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile) -> Sched
             if [pos.get(x) for x in order] != sorted(pos.get(x, -1) for x in order):
                 return Rejection(f"{fusion.ops[i].outputs[0]} reduces a permuted view of the "
                                  f"domain")
-    axis_map: dict[str, tuple[int | None, ...]] = {}
+    axis_map: dict[str, tuple[AxisEntry, ...]] = {}
     tensors = dict.fromkeys(list(inputs) + [o for i in ops for o in fusion.ops[i].outputs
                                              if o in fusion.tensors])
     _complete_by_position(bound, axes, tensors, pos, domain)
     for t in tensors:
-        ids = axes.ids(t)
-        mapped = tuple(pos.get(x) if x is not None else None for x in ids)
-        if any(x is not None and pos.get(x) is None for x in ids):
+        mapped = tuple(_place(axes, x, pos) for x in axes.ids(t))
+        if any(x is not None and m is None for x, m in zip(axes.ids(t), mapped)):
             return Rejection(f"{t} {list(bound.shapes[t])} does not map onto the reduction "
                              f"domain {list(domain)}")
-        real = [m for m in mapped if m is not None]
+        real = [a for m in mapped for a in domain_axes(m)]
         if len(set(real)) != len(real):
             return Rejection(f"two axes of {t} iterate together")
         axis_map[t] = mapped
@@ -270,7 +270,7 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile) -> Sched
     col_axes = tuple(sorted(pos[x] for x in outer_key[1])) if outer_key else ()
     row_reductions = tuple(sigs[inner_key])
     col_reductions = tuple(sigs[outer_key]) if outer_key else ()
-    persistence = analyze_persistence(bound, ops, inputs, outputs, axis_map, row_axes,
+    persistence = analyze_persistence(bound, ops, inputs, outputs, domain, axis_map, row_axes,
                                       row_reductions,
                                       col_reductions)
     if isinstance(persistence, str):
@@ -284,7 +284,9 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile) -> Sched
         kind = Kind.REDUCTION
         persistence = None
     else:
-        if not trailing:
+        # A normalization row may skip axes (batch norm's [N, H, W] of [N, C, H, W]) as long
+        # as it holds the innermost one: its threads then still read along memory.
+        if not trailing and (col_reductions or len(domain) - 1 not in row_axes):
             return Rejection(f"reduced axes {list(row_axes)} of domain {list(domain)} are not the"
                              f" trailing axes: no persistent kernel keeps such rows")
         if persistence.row_bytes > profile.persistent_budget:
@@ -297,6 +299,22 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile) -> Sched
                     row_reductions, col_reductions, persistence)
 
 
+def _place(axes: AxisMap, axis_id, pos: dict) -> AxisEntry:
+    """The domain axis of an axis id, or the run of domain axes a compound axis is made of
+    (consecutive, outer first); None if it has neither."""
+    if axis_id is None:
+        return None
+    if axis_id in pos:
+        return pos[axis_id]
+    parts = axes.parts(axis_id)
+    if not parts or any(p not in pos for p in parts):
+        return None
+    run = tuple(pos[p] for p in parts)
+    if run != tuple(range(run[0], run[0] + len(run))):
+        return None
+    return run
+
+
 def _complete_by_position(bound: Bound, axes: AxisMap, tensors, pos: dict, domain) -> None:
     """Axes tied to the domain only through a broadcast (``T1 + broadcast(sum(T0))``): place them
     on the domain axis at the same right-aligned position when the extents agree, as nvFuser's
@@ -306,7 +324,7 @@ def _complete_by_position(bound: Bound, axes: AxisMap, tensors, pos: dict, domai
         rank = len(ids)
         used = {pos[x] for x in ids if x is not None and x in pos}
         for a, x in enumerate(ids):
-            if x is None or x in pos:
+            if x is None or x in pos or axes.parts(x):
                 continue
             j = len(domain) - rank + a
             if 0 <= j < len(domain) and j not in used and bound.shapes[t][a] == domain[j]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from optimizer.analysis.axes import AxisEntry, domain_axes
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.opspec import get_spec
 
@@ -38,14 +39,14 @@ class Persistence:
     broadcasts_back: bool  # some row-varying value depends on a row reduction
 
 
-def is_row_tensor(axis_map: dict[str, tuple[int | None, ...]], row_axes: tuple[int, ...],
+def is_row_tensor(axis_map: dict[str, tuple[AxisEntry, ...]], row_axes: tuple[int, ...],
                   tensor: str) -> bool:
     """True if the tensor varies along a reduced (row) axis."""
-    return any(a in row_axes for a in axis_map[tensor] if a is not None)
+    return any(a in row_axes for m in axis_map[tensor] for a in domain_axes(m))
 
 
-def analyze_persistence(bound: Bound, ops, inputs, outputs, axis_map, row_axes, row_reductions,
-                        col_reductions) -> Persistence | str:
+def analyze_persistence(bound: Bound, ops, inputs, outputs, domain, axis_map, row_axes,
+                        row_reductions, col_reductions) -> Persistence | str:
     fusion = bound.fusion
     rows, cols = set(row_reductions), set(col_reductions)
     stage: dict[str, int] = dict.fromkeys(inputs, 0)
@@ -61,7 +62,7 @@ def analyze_persistence(bound: Bound, ops, inputs, outputs, axis_map, row_axes, 
             if o in fusion.tensors:
                 stage[o] = out_stage
     for t, s in stage.items():
-        if s >= COLUMN and any(a not in row_axes for a in axis_map[t] if a is not None):
+        if s >= COLUMN and any(a not in row_axes for m in axis_map[t] for a in domain_axes(m)):
             return f"{t} combines a column reduction's result with per-row values"
     consumers: dict[str, list[int]] = {}
     for i in ops:
@@ -107,14 +108,13 @@ def analyze_persistence(bound: Bound, ops, inputs, outputs, axis_map, row_axes, 
     for t in persisted:
         dtype = fusion.tensors[t].dtype
         size = dtype.itemsize if t in inputs else dtype.compute.itemsize
-        row_bytes += _row_extent(bound, axis_map, row_axes, t) * size
+        row_bytes += _row_extent(domain, axis_map, row_axes, t) * size
     broadcasts_back = any(0 < s < COLUMN and is_row_tensor(axis_map, row_axes, t)
                           for t, s in stage.items())
     n_stages = 1 + max((in_stage[i] + 1 for i in rows), default=0)
     return Persistence(stage, evals, tuple(persisted), row_bytes, n_stages, broadcasts_back)
 
 
-def _row_extent(bound: Bound, axis_map, row_axes, tensor: str) -> int:
-    shape = bound.shapes[tensor]
-    return math.prod(shape[a] for a, d in enumerate(axis_map[tensor])
-                     if d is not None and d in row_axes)
+def _row_extent(domain, axis_map, row_axes, tensor: str) -> int:
+    return math.prod(domain[a] for m in axis_map[tensor] for a in domain_axes(m)
+                     if a in row_axes)

@@ -35,7 +35,7 @@ from ortools.sat.python import cp_model
 
 from optimizer.analysis.axes import AxisMap
 from optimizer.analysis.cost import lower_bound_bytes, read_bytes, segment_time, write_bytes
-from optimizer.analysis.opclass import Role, is_view, op_cost
+from optimizer.analysis.opclass import Role, op_cost, reindexes
 from optimizer.ir.ops_misc import reduction_axes
 from optimizer.plan.plan import SolverReport
 from optimizer.schedulers.kinds import Kind
@@ -276,7 +276,7 @@ class _Model:
                                         if x is not None and a in red))
         red_units = sorted({self.unit_of[i] for i in sig})
         view_units = sorted({u for u, ops in enumerate(self.units)
-                             if any(is_view(fusion.ops[i]) for i in ops)})
+                             if any(reindexes(fusion.ops[i], bound) for i in ops)})
         inner_outer = Kind.INNER_OUTER in graph.kinds
 
         def conflict(ua: int, ub: int) -> None:
@@ -373,7 +373,7 @@ class _Model:
 
 
 def _broadcast_back_frontier(graph: SegGraph, axes: AxisMap, r: int) -> list[int]:
-    """For a reduction whose reduced axes are not the trailing axes of its input (no persistent
+    """For a reduction that does not reduce the innermost axis of its input (no persistent
     kernel keeps such rows), the first ops downstream that bring its result back onto the reduced
     axes. Such an op cannot share a segment with the reduction."""
     fusion = graph.fusion
@@ -382,7 +382,7 @@ def _broadcast_back_frontier(graph: SegGraph, axes: AxisMap, r: int) -> list[int
     red = set(reduction_axes(op.attrs, len(ids)))
     real = [a for a, x in enumerate(ids) if x is not None]
     reduced = {ids[a] for a in real if a in red}
-    if not reduced or [a for a in real if a in red] == real[len(real) - len(reduced):]:
+    if not reduced or real[-1] in red:
         return []  # a row reduction: broadcasting back is what normalization does
     frontier = []
     seen: set[int] = set()

@@ -1,0 +1,253 @@
+"""Keep layout out of kernels: the outputs of a Thunder region that torch can return as views.
+
+A region hands fusecut its prims and the proxies it must return. Some outputs only re-lay data: a
+slice, reshape, transpose, squeeze or broadcast of a region input, of another output, or of a
+value the kernel computes anyway. Written by a kernel, each one is a copy (the qkv split of an
+attention block would copy three activations). Returned as a torch view of the value it re-lays,
+it costs nothing: the kernel writes that value once, in the layout it computes it in, and torch
+runs the view prims after the kernel. nvFuser gets the same effect from its allocation domain.
+
+The idea, in one pass over the region in program order:
+
+- Common subexpressions collapse first (the same prim on the same arguments), as Thunder's
+  nvFuser pass does.
+- Each value gets a *layout*: the value whose storage it lives in (its root) and the view prims
+  that lead from the root to it. A prim that computes something is its own root.
+- Exact identities extend a layout by an alias (torch's ``shallow_copy``, no copy): a cast to
+  the dtype a value already has, and a widening float cast cast straight back (bf16 -> f32 ->
+  bf16 is the bf16 value again).
+- Whether torch can take a reshape as a view depends on strides, so each chain is replayed on a
+  meta tensor (roots contiguous, as a kernel writes them); a reshape torch would have to copy
+  ends the chain and becomes a computed value instead.
+
+Each output then needs only its root from the kernel (nothing, when the root is a region input)
+and its view prims after it. A kernel left with nothing but view prims is no kernel at all: the
+region dissolves and torch runs its prims (views, or the one copy torch must make).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from thunder.core import dtypes, prims
+from thunder.core.proxies import Proxy, TensorProxy, Variable, variableify
+from thunder.core.symbol import BoundSymbol
+from thunder.core.transform_common import cse_single_bsym, replace_redundant_inputs
+
+__all__ = ["RegionSplit", "is_layout_only", "is_view_prim", "split_region"]
+
+# Prims that only re-lay their first argument; torch runs each as a view (reshape when strides
+# allow, which the replay below checks).
+_VIEW_PRIMS = {prims.reshape.id, prims.transpose.id, prims.squeeze.id,
+               prims.broadcast_in_dim.id, prims.shallow_copy.id, prims.slice_prim.id}
+
+# (narrow, wide): casting narrow -> wide -> narrow gives the narrow value back exactly.
+_EXACT_WIDENING = {(dtypes.bfloat16, dtypes.float32), (dtypes.bfloat16, dtypes.float64),
+                   (dtypes.float16, dtypes.float32), (dtypes.float16, dtypes.float64),
+                   (dtypes.float32, dtypes.float64)}
+
+
+def _dtype(x: TensorProxy) -> dtypes.dtype:
+    return dtypes.to_dtype(x.dtype, true_dtype=True)
+
+
+def is_view_prim(bsym: BoundSymbol) -> bool:
+    """True for a prim torch runs as a view of its first argument."""
+    if bsym.sym.id == prims.slice_prim.id:
+        steps = bsym.args[3] if len(bsym.args) > 3 else bsym.kwargs.get("strides")
+        return steps is None or all(s > 0 for s in steps)
+    return bsym.sym.id in _VIEW_PRIMS
+
+
+def is_layout_only(bsyms: Sequence[BoundSymbol]) -> bool:
+    """A region whose every prim a view expresses: as a kernel it would only copy."""
+    return all(is_view_prim(b) or _is_same_dtype_cast(b) for b in bsyms)
+
+
+def _is_same_dtype_cast(bsym: BoundSymbol) -> bool:
+    return (bsym.sym.id == prims.convert_element_type.id and isinstance(bsym.args[0], TensorProxy)
+            and _dtype(bsym.args[0]) == dtypes.to_dtype(bsym.args[1], true_dtype=True))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    root: TensorProxy  # the value whose storage this one lives in
+    chain: tuple[BoundSymbol, ...]  # view prims from root to this value, in program order
+    meta: torch.Tensor  # the chain replayed on the meta device: the view's real strides
+
+    @property
+    def value(self) -> TensorProxy:
+        """The proxy the chain ends at (the root itself when there is no chain)."""
+        return self.chain[-1].output if self.chain else self.root
+
+
+def _contiguous_meta(p: TensorProxy) -> torch.Tensor:
+    return torch.empty(tuple(p.shape), device="meta")
+
+
+def _replay(bsym: BoundSymbol, t: torch.Tensor) -> torch.Tensor | None:
+    """``bsym`` applied to meta tensor ``t`` as torch would run it: None where it would copy."""
+    a = bsym.args
+    sym = bsym.sym.id
+    if sym == prims.reshape.id:
+        try:
+            return t.view(tuple(a[1]))
+        except RuntimeError:  # torch.reshape would copy here
+            return None
+    if sym == prims.transpose.id:
+        return t.permute(tuple(a[1]))
+    if sym == prims.squeeze.id:
+        return t.squeeze(tuple(a[1]))
+    if sym == prims.slice_prim.id:
+        steps = a[3] if len(a) > 3 else bsym.kwargs.get("strides") or [1] * t.ndim
+        return t[tuple(slice(lo, hi, st) for lo, hi, st in zip(a[1], a[2], steps))]
+    if sym == prims.broadcast_in_dim.id:
+        shape, kept = list(a[1]), list(a[2])
+        view = [1] * len(shape)
+        for axis, size in zip(kept, t.shape):
+            view[axis] = size
+        return t.reshape(view).expand(shape)
+    return t  # shallow_copy
+
+
+def _is_float_cast(bsym: BoundSymbol) -> bool:
+    return (bsym.sym.id == prims.convert_element_type.id and isinstance(bsym.args[0], TensorProxy)
+            and dtypes.is_float_dtype(_dtype(bsym.args[0]))
+            and dtypes.is_float_dtype(dtypes.to_dtype(bsym.args[1], true_dtype=True)))
+
+
+def _eliminate_redundant_work(bsyms: Sequence[BoundSymbol]
+                              ) -> tuple[list[BoundSymbol], dict[Variable, Proxy]]:
+    """The prims with repeats removed, and each removed result -> the proxy standing for it.
+
+    Repeats are common subexpressions, and float casts back to the dtype a value had before a
+    float cast (f32 -> bf16 -> f32 is the f32 value: the rounding in between is dropped, as
+    Thunder's nvFuser pass drops it; it only makes the kernel more precise, and a decomposed
+    bf16 GELU otherwise rounds ten times per element)."""
+    redundant: dict[Variable, Proxy] = {}
+    seen: dict = {}
+    producer: dict[Variable, BoundSymbol] = {}
+    kept: list[BoundSymbol] = []
+    for bsym in bsyms:
+        bsym = cse_single_bsym(redundant, seen, bsym)
+        if bsym is None:
+            continue
+        if _is_float_cast(bsym):
+            before = producer.get(variableify(bsym.args[0]))
+            if (before is not None and _is_float_cast(before)
+                    and _dtype(before.args[0]) == _dtype(bsym.output)):
+                redundant[variableify(bsym.output)] = before.args[0]
+                seen.pop(bsym.rhs, None)  # a later repeat must not name the dropped result
+                continue
+        for o in bsym.flat_outs:
+            if isinstance(o, Proxy):
+                producer[variableify(o)] = bsym
+        kept.append(bsym)
+    return list(replace_redundant_inputs(redundant, kept)), redundant
+
+
+@dataclass
+class RegionSplit:
+    """A region as a kernel plus the view prims torch runs after it."""
+
+    kernel: list[BoundSymbol]  # what fusecut computes; empty when the region dissolves
+    kernel_inputs: list[Proxy]
+    kernel_outputs: list[TensorProxy]
+    after: list[BoundSymbol]  # torch's views (and aliases) that make the region's outputs
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.after) or not self.kernel
+
+
+def split_region(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
+                 outputs: Sequence[Proxy]) -> RegionSplit:
+    """Split a region's prims into a kernel and the views that complete its outputs."""
+    bsyms, redundant = _eliminate_redundant_work(bsyms)
+    producer = {variableify(o): b for b in bsyms for o in b.flat_outs if isinstance(o, Proxy)}
+    layouts: dict[Variable, _Layout] = {
+        variableify(p): _Layout(p, (), _contiguous_meta(p))
+        for p in inputs if isinstance(p, TensorProxy)}
+
+    def passes_layout_through(bsym: BoundSymbol) -> TensorProxy | None:
+        """The tensor whose layout ``bsym``'s result shares exactly, if any."""
+        if bsym.sym.id != prims.convert_element_type.id or not isinstance(bsym.args[0],
+                                                                           TensorProxy):
+            return None
+        src, want = bsym.args[0], dtypes.to_dtype(bsym.args[1], true_dtype=True)
+        if _dtype(src) == want:
+            return src
+        widen = producer.get(variableify(src))
+        if (widen is not None and widen.sym.id == prims.convert_element_type.id
+                and isinstance(widen.args[0], TensorProxy) and _dtype(widen.args[0]) == want
+                and (want, _dtype(src)) in _EXACT_WIDENING):
+            return widen.args[0]
+        return None
+
+    position: dict[int, int] = {}  # id(bsym) -> its place in program order
+    for index, bsym in enumerate(bsyms):
+        position[id(bsym)] = index
+        out = bsym.output
+        if not isinstance(out, TensorProxy):
+            for o in bsym.flat_outs:
+                if isinstance(o, TensorProxy):
+                    layouts[variableify(o)] = _Layout(o, (), _contiguous_meta(o))
+            continue
+        same = passes_layout_through(bsym)
+        if same is not None and variableify(same) in layouts:
+            # Later views name ``out``, so torch must define it: as another name for ``same``.
+            alias = prims.shallow_copy.bind(same, output=out)
+            position[id(alias)] = index
+            base = layouts[variableify(same)]
+            layouts[variableify(out)] = _Layout(base.root, base.chain + (alias,), base.meta)
+            continue
+        src = bsym.args[0] if bsym.args else None
+        if is_view_prim(bsym) and isinstance(src, TensorProxy) and variableify(src) in layouts:
+            base = layouts[variableify(src)]
+            meta = _replay(bsym, base.meta)
+            if meta is not None:
+                layouts[variableify(out)] = _Layout(base.root, base.chain + (bsym,), meta)
+                continue
+        layouts[variableify(out)] = _Layout(out, (), _contiguous_meta(out))
+
+    input_names = {variableify(p) for p in inputs}
+    kernel_outputs: list[TensorProxy] = []
+    after: list[BoundSymbol] = []
+    renames: list[BoundSymbol] = []  # outputs that repeat another value (CSE)
+    for o in outputs:
+        resolved = redundant.get(variableify(o), o)
+        layout = layouts.get(variableify(resolved))
+        if layout is None:  # not a tensor computed here: nothing to split
+            continue
+        root = layout.root
+        if variableify(root) not in input_names and all(root is not k for k in kernel_outputs):
+            kernel_outputs.append(root)
+        for b in layout.chain:
+            if all(b is not a for a in after):
+                after.append(b)
+        if layout.value.name != o.name:  # a repeat (CSE): the output is another name for it
+            renames.append(prims.shallow_copy.bind(layout.value, output=o))
+
+    kernel = _needed(bsyms, kernel_outputs)
+    if is_layout_only(kernel):
+        # Nothing to compute, or only a copy torch makes as well: no kernel; torch runs those
+        # prims and the views (the round trip bf16 -> f32 -> bf16 runs as no cast at all).
+        prims_and_views = sorted(kernel + after, key=lambda b: position[id(b)])
+        return RegionSplit([], [], [], prims_and_views + renames)
+    after.sort(key=lambda b: position[id(b)])
+    used = {variableify(a) for b in kernel for a in b.flat_proxy_args}
+    kernel_inputs = [p for p in inputs if variableify(p) in used]
+    return RegionSplit(kernel, kernel_inputs, kernel_outputs, after + renames)
+
+
+def _needed(bsyms: Sequence[BoundSymbol], outputs: Sequence[Proxy]) -> list[BoundSymbol]:
+    """The prims ``outputs`` need, in program order (the same objects: positions stay valid)."""
+    wanted = {variableify(o) for o in outputs}
+    kept: list[BoundSymbol] = []
+    for bsym in reversed(bsyms):
+        if any(variableify(o) in wanted for o in bsym.flat_outs if isinstance(o, Proxy)):
+            kept.append(bsym)
+            wanted.update(variableify(a) for a in bsym.flat_proxy_args)
+    return kept[::-1]
