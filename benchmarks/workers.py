@@ -57,7 +57,8 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     path = [str(ROOT), str(ROOT / "clients"), os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p),
-               FUSECUT_DB_PATH=str(Path(tempfile.mkdtemp()) / "plans.sqlite"))
+               FUSECUT_DB_PATH=str(Path(tempfile.mkdtemp()) / "plans.sqlite"),
+               FUSECUT_WORKERS_PER_DEVICE="1")  # a worker per listed device, as measured
     server = subprocess.Popen([sys.executable, "-m", "fusecut.cli", "serve", "--port", str(port),
                                "--gpus", args.gpus, "--log-level", "warning"], env=env, cwd=ROOT)
     try:

@@ -22,7 +22,8 @@ DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.
           "U16": torch.uint16, "I32": torch.int32, "U32": torch.uint32, "I64": torch.int64,
           "U64": torch.uint64, "F16": torch.float16, "BF16": torch.bfloat16,
           "F32": torch.float32, "F64": torch.float64, "F8_E4M3": torch.float8_e4m3fn,
-          "F8_E5M2": torch.float8_e5m2}
+          "F8_E5M2": torch.float8_e5m2, "F8_E8M0": torch.float8_e8m0fnu, "C64": torch.complex64}
+# (complex128 and packed fp4 have no safetensors dtype)
 NAMES = {v: k for k, v in DTYPES.items()}
 MAX_HEADER_BYTES = 100_000_000  # as the safetensors package
 
@@ -42,6 +43,8 @@ def load(blob: bytes | bytearray | memoryview) -> dict[str, torch.Tensor]:
         header = json.loads(bytes(blob[8:8 + n]))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise bad(f"the header is not JSON ({e})") from None
+    except RecursionError:  # a header nested 100,000 deep
+        raise bad("the header nests too deeply (a header is one flat JSON object)") from None
     if not isinstance(header, dict):
         raise bad("the header is not a JSON object")
     header.pop("__metadata__", None)
@@ -75,12 +78,15 @@ def load(blob: bytes | bytearray | memoryview) -> dict[str, torch.Tensor]:
 
 
 def tensor_from_bytes(raw: bytes | bytearray | memoryview, dtype: torch.dtype,
-                      shape: tuple[int, ...] | list[int]) -> torch.Tensor:
+                      shape: tuple[int, ...] | list[int],
+                      expand_to: tuple[int, ...] | None = None) -> torch.Tensor:
     """A tensor of ``dtype`` and ``shape`` holding a copy of ``raw``, made by numpy (which lets
-    other threads run while it copies; torch.frombuffer would warn about read-only bytes)."""
+    other threads run while it copies; torch.frombuffer would warn about read-only bytes);
+    expanded (a view, stride 0 on its length-1 axes) to ``expand_to`` if given."""
     flat = torch.empty(len(memoryview(raw).cast("B")), dtype=torch.uint8)
     np.copyto(flat.numpy(), np.frombuffer(raw, dtype=np.uint8))
-    return flat.view(dtype).reshape(shape)
+    tensor = flat.view(dtype).reshape(shape)
+    return tensor if expand_to is None else tensor.expand(expand_to)
 
 
 def dump(tensors: dict[str, torch.Tensor]) -> memoryview:
@@ -88,6 +94,8 @@ def dump(tensors: dict[str, torch.Tensor]) -> memoryview:
     dense = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
     header, offset = {}, 0
     for name, t in dense.items():
+        if t.dtype not in NAMES:
+            raise InputError(f"tensor {name}: safetensors has no dtype for {t.dtype}")
         size = t.numel() * t.element_size()
         header[name] = {"dtype": NAMES[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + size]}

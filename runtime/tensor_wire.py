@@ -19,6 +19,9 @@ DATATYPES = {"BOOL": torch.bool, "INT32": torch.int32, "INT64": torch.int64,
              "FP16": torch.float16, "BF16": torch.bfloat16, "FP32": torch.float32,
              "FP64": torch.float64}
 NAMES = {v: k for k, v in DATATYPES.items()}
+# the dtypes each response format carries, and how a refusal names it
+WIRES = {"json": (NAMES, "KServe-v2 JSON (send safetensors to get it)"),
+         "safetensors": (safetensors_io.NAMES, "safetensors")}
 
 
 def from_json(item: dict[str, Any], max_elements: int) -> torch.Tensor:
@@ -68,6 +71,39 @@ def expand_declared_broadcasts(fusion, tensors: dict[str, torch.Tensor]) -> dict
             value = first.expand_as(value)
         out[name] = value
     return out
+
+
+def arguments(fusion, tensors: dict[str, torch.Tensor]) -> list[Any]:
+    """The fusion's arguments from tensors named by its inputs: declared broadcasts expanded
+    (see above), each scalar input (a one-element tensor) as its Python value."""
+    missing = [n for n in fusion.inputs if n not in tensors]
+    extra = sorted(set(tensors) - set(fusion.inputs))
+    if missing or extra:
+        raise InputError(f"the definition's inputs are {list(fusion.inputs)}; missing {missing}, "
+                         f"unexpected {extra}")
+    tensors = expand_declared_broadcasts(fusion, tensors)
+    return [scalar_value(n, tensors[n]) if n in fusion.scalars else tensors[n]
+            for n in fusion.inputs]
+
+
+def scalar_value(name: str, value: torch.Tensor) -> Any:
+    """A scalar input travels as a one-element tensor."""
+    if value.numel() != 1:
+        raise InputError(f"scalar input {name} must be a one-element tensor, got shape "
+                         f"{list(value.shape)}")
+    return value.item()
+
+
+def check_encodable(fusion, wire: str) -> None:
+    """Refuse, before running, a fusion with an output the response's ``wire`` ("json" or
+    "safetensors") cannot carry."""
+    from runtime.tensors import TORCH_DTYPE
+
+    names, what = WIRES[wire]
+    for name in fusion.outputs:
+        dtype = fusion.value_dtype(name)
+        if TORCH_DTYPE.get(dtype) not in names:
+            raise InputError(f"output {name} is {dtype.value}, which {what} cannot carry")
 
 
 def to_device(value: torch.Tensor, device: str | torch.device) -> torch.Tensor:

@@ -9,17 +9,19 @@ torch reference). ``Worker(process=False)`` runs executions in the service's own
 from __future__ import annotations
 
 import io
-import os
+import json
 import pickle
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
+
+from runtime.children import become_child, reap, start_child
 
 
 class WorkerCrashed(RuntimeError):
@@ -40,8 +42,37 @@ def _describe_device() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
+@dataclass(frozen=True)
+class Job:
+    """One execution: the plan (by id), the inputs by name (scalars as one-element tensors),
+    the response's wire format ("json" or "safetensors": its outputs must fit it) and the
+    limits on what the execution may make (see runtime.limits)."""
+
+    plan_id: str
+    tensors: dict[str, Any]
+    wire: str = "safetensors"
+    max_output_bytes: int = 1 << 62
+    max_tensor_bytes: int = 1 << 62
+
+
+# How a worker gets a plan it does not hold: the JSON texts of the request that made it (its
+# definition and input metadata) and of the plan, from which it rebuilds the plan without
+# solving. Texts, not a Plan object: pickling a 20,000-op plan held the service's GIL for a
+# second.
+PlanSource = tuple[str, str]
+
+
+def restore_stored(source: PlanSource):
+    from optimizer.ir.wire import fusion_from_json, meta_from_json
+    from optimizer.plan.restore import restore_plan
+
+    request, plan = json.loads(source[0]), json.loads(source[1])
+    fusion = fusion_from_json(request["definition"])
+    return restore_plan(fusion, [meta_from_json(m) for m in request["inputs"]], plan)
+
+
 class _Runner:
-    """Executes requests; lives in the worker process (or in the service, inline)."""
+    """Executes jobs; lives in the worker process (or in the service, inline)."""
 
     def __init__(self):
         import torch
@@ -50,64 +81,67 @@ class _Runner:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.plans: OrderedDict[str, Any] = OrderedDict()
 
-    def execute(self, request: dict[str, Any]) -> dict[str, Any]:
+    def execute(self, job: Job, source: PlanSource | None) -> dict[str, Any]:
         import runtime.compile as rc
         from optimizer.errors import FusecutError
+        from runtime.limits import check_result_sizes
         from runtime.run import run_plan
-        from runtime.tensor_wire import to_device
+        from runtime.tensor_wire import arguments, check_encodable, to_device
 
-        plan = request.get("plan")
-        plan_id = request["plan_id"]
-        if plan is not None:
-            self.plans[plan_id] = plan
-            while len(self.plans) > 64:
-                self.plans.popitem(last=False)
-        plan = self.plans.get(plan_id)
-        if plan is None:
-            return {"ok": False, "kind": "MissingPlan", "message": plan_id}
         try:
+            plan = self.plans.get(job.plan_id)
+            if plan is None:
+                if source is None:
+                    return {"ok": False, "kind": "MissingPlan", "message": job.plan_id}
+                plan = self.plans[job.plan_id] = restore_stored(source)
+                while len(self.plans) > 64:
+                    self.plans.popitem(last=False)
+            self.plans.move_to_end(job.plan_id)
+            args = arguments(plan.fusion, job.tensors)
+            check_encodable(plan.fusion, job.wire)
+            check_result_sizes(plan, job.max_output_bytes, job.max_tensor_bytes)
             args = [to_device(v, self.device) if isinstance(v, self.torch.Tensor) else v
-                    for v in request["args"]]
+                    for v in args]
             stats = rc.STATS
             before = (stats.compiles, stats.seconds, stats.memory_hits + stats.disk_hits)
             result = run_plan(plan, args, timed=True)
-            outputs = [t.cpu() for t in result.outputs]
+            outputs = [(name, t.cpu()) for name, t in zip(plan.fusion.outputs, result.outputs)]
         except FusecutError as e:
             return {"ok": False, "kind": type(e).__name__, "message": str(e)}
-        return {"ok": True, "outputs": outputs, "backend": result.backend,
-                "timings": [t.__dict__ for t in result.timings],
+        return {"ok": True, "plan_id": job.plan_id, "outputs": outputs,
+                "backend": result.backend, "timings": [t.__dict__ for t in result.timings],
                 "compiles": rc.STATS.compiles - before[0],
                 "compile_seconds": rc.STATS.seconds - before[1],
                 "cache_hits": rc.STATS.memory_hits + rc.STATS.disk_hits - before[2]}
 
 
-def _child_env() -> dict[str, str]:
-    """The worker imports fusecut's packages from where this process found them."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
-
-
-# Plain pickle, not multiprocessing's (which would share tensors through fds). A large CPU
-# tensor travels out of band: pickling its storage copies it while holding the GIL (90 ms per
-# 100 MB, a stall of the service's event loop), while its bytes are written to and read from the
-# pipe a chunk at a time, and copied into a tensor by torch, which lets other threads run.
-OUT_OF_BAND_BYTES = 1 << 16
+# Plain pickle, not multiprocessing's (which would share tensors through fds). Every CPU tensor
+# travels as its bytes, out of band: pickling its storage copies it while holding the GIL (90 ms
+# per 100 MB, a stall of the service's event loop), while its bytes are written to and read from
+# the pipe a chunk at a time, and copied into a tensor by torch, which lets other threads run.
+# Small tensors too: torch cannot unpickle its own uint16/32/64 and float8 tensors ("type object
+# 'UntypedStorage' has no attribute 'dtype'"), which killed the worker on a 4-byte input.
 
 
 class _Pickler(pickle.Pickler):
     def reducer_override(self, obj):
         torch = sys.modules.get("torch")
-        if (torch is None or type(obj) is not torch.Tensor or obj.device.type != "cpu"
-                or obj.requires_grad or not obj.is_contiguous()
-                or obj.numel() * obj.element_size() < OUT_OF_BAND_BYTES):
+        if torch is None or type(obj) is not torch.Tensor or obj.device.type != "cpu" \
+                or obj.requires_grad:
             return NotImplemented
         # by its module's name: this module is __main__ in the worker process
         from runtime.safetensors_io import tensor_from_bytes
 
-        raw = pickle.PickleBuffer(obj.reshape(-1).view(torch.uint8).numpy())
-        return tensor_from_bytes, (raw, obj.dtype, tuple(obj.shape))
+        # stride-0 (expanded) axes travel as one entry and are expanded again on arrival
+        core = obj
+        for axis in range(obj.dim()):
+            if obj.stride(axis) == 0 and obj.shape[axis] > 1:
+                core = core.narrow(axis, 0, 1)
+        flat = core.contiguous().reshape(-1)
+        if flat.numel() and flat.stride(0) != 1:  # one element with stride 0 is "contiguous"
+            flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+        raw = pickle.PickleBuffer(flat.view(torch.uint8).numpy())
+        return tensor_from_bytes, (raw, obj.dtype, tuple(core.shape), tuple(obj.shape))
 
 
 def _send(conn: Connection, message: Any) -> None:
@@ -137,8 +171,12 @@ def _main(conn: Connection) -> None:  # the worker process
             request = _recv(conn)
         except (EOFError, OSError):
             return
+        except Exception as e:  # a message this process cannot decode: say so, keep serving
+            _send(conn, {"ok": False, "kind": "InternalError",
+                         "message": f"the worker could not decode the request: {e!r}"})
+            continue
         try:
-            response = runner.execute(request)
+            response = runner.execute(request["job"], request["source"])
         except Exception as e:  # a bug in fusecut: report it, keep serving
             response = {"ok": False, "kind": "InternalError", "message": repr(e)}
         _send(conn, response)
@@ -180,13 +218,7 @@ class Worker:
             self._settled.set()
 
     def _spawn(self) -> None:
-        # A plain subprocess (not multiprocessing's spawn, which re-imports the caller's
-        # __main__) talking over a socket pair.
-        ours, theirs = socket.socketpair()
-        proc = subprocess.Popen([sys.executable, "-m", "runtime.worker", str(theirs.fileno())],
-                                pass_fds=[theirs.fileno()], env={**_child_env(), **self.env})
-        theirs.close()
-        conn = Connection(ours.detach())
+        proc, conn = start_child("runtime.worker", self.env)
         hello: dict[str, Any] = {"ready": False, "error": "no answer"}
         if conn.poll(self.start_timeout):
             try:
@@ -194,8 +226,7 @@ class Worker:
             except (EOFError, OSError):
                 hello = {"ready": False, "error": f"exited with code {proc.wait()}"}
         if not hello.get("ready"):
-            proc.kill()
-            conn.close()
+            reap(proc, conn)
             self.device = f"failed to start: {hello.get('error')}"
             return
         self._proc, self._conn, self._known = proc, conn, set()
@@ -230,33 +261,43 @@ class Worker:
 
     def _kill(self) -> None:
         if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait(5)
-            self._conn.close()
+            reap(self._proc, self._conn)
         self._proc = self._conn = None
 
     # ---- requests -----------------------------------------------------------------------------
 
-    def execute(self, plan, args: list[Any], timeout: float) -> dict[str, Any]:
-        """Run ``plan`` on ``args``: the worker's response (``ok``, outputs, timings...)."""
+    def execute(self, job: Job, source: Callable[[], PlanSource], timeout: float
+                ) -> dict[str, Any]:
+        """Run ``job``: the worker's response (``ok``, named outputs, timings...). ``source``
+        gives the plan when this worker does not hold it."""
         with self._lock:
             if not self.wait_ready(self.start_timeout):
                 if self._settled.is_set():  # it failed to start, or died idle: try again
                     self.restart()
                 raise WorkerUnavailable(f"the worker is not running ({self.device})")
             if not self.process:
-                return self._inline.execute({"plan_id": plan.plan_id, "plan": plan,
-                                             "args": args})
-            response = self._call(plan, args, timeout, send_plan=plan.plan_id not in self._known)
+                response = self._inline.execute(job, None)
+                if response.get("kind") == "MissingPlan":
+                    response = self._inline.execute(job, source())
+                return response
+            known = job.plan_id in self._known
+            response = self._call(job, None if known else source(), timeout)
             if response.get("kind") == "MissingPlan":  # the worker forgot it: send it again
-                response = self._call(plan, args, timeout, send_plan=True)
+                response = self._call(job, source(), timeout)
             return response
 
-    def _call(self, plan, args: list[Any], timeout: float, send_plan: bool) -> dict[str, Any]:
-        request = {"plan_id": plan.plan_id, "args": args, "plan": plan if send_plan else None}
+    def knows(self, plan_id: str) -> bool:
+        """Whether this worker was sent the plan (and so likely holds it)."""
+        return plan_id in self._known
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    def _call(self, job: Job, source: PlanSource | None, timeout: float) -> dict[str, Any]:
         try:
-            _send(self._conn, request)
-            self._known.add(plan.plan_id)
+            _send(self._conn, {"job": job, "source": source})
+            self._known.add(job.plan_id)
             deadline = time.monotonic() + timeout
             while not self._conn.poll(0.05):
                 if self._proc.poll() is not None:
@@ -274,4 +315,4 @@ class Worker:
 
 
 if __name__ == "__main__":
-    _main(Connection(int(sys.argv[1])))
+    _main(become_child(sys.argv))

@@ -2,36 +2,27 @@
 
 ``fusecut serve --gpus all|0,1,...`` starts a worker per listed device, each pinned to its GPU
 with ``CUDA_VISIBLE_DEVICES`` (so each holds its own CUDA context and its own loaded kernels;
-the disk cache of compiled kernels is keyed by architecture and shared). An execution goes to
-the ready worker with the fewest executions running or waiting; each worker runs one at a time.
-Queues are bounded: when every worker has ``queue_limit`` executions, the next is refused at
-once (``WorkersBusy``, with a time to retry after) rather than queued without end.
+the disk cache of compiled kernels is keyed by architecture and shared); ``per_device`` workers
+each (two overlap one execution's host work with another's kernels). An execution goes to the
+ready worker with the fewest executions running or waiting, among those the one that holds its
+plan; each worker runs one at a time. How many executions may run or wait is the service's
+admission gate's business (service.admission), not this pool's.
 
 A worker that dies is skipped and restarted while the others keep serving. Without ``--gpus``
-there is one worker, which sees whatever devices the service does (as before).
+the workers see whatever devices the service does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.worker import Worker, WorkerUnavailable
-
-RECENT = 0.2  # weight of the newest execution in the running mean of execution times
-
-
-class WorkersBusy(RuntimeError):
-    """Every worker's queue is full."""
-
-    def __init__(self, message: str, retry_after_s: int):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+from runtime.worker import Job, PlanSource, Worker, WorkerUnavailable
 
 
 @dataclass
@@ -39,6 +30,7 @@ class Slot:
     """A worker and what is routed to it."""
 
     name: str  # the device as listed ("0", "1"; "0/2" for a second worker on 0), or "default"
+    # ("default/2")
     worker: Worker
     pending: int = 0  # executions running or waiting
     executions: int = 0
@@ -98,19 +90,19 @@ def slot_names(devices: list[str]) -> list[str]:
 class WorkerPool:
     """Workers behind one ``execute``; the service's handle on its devices."""
 
-    def __init__(self, devices: list[str] | None, process: bool = True, queue_limit: int = 16,
+    def __init__(self, devices: list[str] | None, process: bool = True, per_device: int = 1,
                  start_timeout: float = 120.0):
-        if not process or devices is None:
-            workers = [("default", Worker(process=process, start_timeout=start_timeout))]
-        else:
-            workers = [(name, Worker(process=True, start_timeout=start_timeout,
-                                     env={"CUDA_VISIBLE_DEVICES": d}))
-                       for name, d in zip(slot_names(devices), devices)]
-        self.slots = [Slot(name, w) for name, w in workers]
-        self.queue_limit = queue_limit
+        listed = [d for d in (devices or ["default"]) for _ in range(max(1, per_device))]
+        pinned = process and devices is not None
+        self.slots = [Slot(name, Worker(process=process, start_timeout=start_timeout,
+                                        env={"CUDA_VISIBLE_DEVICES": d} if pinned else None))
+                      for name, d in zip(slot_names(listed), listed)]
         self._lock = threading.Lock()
         self._next = 0  # where the search for the least loaded starts: ties go round
-        self._mean_s = 0.0
+
+    def __len__(self) -> int:
+        """How many executions run at once."""
+        return len(self.slots)
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -128,8 +120,10 @@ class WorkerPool:
 
     @property
     def device(self) -> str:
-        if len(self.slots) == 1:
-            return self.slots[0].worker.device
+        """The device the running workers name (one GPU model, "cpu"); else each worker's."""
+        running = {s.worker.device for s in self.slots if s.worker.ready}
+        if len(running) == 1:
+            return running.pop()
         return "; ".join(f"{s.name}: {s.worker.device}" for s in self.slots)
 
     @property
@@ -151,9 +145,10 @@ class WorkerPool:
 
     # ---- routing -------------------------------------------------------------------------------
 
-    def _choose(self) -> Slot:
-        """The ready worker with the fewest pending executions (restarting any that died
-        idle); a starting one if none is ready. Counts the execution as pending there."""
+    def _choose(self, plan_id: str) -> Slot:
+        """The ready worker with the fewest pending executions, one holding the plan among
+        equals (restarting any that died idle); a starting one if none is ready. Counts the
+        execution as pending there."""
         with self._lock:
             n = len(self.slots)
             order = [self.slots[(self._next + i) % n] for i in range(n)]
@@ -163,23 +158,17 @@ class WorkerPool:
                     w.restart()
             ready = [s for s in order if s.worker.ready] or \
                 [s for s in order if not s.worker.settled] or order
-            open_ = [s for s in ready if s.pending < self.queue_limit]
-            if not open_:
-                wait = max(1, math.ceil(self._mean_s * min(s.pending for s in ready)))
-                raise WorkersBusy(f"all {len(ready)} worker(s) have {self.queue_limit} "
-                                  f"executions running or waiting; retry in {wait} s",
-                                  min(wait, 60))
-            slot = min(open_, key=lambda s: s.pending)
+            slot = min(ready, key=lambda s: (s.pending, not s.worker.knows(plan_id)))
             slot.pending += 1
             self._next = (self.slots.index(slot) + 1) % n
             return slot
 
-    async def execute(self, *request: Any) -> dict[str, Any]:
-        """``Worker.execute(*request)`` on the least-loaded worker: its response, with
-        ``device`` (the slot's name) added. Raises WorkersBusy when the queues are full, and
-        the worker's errors."""
+    async def execute(self, job: Job, source: Callable[[], PlanSource], timeout: float
+                      ) -> dict[str, Any]:
+        """``Worker.execute`` on the least-loaded worker: its response, with ``device`` (the
+        slot's name) added. Raises the worker's errors."""
         for _ in range(len(self.slots)):
-            slot = self._choose()
+            slot = self._choose(job.plan_id)
             try:
                 if slot.turn is None:
                     slot.turn = asyncio.Lock()
@@ -187,7 +176,8 @@ class WorkerPool:
                     if not slot.worker.ready and any(s.worker.ready for s in self.slots):
                         continue  # it died while this waited: go to one that runs
                     start = time.perf_counter()
-                    response = await asyncio.to_thread(slot.worker.execute, *request)
+                    response = await asyncio.to_thread(slot.worker.execute, job, source,
+                                                       timeout)
                     spent = time.perf_counter() - start
                     break
             finally:
@@ -198,6 +188,5 @@ class WorkerPool:
         with self._lock:
             slot.executions += 1
             slot.busy_s += spent
-            self._mean_s += RECENT * (spent - self._mean_s) if self._mean_s else spent
         response["device"] = slot.name
         return response

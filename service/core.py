@@ -1,241 +1,200 @@
-"""The state behind the routes: settings, the plan store, the worker, and the plans held in memory.
+"""The state behind the routes: settings, the plan store, the workers and the planners.
 
 Plans are keyed by (fusion id, input metadata, options, device profile); a stored plan is served
-without solving, and rebuilt from its JSON (not solved again) when an execution needs it.
+without solving. An execution names its plan by id: a worker that does not hold the plan
+rebuilds it from the stored JSON (not solved again). Everything heavy runs in a planner process
+(parsing, planning, serializing) or a worker process (rebuilding plans, running them): the
+service's own process moves bytes and small summaries.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
+import logging
 import threading
 from collections import OrderedDict
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import torch
 from starlette.concurrency import run_in_threadpool
 
-from optimizer.ir.fusion import Fusion
-from optimizer.ir.inputs import InputMeta, ScalarMeta
-from optimizer.ir.nvtext import parse_text
-from optimizer.ir.wire import (
-    FusionJSON,
-    fusion_from_json,
-    fusion_id,
-    meta_from_json,
-    meta_to_json,
-)
-from optimizer.plan.plan import Plan, plan_key
-from optimizer.plan.restore import restore_plan
-from optimizer.planner import PlanOptions, make_plan
-from optimizer.schedulers.profiles import get_profile
-from runtime.tensor_wire import expand_declared_broadcasts
-from runtime.tensors import meta_of
-from runtime.worker import WorkerCrashed, WorkerTimeout, WorkerUnavailable
-from runtime.worker_pool import WorkerPool, WorkersBusy, parse_gpus
+from runtime.tensors import from_torch_dtype
+from runtime.worker import Job, PlanSource, WorkerCrashed, WorkerTimeout, WorkerUnavailable
+from runtime.worker_pool import WorkerPool, parse_gpus
 from service import metrics
-from service.models import PlanOptionsModel
-from service.planning import (
-    Refusal,
-    check_sizes,
-    parse_definition,
-    plan_body,
-    plan_options,
-    plan_summary,
-    refusing,
-    serialize,
-    start_planners,
-    warm_up,
-)
+from service.admission import Gate
+from service.planners import JobCancelled, PlannerCrashed, PlannerFailed, PlannerPool
+from service.planning import Planned, Refusal, plan_body, plan_for_tensors, refusing
 from service.problems import Problem
 from service.settings import Settings
 from service.singleflight import SingleFlight
-from service.store import PlanStore, StoredPlan
+from service.store import PlanStore, StoredPlan, read_plan
 
-Parsed = tuple[Fusion, list[InputMeta] | None, str | None]  # see Service.parse
-HELD_PLANS = 64  # Plan objects kept in memory for executions
-PARSED_TEXTS = 256  # parsed definition texts kept: a client that repeats one skips the parser
+log = logging.getLogger("fusecut.service")
+KNOWN_EXECUTIONS = 4096  # execution requests remembered with the plan that serves them
+Disconnected = Callable[[], Awaitable[bool]]  # whether a request's client has gone
+
+
+class UnknownPlan(LookupError):
+    pass
 
 
 class Service:
     def __init__(self, settings: Settings, worker=None):
         """``worker``: what runs executions (a WorkerPool by default; Ray Serve passes a
-        handle on its execute deployment)."""
+        handle on its execute deployment). The execution gate lets as many run at once as it
+        has workers, and ``max_queued_executions`` wait."""
         self.settings = settings
-        self.store = PlanStore(settings.cache_location, settings.cache_max_bytes,
-                               settings.cache_memory_items)
-        self.worker = worker or WorkerPool(parse_gpus(settings.gpus), settings.worker,
-                                           settings.max_queued_executions)
+        s = settings
+        self.store = PlanStore(s.cache_location, s.cache_max_bytes, s.cache_memory_items)
+        self.worker = worker or WorkerPool(parse_gpus(s.gpus), s.worker, s.workers_per_device)
         self.flights: SingleFlight[tuple[StoredPlan, str]] = SingleFlight()
-        self.held: OrderedDict[str, Plan] = OrderedDict()
-        self.parsed: OrderedDict[str, Parsed] = OrderedDict()
-        self.parsed_lock = threading.Lock()
-        self.plan_slots = asyncio.Semaphore(settings.max_concurrent_plans)
-        self.planners = start_planners(settings)
+        self.planners = PlannerPool()
+        self.plan_gate = Gate("plan", s.max_concurrent_plans, s.max_queued_plans, s.queue_wait_s,
+                              s.max_requests_per_client)
+        self.exec_gate = Gate("execution", len(self.worker), s.max_queued_executions,
+                              s.queue_wait_s, s.max_requests_per_client)
+        # (definition, options, input metadata) of executions -> plan id: a repeated execution
+        # goes straight to a worker
+        self.known: OrderedDict[str, tuple[str, str]] = OrderedDict()  # (plan id, segmenter)
+        self.known_lock = threading.Lock()
 
     def start(self) -> None:
-        """Start the worker, and (without waiting for it) one planner process."""
+        """Start the workers, and (without waiting for it) one planner process."""
         self.worker.start()
-        self.planners.submit(warm_up)
+        self.planners.start()
 
     def stop(self) -> None:
-        self.planners.shutdown(wait=False, cancel_futures=True)
+        self.planners.stop()
         self.worker.stop()
         self.store.close()
 
-    # ---- definitions ---------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.worker.ready
 
-    def parse(self, definition: str | FusionJSON) -> Parsed:
-        """The fusion, the input metadata of a text's ``inputs = [...]`` list if it has one, and
-        the text's definition function name."""
-        limit = self.settings.max_ops
-        if isinstance(definition, str):
-            key = hashlib.sha256(definition.encode()).hexdigest()
-            with self.parsed_lock:  # parse runs in threads
-                known = self.parsed.get(key)
-                if known is not None:
-                    self.parsed.move_to_end(key)
-                    return known
-            parsed = parse_text(definition, max_ops=limit)
-            known = (parsed.fusion, parsed.inputs, parsed.function_name)
-            with self.parsed_lock:  # fusions are not mutated once parsed: they can be shared
-                self.parsed[key] = known
-                if len(self.parsed) > PARSED_TEXTS:
-                    self.parsed.popitem(last=False)
-            return known
-        return parse_definition(definition, limit)
+    # ---- planning ------------------------------------------------------------------------------
 
-    def options(self, model: PlanOptionsModel) -> PlanOptions:
-        return plan_options(model, self.settings)
-
-    # ---- plans ---------------------------------------------------------------------------------
-
-    def _hold(self, plan: Plan) -> Plan:
-        self.held[plan.plan_id] = plan
-        self.held.move_to_end(plan.plan_id)
-        while len(self.held) > HELD_PLANS:
-            self.held.popitem(last=False)
-        return plan
-
-    async def plan(self, fusion: Fusion, metas: list[InputMeta], options: PlanOptions,
-                   request_key: str | None = None, name: str | None = None
-                   ) -> tuple[StoredPlan, str]:
-        """(the stored plan, "hit" or "miss"); a miss solves and stores the plan."""
-        def key() -> tuple[list[dict[str, Any]], str]:  # the fusion id converts all of it
-            check_sizes(fusion, metas, self.settings.max_plan_tensor_bytes)
-            profile = get_profile(options.device, options.device_overrides)
-            metas_json = [meta_to_json(m) for m in metas]
-            return metas_json, plan_key(fusion_id(fusion), metas_json, options.to_json(),
-                                        profile.to_json())
-
-        metas_json, pid = await run_in_threadpool(key)
-        cached = await run_in_threadpool(self.store.get, pid)
-        if cached is None:
-            async def make() -> tuple[StoredPlan, str]:
-                async with self.plan_slots:
-                    plan = await run_in_threadpool(make_plan, fusion, metas, options)
-                    # serializing a large plan takes as long as planning: off the loop too
-                    data, body, request = await run_in_threadpool(serialize, plan, metas_json,
-                                                                  name)
-                stored = await run_in_threadpool(self.store.put_bytes, data["plan_id"],
-                                                 data["fusion_id"], data["segmenter"], body,
-                                                 request)
-                self._hold(plan)
-                metrics.record_plan(plan_summary(data), "miss")
-                return stored, "miss"
-
-            (cached, outcome), shared = await self.flights.run("plan:" + pid, make)
-            if not shared:
-                if request_key:
-                    await run_in_threadpool(self.store.link, request_key, pid)
-                return cached, outcome
-        if request_key:
-            await run_in_threadpool(self.store.link, request_key, pid)
-        metrics.PLANS.labels(options.segmenter, "hit").inc()
-        return cached, "hit"
-
-    async def off_loop(self, fn, *args, in_process: bool = True):
+    async def off_loop(self, fn, *args, in_process: bool = True, client: str = "",
+                       disconnected: Disconnected | None = None):
         """``fn(*args)`` in a planner process (or, for a small job, a thread): CPU work on
-        untrusted input never runs on the event loop. Its refusals are raised as Problems."""
+        untrusted input never runs on the event loop. Its refusals are raised as Problems; it
+        is cancelled if ``disconnected()`` says its client left, or if it runs past its
+        deadline."""
         if not in_process:
             result = await run_in_threadpool(refusing, fn, *args)
         else:
-            async with self.plan_slots:
+            s = self.settings
+            async with self.plan_gate.slot(client):
                 try:
-                    result = await asyncio.get_running_loop().run_in_executor(
-                        self.planners, refusing, fn, *args)
-                except BrokenProcessPool:  # a planner died (out of memory?): start new ones
-                    self.planners = start_planners(self.settings)
+                    result = await self.planners.run(
+                        refusing, fn, *args, cancelled=disconnected, grace_s=s.plan_grace_s,
+                        deadline_s=s.max_solver_seconds + s.plan_grace_s)
+                except JobCancelled as e:
+                    metrics.PLANS_CANCELLED.labels(e.reason).inc()
+                    if e.reason == "disconnected":
+                        raise Problem(499, "client closed request", "the client went away; "
+                                      "its planning job was cancelled") from None
+                    raise Problem(503, "planning timed out",
+                                  f"the planning job ran {s.plan_grace_s:g} s past its time "
+                                  f"limit and was cancelled; lower options.time_limit_s or "
+                                  f"the definition's size", headers={"Retry-After": "1"}
+                                  ) from None
+                except PlannerCrashed as e:
+                    log.error("%s", e)
                     raise Problem(503, "planner crashed", "the planner process died on this "
-                                                          "request; it has been restarted"
+                                  "request (out of memory?); it has been restarted",
+                                  headers={"Retry-After": "1"}) from None
+                except PlannerFailed:
+                    raise Problem(500, "internal error", "planning failed on an unexpected "
+                                  "error (a fusecut bug; the service's log has the details)"
                                   ) from None
         if isinstance(result, Refusal):
             raise Problem(result.status, result.title, result.detail, **result.extra)
         return result
 
-    async def plan_request(self, raw: bytes, raw_key: str) -> tuple[StoredPlan, str]:
+    async def plan_request(self, raw: bytes, raw_key: str, client: str = "",
+                           disconnected: Disconnected | None = None) -> tuple[StoredPlan, str]:
         """POST /v1/plan: (the stored plan, "hit"/"miss"). A repeated body is answered by
         ``raw_key``, the hash of its bytes; anything else is planned in a planner process,
         once for concurrent identical bodies."""
         stored = self.store.remembered(raw_key) or \
             await run_in_threadpool(self.store.by_request, raw_key)
-        if stored is None:
-            (stored, outcome), shared = await self.flights.run(
-                raw_key, lambda: self._plan_body(raw, raw_key))
-            if not shared:
-                return stored, outcome
-        metrics.PLANS.labels(stored.segmenter, "hit").inc()
-        return stored, "hit"
+        if stored is not None:
+            metrics.PLANS.labels(stored.segmenter, "hit").inc()
+            return stored, "hit"
+        while True:
+            try:
+                (stored, outcome), shared = await self.flights.run(
+                    raw_key, lambda: self._plan_body(raw, raw_key, client, disconnected))
+            except Problem as e:  # the client of the request it waited on went away: not this
+                if e.status == 499 and disconnected is not None and not await disconnected():
+                    continue
+                raise
+            if shared:
+                metrics.PLANS.labels(stored.segmenter, "hit").inc()
+                return stored, "hit"
+            return stored, outcome
 
-    async def _plan_body(self, raw: bytes, raw_key: str) -> tuple[StoredPlan, str]:
-        result = await self.off_loop(plan_body, raw, self.settings)
+    async def _plan_body(self, raw: bytes, raw_key: str, client: str,
+                         disconnected: Disconnected | None) -> tuple[StoredPlan, str]:
+        def plan(use_cache: bool = True) -> Awaitable[Planned]:
+            return self.off_loop(plan_body, raw, self.settings, use_cache, client=client,
+                                 disconnected=disconnected)
+
+        stored, outcome = await self._stored(await plan(), lambda: plan(False))
+        await run_in_threadpool(self.store.link, raw_key, stored.plan_id)
+        return stored, outcome
+
+    async def _stored(self, result: Planned, replan: Callable[[], Awaitable[Planned]]
+                      ) -> tuple[StoredPlan, str]:
+        """The plan a planner answered with, stored if new: (the stored plan, "hit"/"miss").
+        A "hit" the cache no longer has (damaged, evicted or unreachable since) is planned
+        after all, by ``replan()``."""
         stored = None
-        if result.cache == "hit":  # a planner found it stored
+        if result.cache == "hit":
             stored = await run_in_threadpool(self.store.get, result.plan_id)
-            if stored is None:  # damaged, evicted or unreachable since: plan it after all
-                result = await self.off_loop(plan_body, raw, self.settings, False)
+            if stored is None:
+                result = await replan()
         if stored is None:
             stored = await run_in_threadpool(
                 self.store.put_bytes, result.plan_id, result.fusion_id, result.segmenter,
-                result.body, result.request, result.request_key)
+                result.body, result.request, result.request_key or None)
             metrics.record_plan(result.metrics, "miss")
-        else:
+            return stored, "miss"
+        if result.request_key:
             await run_in_threadpool(self.store.link, result.request_key, stored.plan_id)
-            metrics.PLANS.labels(stored.segmenter, "hit").inc()
-        await run_in_threadpool(self.store.link, raw_key, stored.plan_id)
-        return stored, result.cache
+        metrics.PLANS.labels(stored.segmenter, "hit").inc()
+        return stored, "hit"
 
-    async def plan_object(self, plan_id: str) -> Plan:
-        """The Plan behind an id: held in memory, or rebuilt from the store."""
-        held = self.held.get(plan_id)
-        if held is not None:
-            return held
-        request = await run_in_threadpool(self.store.request, plan_id)
-        stored = await run_in_threadpool(self.store.get, plan_id)
-        if request is None or stored is None:
-            raise Problem(404, "unknown plan", f"no plan has id {plan_id!r}")
-        fusion = fusion_from_json(request["definition"], self.settings.max_ops)
-        metas = [meta_from_json(m) for m in request["inputs"]]
-        plan = await run_in_threadpool(restore_plan, fusion, metas, json.loads(stored.body))
-        return self._hold(plan)
+    async def plan_for_tensors(self, definition: str, options_json: str,
+                               tensors: dict[str, Any], client: str = "",
+                               disconnected: Disconnected | None = None) -> str:
+        """The id of the plan of a definition (nvFuser text or wire JSON text) for these
+        tensors, planned now (in a planner process) unless stored."""
+        given = {name: describe(name, t) for name, t in tensors.items()}
+        key = hashlib.sha256(json.dumps([definition, options_json, given],
+                                        sort_keys=True).encode()).hexdigest()
+        with self.known_lock:
+            known = self.known.get(key)
+        if known is not None:
+            plan_id, segmenter = known
+            metrics.PLANS.labels(segmenter, "hit").inc()
+            return plan_id
 
-    async def plan_for_tensors(self, definition: str | FusionJSON, options: PlanOptionsModel,
-                               tensors: dict[str, Any]) -> Plan:
-        """The plan of a definition for these tensors (planned now unless stored)."""
-        fusion, _, function_name = await run_in_threadpool(self.parse, definition)
-        check_names(fusion, tensors)
-        tensors = expand_declared_broadcasts(fusion, tensors)
-        metas: list[InputMeta] = []
-        for name in fusion.inputs:
-            value = tensors[name]
-            if name in fusion.scalars:
-                metas.append(ScalarMeta(fusion.scalars[name].dtype, scalar_value(name, value)))
-            else:
-                metas.append(meta_of(value))
-        stored, _ = await self.plan(fusion, metas, self.options(options), name=function_name)
-        return await self.plan_object(stored.plan_id)
+        def plan(use_cache: bool = True) -> Awaitable[Planned]:
+            return self.off_loop(plan_for_tensors, definition, given, options_json,
+                                 self.settings, use_cache, client=client,
+                                 disconnected=disconnected)
+
+        stored, _ = await self._stored(await plan(), lambda: plan(False))
+        with self.known_lock:
+            self.known[key] = (stored.plan_id, stored.segmenter)
+            while len(self.known) > KNOWN_EXECUTIONS:
+                self.known.popitem(last=False)
+        return stored.plan_id
 
     # ---- executions ----------------------------------------------------------------------------
 
@@ -245,48 +204,58 @@ class Service:
             raise Problem(413, "tensors too large", f"the inputs hold {total} bytes; the limit "
                                                     f"is {self.settings.max_tensor_bytes}")
 
-    async def execute(self, plan: Plan, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """Run ``plan`` on the worker: outputs, backend, per-segment timings."""
-        fusion = plan.fusion
-        check_names(fusion, tensors)
-        tensors = expand_declared_broadcasts(fusion, tensors)
-        args = [scalar_value(n, tensors[n]) if n in fusion.scalars else tensors[n]
-                for n in fusion.inputs]
-        try:  # the least-loaded worker; each runs one at a time, behind a bounded queue
-            response = await self.worker.execute(plan, args, self.settings.execute_timeout_s)
-        except WorkersBusy as e:
-            raise Problem(503, "workers busy", str(e),
-                          headers={"Retry-After": str(e.retry_after_s)}) from None
-        except WorkerCrashed as e:
-            metrics.WORKER_RESTARTS.inc()
-            raise Problem(503, "worker crashed", str(e)) from None
-        except WorkerTimeout as e:
-            metrics.WORKER_RESTARTS.inc()
-            raise Problem(504, "execution timed out", str(e)) from None
-        except WorkerUnavailable as e:
-            raise Problem(503, "worker unavailable", str(e)) from None
+    def plan_source(self, plan_id: str) -> PlanSource:
+        """The texts a worker rebuilds plan ``plan_id`` from (read in a worker's thread)."""
+        found = read_plan(self.settings.cache_location, plan_id)
+        if found is not None:
+            return found
+        request, stored = self.store.request(plan_id), self.store.get(plan_id)  # ":memory:"
+        if request is None or stored is None:
+            raise UnknownPlan(plan_id)
+        return json.dumps(request), stored.body.decode()
+
+    async def execute(self, plan_id: str, tensors: dict[str, torch.Tensor], wire: str,
+                      client: str = "") -> dict[str, Any]:
+        """Run plan ``plan_id`` on a worker: named outputs, backend, per-segment timings."""
+        s = self.settings
+        job = Job(plan_id, tensors, wire, s.max_output_bytes, s.max_intermediate_bytes)
+        async with self.exec_gate.slot(client):
+            try:  # the least-loaded worker, one holding the plan among equals
+                response = await self.worker.execute(job, lambda: self.plan_source(plan_id),
+                                                     s.execute_timeout_s)
+            except UnknownPlan:
+                raise Problem(404, "unknown plan", f"no plan has id {plan_id!r}") from None
+            except WorkerCrashed as e:
+                metrics.WORKER_RESTARTS.inc()
+                raise Problem(503, "worker crashed", str(e), headers={"Retry-After": "2"}
+                              ) from None
+            except WorkerTimeout as e:
+                metrics.WORKER_RESTARTS.inc()
+                raise Problem(504, "execution timed out", str(e)) from None
+            except WorkerUnavailable as e:
+                raise Problem(503, "worker unavailable", str(e), headers={"Retry-After": "2"}
+                              ) from None
         if not response["ok"]:
             kind = response["kind"]
+            if kind == "ResultTooLarge":
+                raise Problem(413, "result too large", response["message"])
             if kind in ("DefinitionError", "InputError", "PlanError"):
                 raise Problem(422, "inputs do not match" if kind == "InputError" else
                               "cannot execute", response["message"])
-            raise Problem(500, "execution failed", f"{kind}: {response['message']}")
+            log.error("execution of plan %s failed: %s: %s", plan_id, kind,
+                              response["message"])
+            raise Problem(500, "execution failed", f"the execution failed on an unexpected "
+                                                   f"error ({kind}; the service's log has the "
+                                                   f"details)")
         metrics.record_execution(response)
         return response
 
 
-def check_names(fusion: Fusion, tensors: dict[str, Any]) -> None:
-    missing = [n for n in fusion.inputs if n not in tensors]
-    extra = sorted(set(tensors) - set(fusion.inputs))
-    if missing or extra:
-        raise Problem(422, "inputs do not match",
-                      f"the definition's inputs are {list(fusion.inputs)}; missing {missing}, "
-                      f"unexpected {extra}")
-
-
-def scalar_value(name: str, value: torch.Tensor) -> Any:
-    """A scalar input travels as a one-element tensor."""
-    if value.numel() != 1:
-        raise Problem(422, "inputs do not match", f"scalar input {name} must be a one-element "
-                                                  f"tensor, got shape {list(value.shape)}")
-    return value.item()
+def describe(name: str, value: torch.Tensor) -> dict[str, Any]:
+    """What planning needs of an execution's tensor: shape, strides, dtype, and the value of a
+    one-element tensor (it may be a scalar input)."""
+    given: dict[str, Any] = {"shape": list(value.shape), "strides": list(value.stride()),
+                             "dtype": from_torch_dtype(value.dtype).value}
+    if value.numel() == 1 and not value.is_complex():  # scalar inputs are real
+        given["value"] = value.item()
+    return given

@@ -3,7 +3,7 @@ the event loop.
 
 Validating a body and rendering a response are each one C call (pydantic, ``json.dumps``) that
 holds the GIL for as long as the body is big: in a thread they would stall the loop all the same.
-Large ones run in the planner processes (``planning.start_planners``), small ones in a thread,
+Large ones run in the planner processes (``service.planners``), small ones in a thread,
 where the call is shorter than a poll. Nothing here imports torch: tensors travel as numpy arrays,
 which pickle as one buffer each.
 """

@@ -20,6 +20,7 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from starlette.routing import Match, Mount
 
 disable_created_metrics()  # the *_created series add nothing a dashboard uses
 
@@ -49,6 +50,11 @@ BANDWIDTH = Histogram("fusecut_achieved_bandwidth_bytes_per_second",
                       "Bytes moved per second of device time, per execution", ["backend"],
                       buckets=(1e9, 1e10, 1e11, 5e11, 1e12, 2e12, 3e12, 4e12, 5e12))
 WORKER_RESTARTS = Counter("fusecut_worker_restarts_total", "GPU worker restarts")
+PLANS_CANCELLED = Counter("fusecut_plans_cancelled_total",
+                          "Planning jobs cancelled: their client went away, or their deadline "
+                          "passed", ["reason"])
+for _reason in ("disconnected", "deadline"):  # exported at 0 before the first: a dashboard
+    PLANS_CANCELLED.labels(_reason)            # shows "none" rather than "no data"
 HTTP = Counter("fusecut_http_requests_total", "HTTP requests", ["route", "status"])
 HTTP_SECONDS = Histogram("fusecut_http_request_seconds", "Time to answer an HTTP request",
                          ["route"], buckets=(5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.025, 0.05, 0.1,
@@ -90,6 +96,7 @@ class CountRequests:
             return await self.app(scope, receive, send)
         start = time.perf_counter()
         status = 500
+        entry = dict(scope)  # as it came: routing rewrites a mounted app's path
 
         async def send_status(message):
             nonlocal status
@@ -103,9 +110,24 @@ class CountRequests:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = getattr(scope.get("route"), "path", "unmatched")
+            route = route_template(scope, entry)
             HTTP.labels(route, f"{status // 100}xx").inc()
             HTTP_SECONDS.labels(route).observe(time.perf_counter() - start)
+
+
+def route_template(scope, entry) -> str:
+    """The route a request went to, as its template (``/v1/plans/{plan_id}``); "unmatched"
+    for a path no route serves. FastAPI's own routes (the OpenAPI document) and mounted apps
+    (the docs' assets) leave no route in the scope: they are matched again here, with the
+    scope as it came in (``entry``)."""
+    route = scope.get("route")
+    if route is None:
+        router = getattr(scope.get("app"), "router", None)
+        route = next((r for r in getattr(router, "routes", ())
+                      if r.matches(entry)[0] is Match.FULL), None)
+    if isinstance(route, Mount):
+        return f"{route.path}/{{path}}"
+    return getattr(route, "path", "unmatched")
 
 
 def exposition() -> tuple[bytes, str]:

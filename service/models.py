@@ -3,7 +3,7 @@ the service's OpenAPI document."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -43,8 +43,16 @@ class PlanOptionsModel(_Strict):
                                                          "cycles through (seed 004)")
 
 
+Definition = Annotated[str, Field(min_length=1)] | FusionJSON
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    """An optional field that may not be null: absent is the default, not ``null``."""
+    schema.pop("default", None)
+
+
 class PlanRequest(_Strict):
-    definition: str | FusionJSON = Field(description="nvFuser Python text or wire JSON v1")
+    definition: Definition = Field(description="nvFuser Python text or wire JSON v1")
     inputs: list[InputMetaJSON] | None = Field(
         None, description="metadata of each fusion input; taken from the text's `inputs = "
                           "[...]` list when absent")
@@ -61,7 +69,13 @@ class JSONTensor(_Strict):
 
 
 class ExecuteRequest(_Strict):
-    definition: str | FusionJSON | None = None
-    plan_id: str | None = Field(None, description="a plan made before (instead of a definition)")
+    # a definition or a plan id, not both
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["definition"]},
+                                                           {"required": ["plan_id"]}]})
+
+    definition: Definition = Field(None, json_schema_extra=_no_default)  # type: ignore
+    plan_id: str = Field(None, pattern=r"^[0-9a-f]{32}$",  # type: ignore
+                         json_schema_extra=_no_default,
+                         description="a plan made before (instead of a definition)")
     inputs: list[JSONTensor] = Field(description="one per fusion input, named as the input")
     options: PlanOptionsModel = Field(default_factory=PlanOptionsModel)

@@ -1,5 +1,6 @@
-"""POST /v1/plan's work, done in a separate process: validate the body, parse the definition,
-check sizes, look the plan up in the store, plan, and serialize.
+"""Planning, done in a planner process (``service.planners``): validate a POST /v1/plan body
+(or take an execution's definition and tensor metadata), parse the definition, check sizes,
+look the plan up in the store, plan, and serialize.
 
 Every step here is CPU work on untrusted input, and several (JSON and pydantic parsing, pickling)
 are single C calls that hold the GIL for seconds on a large body; run in the service's process,
@@ -12,21 +13,22 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import multiprocessing
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from optimizer.errors import FusecutError
+from optimizer.errors import FusecutError, InputError
 from optimizer.gcpause import gc_paused
+from optimizer.ir.dtypes import DType
 from optimizer.ir.fusion import Fusion
-from optimizer.ir.inputs import InputMeta, TensorMeta
+from optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta
 from optimizer.ir.nvtext import parse_text
 from optimizer.ir.wire import (
+    FusionJSON,
     canonical_json,
+    checked_scalar,
     fusion_from_json,
     fusion_to_json,
     meta_from_json,
@@ -36,6 +38,7 @@ from optimizer.plan.plan import Plan, plan_key
 from optimizer.planner import PlanOptions, make_plan
 from optimizer.schedulers.profiles import get_profile
 from service.models import PlanOptionsModel, PlanRequest
+from service.planners import announce_time_limit
 from service.problems import TITLES, Problem, validation_problem
 from service.settings import Settings
 from service.store import lookup
@@ -52,7 +55,7 @@ class Planned:
     segmenter: str
     body: bytes  # the plan JSON (strict: no NaN or Infinity)
     request: str  # the definition (wire JSON) and input metadata that made it, as JSON
-    request_key: str
+    request_key: str  # the hash of a POST /v1/plan body ("" for an execution's plan)
     cache: str  # "hit" (stored before: body is empty) or "miss"
     metrics: dict[str, Any]
 
@@ -95,6 +98,8 @@ def _plan_body(raw: bytes, settings: Settings, use_cache: bool) -> Planned:
     known = lookup(settings.cache_location, request_key=request_key) if use_cache else None
     if known is not None:
         return Planned(known[0], known[1], known[2], b"", "", request_key, "hit", {})
+    options = plan_options(body.options, settings)
+    announce_time_limit(options.time_limit_s)
     fusion, text_inputs, name = parse_definition(body.definition, settings.max_ops)
     if body.inputs is not None:
         if len(body.inputs) != len(fusion.inputs):
@@ -108,8 +113,61 @@ def _plan_body(raw: bytes, settings: Settings, use_cache: bool) -> Planned:
         raise Problem(422, "no input metadata",
                       "pass `inputs` (shape, dtype, strides per fusion input) or a "
                       "definition text with an `inputs = [...]` list")
+    return _plan_parsed(fusion, metas, options, name, request_key, settings, use_cache)
+
+
+def plan_for_tensors(definition: str, given: dict[str, dict[str, Any]], options_json: str,
+                     settings: Settings, use_cache: bool = True) -> Planned:
+    """Plan a definition (nvFuser text or wire JSON text) for the tensors of an execution,
+    described by ``given`` (see ``describe_tensors``), in a planner process like ``plan_body``.
+    """
+    with gc_paused():
+        try:
+            options = plan_options(PlanOptionsModel.model_validate_json(options_json), settings)
+        except ValidationError as e:
+            raise validation_problem(list(e.errors())) from None
+        announce_time_limit(options.time_limit_s)
+        if definition.lstrip().startswith("{"):
+            try:
+                definition = FusionJSON.model_validate_json(definition)
+            except ValidationError as e:
+                raise validation_problem(list(e.errors())) from None
+        fusion, _, name = parse_definition(definition, settings.max_ops)
+        return _plan_parsed(fusion, metas_for(fusion, given), options, name, None, settings,
+                            use_cache)
+
+
+def metas_for(fusion: Fusion, given: dict[str, dict[str, Any]]) -> list[InputMeta]:
+    """The input metadata of an execution's tensors: a scalar input's value from its
+    one-element tensor, and stride 0 on the axes the definition declares broadcast (where the
+    worker expands the dense tensors that travelled: runtime.tensor_wire.arguments)."""
+    missing = [n for n in fusion.inputs if n not in given]
+    extra = sorted(set(given) - set(fusion.inputs))
+    if missing or extra:
+        raise InputError(f"the definition's inputs are {list(fusion.inputs)}; missing {missing}, "
+                         f"unexpected {extra}")
+    metas: list[InputMeta] = []
+    for name in fusion.inputs:
+        shape, strides = tuple(given[name]["shape"]), list(given[name]["strides"])
+        if name in fusion.scalars:
+            if "value" not in given[name]:
+                raise InputError(f"scalar input {name} must be a one-element tensor, got shape "
+                                 f"{list(shape)}")
+            dtype = fusion.scalars[name].dtype
+            metas.append(ScalarMeta(dtype, checked_scalar(dtype, given[name]["value"])))
+            continue
+        declared = fusion.tensors[name].broadcast
+        if len(declared) == len(shape):
+            strides = [0 if b and e != 1 else s for b, e, s in zip(declared, shape, strides)]
+        metas.append(TensorMeta(shape, tuple(strides), DType(given[name]["dtype"])))
+    return metas
+
+
+def _plan_parsed(fusion: Fusion, metas: list[InputMeta], options: PlanOptions, name: str | None,
+                 request_key: str | None, settings: Settings, use_cache: bool = True) -> Planned:
+    """The stored plan for a parsed fusion (a "hit", naming it, unless not ``use_cache``) or a
+    new one (a "miss")."""
     check_sizes(fusion, metas, settings.max_plan_tensor_bytes)
-    options = plan_options(body.options, settings)
     metas_json = [meta_to_json(m) for m in metas]
     definition = fusion_to_json(fusion)  # converted once: the id, and the stored request
     fid = hashlib.sha256(canonical_json(definition).encode()).hexdigest()  # as wire.fusion_id
@@ -117,12 +175,12 @@ def _plan_body(raw: bytes, settings: Settings, use_cache: bool) -> Planned:
     pid = plan_key(fid, metas_json, options.to_json(), profile.to_json())
     known = lookup(settings.cache_location, plan_id=pid) if use_cache else None
     if known is not None:
-        return Planned(pid, fid, known[2], b"", "", request_key, "hit", {})
+        return Planned(pid, fid, known[2], b"", "", request_key or "", "hit", {})
     plan = make_plan(fusion, metas, options)
     plan.fusion_id = fid  # known: not converted again
     data, body_bytes, request = serialize(plan, metas_json, name, definition)
     return Planned(data["plan_id"], data["fusion_id"], data["segmenter"], body_bytes, request,
-                   request_key, "miss", plan_summary(data))
+                   request_key or "", "miss", plan_summary(data))
 
 
 def serialize(plan: Plan, metas_json: list[dict[str, Any]], name: str | None = None,
@@ -146,16 +204,6 @@ def plan_summary(data: dict[str, Any]) -> dict[str, Any]:
     summary = {k: data[k] for k in ("segmenter", "totals", "baseline", "solver")}
     summary["segment_kinds"] = dict(Counter(seg["kind"] for seg in data["segments"]))
     return summary
-
-
-def start_planners(settings: Settings) -> ProcessPoolExecutor:
-    # spawn, not fork: the service process has threads (and torch) that a fork would copy
-    return ProcessPoolExecutor(max_workers=settings.max_concurrent_plans,
-                               mp_context=multiprocessing.get_context("spawn"))
-
-
-def warm_up() -> None:
-    """Nothing: submitting it starts a planner process, which imports this module."""
 
 
 def parse_definition(definition: Any, max_ops: int

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from optimizer.errors import DefinitionError, FusecutError, InputError, PlanError
 
@@ -61,8 +62,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Problem)
     async def on_problem(request: Request, e: Problem):
-        return problem_response(e.status, e.title, e.detail, request.url.path,
-                                headers=e.headers, **e.extra)
+        return problem_response(e.status, e.title, e.detail, request.url.path, e.headers,
+                                **e.extra)
 
     @app.exception_handler(FusecutError)
     async def on_fusecut_error(request: Request, e: FusecutError):
@@ -160,12 +161,16 @@ class RequestIds:
 
         try:
             await self.app(scope, receive, send_with_id)
-        except Exception as e:  # a fusecut bug: say so, with the id to find it in the log
+        except ClientDisconnect:  # the client left mid-request: nobody to answer
+            return
+        except Exception:  # a fusecut bug: say so, with the id to find it in the log
             log.exception("unhandled error on %s (request id %s)", scope.get("path"),
                           request_id)
             if started:  # the status line is gone: nothing truthful can be sent now
                 raise
+            # the exception's text stays in the log: it may hold internals (paths, raw bytes)
             response = problem_response(500, "internal error",
-                                        f"{type(e).__name__}: {e} (request id {request_id})",
+                                        f"an unexpected error (a fusecut bug); the service's "
+                                        f"log has it under request id {request_id}",
                                         scope.get("path"), request_id=request_id)
             await response(scope, receive, send_with_id)

@@ -14,12 +14,14 @@ is an optional dependency (the ``ray`` extra); nothing here is imported by ``fus
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
-from runtime.worker import WorkerCrashed, WorkerTimeout, WorkerUnavailable
-from runtime.worker_pool import WorkerPool, WorkersBusy, parse_gpus
+from runtime.worker import Job, PlanSource, WorkerCrashed, WorkerTimeout, WorkerUnavailable
+from runtime.worker_pool import WorkerPool, parse_gpus
 
 APP_NAME = "fusecut"
 STATUS_EVERY_S = 2.0  # how often a planner replica asks an executor how its worker is
@@ -31,25 +33,30 @@ def settings_env() -> dict[str, str]:
 
 
 class Executor:
-    """An execute replica: a worker pool (one worker per GPU Ray gave this replica)."""
+    """An execute replica: a worker pool (workers per GPU Ray gave this replica) behind an
+    admission gate, as ``fusecut serve``'s (planner replicas send to it together)."""
 
     def __init__(self, env: dict[str, str]):
         os.environ.update(env)
+        from service.admission import Gate
         from service.settings import Settings
 
-        settings = Settings.from_env()
-        self.pool = WorkerPool(parse_gpus(settings.gpus), settings.worker,
-                               settings.max_queued_executions)
+        s = Settings.from_env()
+        self.pool = WorkerPool(parse_gpus(s.gpus), s.worker, s.workers_per_device)
+        self.gate = Gate("execution", len(self.pool), s.max_queued_executions, s.queue_wait_s)
         self.pool.start()
         self.pool.wait_ready(300)
 
-    async def execute(self, plan, args: list[Any], timeout: float) -> tuple:
+    async def execute(self, job: Job, source: PlanSource, timeout: float) -> tuple:
         """("ok", response), or (error kind, message, retry after): exceptions are turned into
         values so that the planner replica raises its own (Ray would wrap them)."""
+        from service.problems import Problem
+
         try:
-            return ("ok", await self.pool.execute(plan, args, timeout))
-        except WorkersBusy as e:
-            return ("busy", str(e), e.retry_after_s)
+            async with self.gate.slot(""):
+                return ("ok", await self.pool.execute(job, lambda: source, timeout))
+        except Problem as e:  # the gate's 503
+            return ("busy", e.detail, int((e.headers or {}).get("Retry-After", 1)))
         except WorkerCrashed as e:
             return ("crashed", str(e), 0)
         except WorkerTimeout as e:
@@ -75,8 +82,9 @@ class RemoteWorker:
     ERRORS = {"crashed": WorkerCrashed, "timeout": WorkerTimeout,
               "unavailable": WorkerUnavailable}
 
-    def __init__(self, handle):
+    def __init__(self, handle, size: int):
         self.handle = handle
+        self.size = size  # executions a planner replica lets run at once
         self._status: dict[str, Any] = {"ready": False, "device": "starting", "pid": None,
                                         "restarts": 0, "workers": []}
         self._stop = threading.Event()
@@ -105,12 +113,20 @@ class RemoteWorker:
     def snapshot(self) -> list[dict[str, Any]]:
         return self._status["workers"]
 
-    async def execute(self, plan, args: list[Any], timeout: float) -> dict[str, Any]:
-        result = await self.handle.execute.remote(plan, args, timeout)
+    def __len__(self) -> int:
+        return self.size
+
+    async def execute(self, job: Job, source: Callable[[], PlanSource], timeout: float
+                      ) -> dict[str, Any]:
+        # the plan's texts travel with every job: the executor's workers may not hold it
+        texts = await asyncio.to_thread(source)
+        result = await self.handle.execute.remote(job, texts, timeout)
         if result[0] == "ok":
             return result[1]
         if result[0] == "busy":
-            raise WorkersBusy(result[1], result[2])
+            from service.problems import Problem
+
+            raise Problem(503, "busy", result[1], headers={"Retry-After": str(result[2])})
         raise self.ERRORS[result[0]](result[1])
 
 
@@ -133,15 +149,19 @@ class BytesBodies:
 class Planner:
     """A planner replica: service.app with its executions sent to the Executor deployment."""
 
-    def __init__(self, executor, env: dict[str, str]):
+    def __init__(self, executor, env: dict[str, str], execute_replicas: int = 1):
         os.environ.update(env)
         self.executor = executor
+        self.execute_replicas = execute_replicas
 
     def __serve_build_asgi_app__(self):
         from service.app import create_app
         from service.settings import Settings
 
-        app = create_app(Settings.from_env(), worker=RemoteWorker(self.executor))
+        settings = Settings.from_env()
+        # as many at once as the executors run (each replica's workers on one device, at least)
+        size = self.execute_replicas * settings.workers_per_device
+        app = create_app(settings, worker=RemoteWorker(self.executor, size))
         app.add_middleware(BytesBodies)
         return app
 
@@ -168,7 +188,7 @@ def build(plan_replicas: int, min_replicas: int | None, max_replicas: int | None
     planner = serve.deployment(
         serve.ingress()(Planner), name="Planner", ray_actor_options={"num_cpus": plan_cpus},
         max_ongoing_requests=256, **scaling)
-    return planner.bind(executor.bind(env), env)
+    return planner.bind(executor.bind(env), env, execute_replicas)
 
 
 def run(address: str | None, host: str, port: int, plan_replicas: int,

@@ -25,12 +25,27 @@ class Settings:
     max_plan_tensor_bytes: int = 2**40  # per input of a plan, its logical extent (1 TiB)
     max_solver_seconds: float = 60.0
     default_time_limit_s: float = 5.0
-    max_queued_executions: int = 16  # per GPU worker, running or waiting; then 503 Retry-After
-    gpus: str | None = None  # "all" or "0,1,...": a worker per device (default: one worker)
-    max_concurrent_plans: int = 4
+    # Executions run in worker processes, each one at a time: ``workers_per_device`` per device
+    # listed in ``gpus`` ("all" or "0,1,..."), or that many on whatever devices the service sees
+    # without it. Two per device overlap one execution's host work with another's kernels.
+    gpus: str | None = None
+    workers_per_device: int = 2
+    max_concurrent_plans: int = 4  # planner processes
+    max_queued_executions: int = 8  # waiting for a worker, all workers together (beyond those
+    # running); more are answered 503 with Retry-After
+    max_queued_plans: int = 16  # waiting for a planner; more are answered 503
+    queue_wait_s: float = 30.0  # the longest a request waits for a slot (then 503)
+    max_requests_per_client: int = 0  # running or waiting per client (API key or address);
+    # more are answered 429. 0: no limit
+    plan_grace_s: float = 10.0  # a planning job is cancelled this long past its time limit
     execute_timeout_s: float = 120.0
-    api_key: str | None = None  # when set, /v1/execute needs "Authorization: Bearer <key>"
-    worker: bool = True  # run executions in a separate worker process
+    max_output_bytes: int = 256 * 1024 * 1024  # what one execution returns, outputs together
+    max_intermediate_bytes: int = 8 * 1024**3  # any one tensor an execution computes
+    read_timeout_s: float = 15.0  # a request that sends nothing for this long is dropped
+    api_key: str | None = None  # when set, every /v1 route needs "Authorization: Bearer <key>"
+    metrics_need_key: bool = False  # and with this, /metrics too
+    cors_origins: str = ""  # browser origins allowed to call the API, comma-separated
+    worker: bool = True  # run executions in separate worker processes
     recent_plans: int = 20  # shown on the dashboard
 
     @property

@@ -338,9 +338,7 @@ class PlanStore:
     def recent(self, n: int) -> list[tuple[dict[str, Any], str | None]]:
         """The ``n`` newest plans, each with the name of the definition function that made it
         (None for a wire-JSON definition); damaged ones left out."""
-        rows = self._call("read", "recent", lambda b: b.recent(n), [])
-        return [(json.loads(plan), name) for plan, request, stored_digest, name in rows
-                if digest(plan, request) == stored_digest]
+        return intact(self._call("read", "recent", lambda b: b.recent(n), []))
 
     def count(self) -> int:
         return self._call("read", "stats", lambda b: b.stats(), (0, 0))[0]
@@ -373,34 +371,74 @@ class PlanStore:
             backend.close()
 
 
-# ---- lookups from planner processes -----------------------------------------------------------
+# ---- reads from planner processes and workers' threads -----------------------------------------
+# The service's PlanStore writes; these only read, through a read-only connection of their own,
+# so that a read never waits on the store's lock (nor holds the event loop).
 
 _readers: dict[str, tuple[SqlCache | None, Breaker]] = {}
+_readers_lock = threading.Lock()
+
+
+def _read(location: str, read: Callable[[SqlCache], T]) -> T | None:
+    """``read(reader)`` on a read-only connection to the cache at ``location``; None where the
+    cache cannot say (":memory:" is private to the service's store; no file yet; a dead
+    server)."""
+    if location == ":memory:":
+        return None
+    with _readers_lock:
+        reader, breaker = _readers.get(location, (None, None))
+        if breaker is None:
+            breaker = Breaker(retry_s=5.0)
+        if not breaker.closed():
+            return None
+        try:
+            if reader is None:
+                reader = open_cache(location, read_only=True)
+        except Exception as e:
+            breaker.fail(e)
+            _readers[location] = (None, breaker)
+            return None
+        _readers[location] = (reader, breaker)
+    try:
+        found = read(reader)
+    except Exception as e:
+        with _readers_lock:
+            breaker.fail(e)
+            if isinstance(e, OSError):
+                reader.close()
+                _readers[location] = (None, breaker)
+        return None
+    breaker.succeed()
+    return found
 
 
 def lookup(location: str, request_key: str | None = None,
            plan_id: str | None = None) -> tuple[str, str, str] | None:
     """(plan id, fusion id, segmenter) of the plan stored for a request key or plan id, read
     from a planner process (the service's process writes); None where the cache cannot say."""
-    if location == ":memory:":
-        return None
-    reader, breaker = _readers.get(location, (None, None))
-    if breaker is None:
-        breaker = Breaker(retry_s=5.0)
-    if not breaker.closed():
-        return None
-    try:
-        if reader is None:
-            reader = open_cache(location, read_only=True)
-        _readers[location] = (reader, breaker)
-        found = reader.summary_of_request(request_key) if request_key is not None else \
-            reader.summary(plan_id)
-    except Exception as e:  # no file yet, a dead server: plan it
-        breaker.fail(e)
-        if reader is not None and isinstance(e, OSError):
-            reader.close()
-            reader = None
-        _readers[location] = (reader, breaker)
-        return None
-    breaker.succeed()
+    found = _read(location, lambda r: r.summary_of_request(request_key)
+                  if request_key is not None else r.summary(plan_id))
     return tuple(found) if found else None
+
+
+def read_plan(location: str, plan_id: str) -> tuple[str, str] | None:
+    """(request JSON, plan JSON) of a stored plan, if it is intact: what a worker rebuilds the
+    plan from."""
+    row = _read(location, lambda r: r.plan(plan_id))
+    if row is None or digest(row.body, row.request) != row.digest:
+        return None
+    return row.request, row.body
+
+
+def read_recent(location: str, n: int) -> list[tuple[dict[str, Any], str | None]] | None:
+    """As ``PlanStore.recent``, read from a planner process (the dashboard's); None where the
+    cache cannot be read from here."""
+    rows = _read(location, lambda r: r.recent(n))
+    return None if rows is None else intact(rows)
+
+
+def intact(rows: list[tuple[str, str, str, str | None]]
+           ) -> list[tuple[dict[str, Any], str | None]]:
+    """(plan, definition name) of the rows of ``SqlCache.recent`` whose digests match."""
+    return [(json.loads(plan), name) for plan, request, stored_digest, name in rows
+            if digest(plan, request) == stored_digest]

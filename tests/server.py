@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -24,10 +25,11 @@ def free_port() -> int:
 class Server:
     """Start with ``start()``; ``url`` is its base URL; ``stop()`` shuts it down gracefully."""
 
-    def __init__(self, db_path: Path, workers: int = 1, wrap: list[str] | None = None,
-                 **settings: object):
+    def __init__(self, db_path: Path, workers: int = 1, tls: tuple[Path, Path] | None = None,
+                 wrap: list[str] | None = None, **settings: object):
         self.db_path = db_path
         self.workers = workers
+        self.tls = tls  # (certificate, key): serve HTTPS
         self.wrap = wrap or []  # a command the server runs under (unshare, taskset)
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "clients"),
@@ -45,21 +47,27 @@ class Server:
     def launch(self) -> Server:
         """Start the process without waiting for it (several start at once)."""
         port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
         command = [*self.wrap, sys.executable, "-m", "fusecut.cli", "serve", "--port", str(port),
                    "--db", str(self.db_path), "--workers", str(self.workers),
                    "--log-level", "warning"]
+        if self.tls:
+            command += ["--ssl-certfile", str(self.tls[0]), "--ssl-keyfile", str(self.tls[1])]
         self.proc = subprocess.Popen(command, env=self.env, stdout=open(self.log, "wb"),
                                      stderr=subprocess.STDOUT, cwd=ROOT)
         return self
 
     def wait_ready(self, timeout: float = 90.0) -> Server:
+        verify: bool | ssl.SSLContext = True
+        if self.tls:
+            verify = ssl.create_default_context(cafile=str(self.tls[0]))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited: {self.log.read_text()[-3000:]}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/readyz", timeout=2,
+                             verify=verify).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass

@@ -128,3 +128,124 @@ def test_the_package_metadata_uses_an_spdx_license():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert isinstance(data["project"]["license"], str)
     assert "setuptools>=77" in data["build-system"]["requires"]
+
+
+# ---- issue 19: what a newcomer ran into -------------------------------------------------------
+
+def test_version():
+    from fusecut import __version__
+
+    r = fusecut("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"fusecut {__version__}"
+
+
+def test_json_definitions_and_plan_bodies_are_read_like_text(tmp_path):
+    # the README advertises JSON; check said "only fd.execute(inputs) may be called"
+    import json
+
+    from fusecut import load
+    from optimizer.ir.wire import fusion_to_json, meta_to_json
+
+    parsed = load(CORPUS / "softmax_fwd.py")
+    wire = tmp_path / "softmax.json"
+    wire.write_text(json.dumps(fusion_to_json(parsed.fusion)))
+    body = tmp_path / "request.json"
+    body.write_text(json.dumps({"definition": fusion_to_json(parsed.fusion),
+                                "inputs": [meta_to_json(m) for m in parsed.inputs]}))
+    r = fusecut("check", str(wire))
+    assert r.returncode == 0, r.stderr
+    assert "exp" in r.stdout and "fd.execute" not in r.stdout + r.stderr
+    r = fusecut("plan", str(wire), "--json")
+    assert r.returncode == 2 and "no input metadata" in r.stderr  # wire JSON has none
+    texts = {}
+    for source in (CORPUS / "softmax_fwd.py", body):
+        r = fusecut("plan", str(source), "--json", "--segmenter", "greedy")
+        assert r.returncode == 0, r.stderr
+        texts[source.suffix] = json.loads(r.stdout)["plan_id"]
+    assert texts[".py"] == texts[".json"]  # the same fusion, inputs and options
+    r = fusecut("execute", str(body), "--device", "cpu", "--scale", "4096", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["max_difference"] == 0
+    r = fusecut("check", "-", stdin='{"definition": 3}')
+    assert r.returncode == 2 and "nvFuser text" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_inputs_are_one_line_errors():
+    for given, mentions in (("[1,2]", "--inputs, entry 0"), ("nope", "not valid JSON"),
+                            ('{"shape": [4]}', "JSON list"),
+                            ('[{"shape": [4], "dtype": "float99"}]', "dtype"),
+                            ('[{"shape": [-4], "dtype": "float32"}]', "negative")):
+        r = fusecut("plan", str(CORPUS / "softmax_fwd.py"), "--inputs", given)
+        assert r.returncode == 2, given
+        assert mentions in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_every_command_speaks_json(tmp_path):
+    import json
+
+    r = fusecut("check", str(CORPUS / "layernorm_fwd.py"), "--json")
+    data = json.loads(r.stdout)
+    assert data["inputs"][0]["shape"] == [32768, 4096]
+    assert "var_mean" in [op["op"] for op in data["ops"]]
+    r = fusecut("codegen", str(CORPUS / "softmax_fwd.py"), "--out", str(tmp_path), "--json")
+    data = json.loads(r.stdout)
+    generated = [s for s in data["segments"] if s["file"]]
+    assert generated and all(Path(s["file"]).is_file() for s in generated)
+    assert all(k["name"].startswith("fusecut_segment") for s in generated for k in s["kernels"])
+    r = fusecut("execute", str(CORPUS / "softmax_fwd.py"), "--device", "cpu", "--json")
+    data = json.loads(r.stdout)
+    assert data["backend"] == "reference" and data["segments"] and data["outputs"]
+    assert data["scaled"]["max_elements"] == 1 << 20
+
+
+def test_execute_on_the_cpu_runs_scaled_by_default_and_says_so():
+    # full size, layernorm_fwd took 46 s and 5.5 GB on the CPU
+    start = time.perf_counter()
+    r = fusecut("execute", str(CORPUS / "layernorm_fwd.py"), "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert time.perf_counter() - start < 30
+    assert "scaled down to at most 1,048,576 elements" in r.stderr
+    assert "--scale 0 runs them full size" in r.stderr
+    import re
+
+    rates = re.findall(r"(\d+(?:\.\d+)?) ([kMGT]?B)/s", r.stdout)
+    assert rates and all(float(v) > 0 for v, _ in rates), r.stdout  # not "0 GB/s"
+
+
+def test_progress_is_shown_on_a_terminal_only():
+    import pty
+
+    main, child = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "fusecut.cli", "plan",
+                             str(CORPUS / "seed_2146_rmsnorm_bwd.py"), "--time-limit", "2",
+                             "--json"], stdout=subprocess.PIPE, stderr=child,
+                            env=dict(os.environ, COLUMNS="100"))
+    os.close(child)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:  # the terminal closed
+            break
+        if not chunk:
+            break
+        shown += chunk
+    stdout, _ = proc.communicate(timeout=120)
+    os.close(main)
+    assert proc.returncode == 0
+    assert b"planning" in shown and b"cpsat" in shown and b"0:00:0" in shown  # elapsed time
+    assert stdout.startswith(b"{")  # the JSON on stdout is untouched
+    r = fusecut("plan", str(CORPUS / "seed_2146_rmsnorm_bwd.py"), "--time-limit", "2")
+    assert r.returncode == 0 and "planning" not in r.stderr
+
+
+def test_help_is_plain_words():
+    # it tagged options with <bool>/<str>, showed RST ``backticks`` and cut `serve --db` short
+    env = dict(os.environ, COLUMNS="80")
+    for command in ("check", "plan", "codegen", "execute", "ray-serve", "serve"):  # serve last
+        r = subprocess.run([sys.executable, "-m", "fusecut.cli", command, "--help"], env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0
+        for bad in ("<bool>", "<str>", "<int>", "<float>", "<path>", "``", "…"):
+            assert bad not in r.stdout, (command, bad, r.stdout)
+    assert "~/.local/share/fusecut/plans.sqlite" in " ".join(r.stdout.split())

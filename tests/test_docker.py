@@ -169,3 +169,74 @@ def test_compose_replicas_share_a_postgresql_cache():
     assert "postgres" in (DOCKER / "Dockerfile").read_text()  # the image has psycopg
     gpu = yaml.safe_load((DOCKER / "compose.gpu.yaml").read_text())["services"]
     assert all(gpu[r]["environment"]["FUSECUT_GPUS"] == "all" for r in REPLICAS)
+
+
+# ---- issue 19: the images ---------------------------------------------------------------------
+
+def makefile_torch() -> str:
+    return re.search(r"torch==([0-9.]+)", (ROOT / "Makefile").read_text()).group(1)
+
+
+def test_both_images_pin_the_torch_the_tests_run_against():
+    stages = dockerfile_stages()
+    text = (DOCKER / "Dockerfile").read_text()
+    assert f"ARG TORCH_VERSION={makefile_torch()}" in text
+    for stage in ("base-cpu", "base-gpu"):
+        installs = [line for line in stages[stage] if "pip install" in line and "torch" in line]
+        assert installs and all("torch==${TORCH_VERSION}" in line for line in installs), stage
+        assert "ARG TORCH_VERSION" in stages[stage], stage
+
+
+def test_the_cpu_image_leaves_out_cuda_python_and_runs_without_it():
+    # cuda-python[all] pulled about 430 MB of nvidia/* wheels into the CPU image
+    import subprocess
+    import sys
+
+    final = " ".join(dockerfile_stages()["fusecut"])
+    assert "docker/deps.py --without cuda-python" in final and "pip install --no-deps ." in final
+    assert "!docker/deps.py" in (DOCKER / "Dockerfile.dockerignore").read_text().split()
+    listed = subprocess.run([sys.executable, str(DOCKER / "deps.py"), "--without", "cuda-python"],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert listed == [d for d in declared if not d.startswith("cuda-python")]
+    with_postgres = subprocess.run(
+        [sys.executable, str(DOCKER / "deps.py"), "--without", "cuda-python", "--extra",
+         "postgres"], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert with_postgres[:len(listed)] == listed and with_postgres[len(listed):] == \
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+            "optional-dependencies"]["postgres"]
+    # the CPU path (planning, the worker's runner, the service) never imports cuda
+    probe = """
+import sys
+sys.modules["cuda"] = None  # import cuda fails, as in the CPU image
+from fusecut import load
+from optimizer.ir.inputs import scale_metas
+from optimizer.planner import make_plan
+from runtime.tensors import make_input
+from runtime.worker import Job, _Runner
+from service.app import create_app
+from service.settings import Settings
+parsed = load("tests/corpus/softmax_fwd.py")
+metas = scale_metas(parsed.inputs, 4096)
+plan = make_plan(parsed.fusion, metas)
+runner = _Runner()
+runner.plans[plan.plan_id] = plan
+answer = runner.execute(Job(plan.plan_id, {"T0": make_input(metas[0])}), None)
+create_app(Settings(db_path=":memory:", worker=False))
+print(answer["ok"], answer["backend"])
+"""
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert run.stdout.split() == ["True", "reference"], run.stdout + run.stderr[-3000:]
+
+
+def test_the_gpu_image_builds_the_native_launcher_and_names_its_driver():
+    stages = dockerfile_stages()
+    apt = " ".join(line for line in stages["base-gpu"] if "apt-get install" in line)
+    assert "g++" in apt.split() and "python3-dev" in apt.split()  # compiler and Python.h
+    final = " ".join(stages["fusecut"])
+    assert "from runtime.launcher import build; build()" in final
+    cuda = re.search(r"FROM nvidia/cuda:(\d+)\.", (DOCKER / "Dockerfile").read_text()).group(1)
+    assert cuda == "13"  # CUDA 13 needs driver 580 or newer: said where a user looks
+    for path in (DOCKER / "Dockerfile", DOCKER / "compose.gpu.yaml", ROOT / "README.md"):
+        assert re.search(r"driver[^.]*\b580\b", path.read_text()), path

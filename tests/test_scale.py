@@ -272,7 +272,7 @@ def all_up(url: str, timeout: float = 120) -> list[dict]:
 
 def test_two_workers_share_executions_and_survive_one_killed(tmp_path):
     devices = two_devices()
-    with Server(tmp_path / "plans.sqlite", gpus=devices) as s:
+    with Server(tmp_path / "plans.sqlite", gpus=devices, workers_per_device=1) as s:
         workers = all_up(s.url)  # /readyz is 200 once any worker is up
         assert [w["device"] for w in workers] == slot_names(devices.split(","))
         assert execute_slow(s.url, 8).status_code == 200  # warm the paths
@@ -300,7 +300,9 @@ def test_two_workers_share_executions_and_survive_one_killed(tmp_path):
 
 
 def test_full_queues_answer_503_with_retry_after(tmp_path):
-    with Server(tmp_path / "plans.sqlite", gpus=two_devices(), max_queued_executions=1) as s:
+    # two run, one waits (max_queued_executions counts waiting for all workers together)
+    with Server(tmp_path / "plans.sqlite", gpus=two_devices(), workers_per_device=1,
+                max_queued_executions=1) as s:
         all_up(s.url)
         assert execute_slow(s.url).status_code == 200  # planned once: the rest only run
         responses = asyncio.run(execute_together(s.url, 6))
@@ -308,6 +310,19 @@ def test_full_queues_answer_503_with_retry_after(tmp_path):
         assert codes.count(200) >= 2 and 503 in codes, codes
         busy = next(r for r in responses if r.status_code == 503)
         assert int(busy.headers["retry-after"]) >= 1
-        assert busy.json()["title"] == "workers busy" and "retry" in busy.json()["detail"]
+        assert busy.json()["title"] == "busy" and "retry" in busy.json()["detail"]
         assert execute_slow(s.url, 8).status_code == 200  # the queues drain
 
+
+
+def test_workers_per_device_multiply_the_listed_devices():
+    # the merge of harden (2 workers by default) and scale (a worker per --gpus device)
+    from runtime.worker_pool import WorkerPool
+
+    pool = WorkerPool(["0", "1"], process=True, per_device=2)
+    assert [s.name for s in pool.slots] == ["0", "0/2", "1", "1/2"] and len(pool) == 4
+    assert [s.worker.env for s in pool.slots] == [{"CUDA_VISIBLE_DEVICES": d}
+                                                  for d in ("0", "0", "1", "1")]
+    default = WorkerPool(None, process=True, per_device=2)
+    assert [s.name for s in default.slots] == ["default", "default/2"]
+    assert all(s.worker.env == {} for s in default.slots)  # whatever the service sees

@@ -85,3 +85,45 @@ def test_safetensors_offsets_must_tile_the_data():
     header = b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}'
     with pytest.raises(InputError, match="does not start where"):
         load_safetensors(len(header).to_bytes(8, "little") + header + bytes(8))
+
+
+def test_every_dtype_crosses_the_worker_pipe_and_stride_zero_axes_stay():
+    # issue 19, defect 1: a tiny uint16/32/64 or float8 tensor went through torch's own pickling,
+    # which cannot load them ("UntypedStorage has no attribute dtype"): the worker died
+    import socket
+    from multiprocessing.connection import Connection
+
+    from runtime.worker import _recv, _send
+
+    ours, theirs = (Connection(s.detach()) for s in socket.socketpair())
+    sent = [torch.arange(3).to(dtype) for dtype in (
+        torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2,
+        torch.float8_e8m0fnu, torch.bfloat16, torch.bool, torch.complex128)]
+    sent += [torch.randn(1, 5).expand(4, 5), torch.tensor(2.5), torch.empty(0, 3),
+             torch.randn(1 << 15)]
+    _send(ours, {"args": sent})
+    got = _recv(theirs)["args"]
+    for a, b in zip(sent, got, strict=True):
+        assert (b.dtype, b.shape, b.stride()) == (a.dtype, a.shape, a.stride())
+        raw = lambda t: t.contiguous().reshape(-1).view(torch.uint8)  # noqa: E731
+        assert torch.equal(raw(a), raw(b))
+    ours.close()
+    theirs.close()
+
+
+def test_an_expanded_tensor_crosses_the_worker_pipe():
+    # an output of shape [N] and stride 0 (a reduction of a broadcast scalar) killed the worker:
+    # narrowed to one element it was "contiguous" with stride 0, which .view(uint8) refused
+    import socket
+    from multiprocessing.connection import Connection
+
+    from runtime.worker import _recv, _send
+
+    a, b = socket.socketpair()
+    ours, theirs = Connection(a.detach()), Connection(b.detach())
+    sent = {"row": torch.tensor([2.5]).expand(3072), "grid": torch.arange(3.).expand(4, 3),
+            "one": torch.tensor([7.0]).as_strided((1,), (0,))}
+    _send(ours, sent)
+    got = _recv(theirs)
+    for name, value in sent.items():
+        assert got[name].shape == value.shape and torch.equal(got[name], value), name

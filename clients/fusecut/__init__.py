@@ -54,13 +54,14 @@ def __dir__() -> list[str]:
 
 
 def load(path_or_text: str | Path) -> ParsedDefinition:
-    """Parse an nvFuser repro (a path or the text itself): the fusion and its input metadata."""
+    """Parse an nvFuser repro, a wire-JSON definition or a POST /v1/plan body (a path or the
+    text itself): the fusion and its input metadata."""
     if isinstance(path_or_text, Path) or (
             isinstance(path_or_text, str) and "\n" not in path_or_text
-            and path_or_text.endswith(".py")):
+            and path_or_text.endswith((".py", ".json"))):
         text = Path(path_or_text).read_text()
     else:
         text = str(path_or_text)
-    from optimizer.ir.nvtext import parse_text
+    from fusecut.sources import parse_any
 
-    return parse_text(text)
+    return parse_any(text)

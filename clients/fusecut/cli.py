@@ -2,30 +2,52 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from optimizer.errors import FusecutError
-from optimizer.plan.render import human_bytes, to_dot, to_svg
+from optimizer.plan.render import human_bytes, human_rate, human_seconds, to_dot, to_svg
 
 if TYPE_CHECKING:  # the commands import what they use, so that --help starts fast
     from optimizer.analysis.shapes import Bound
     from optimizer.ir.inputs import InputMeta
     from optimizer.ir.nvtext import ParsedDefinition
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# plain help (no rich panels): they tagged every option with its Python type and cut long lines
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Plan GPU fusions so that the fewest bytes cross global memory.")
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False)
+CPU_ELEMENTS = 1 << 20  # execute on the CPU: inputs scaled to at most this many elements
+
+# FILE is described in each command's text: an argument's own help line shows a type tag
+FILE = typer.Argument(..., metavar="FILE", hidden=True)
+INPUTS = typer.Option(None, "--inputs", metavar="JSON",
+                      help="input metadata as JSON ('@file' to read it from a file), like "
+                           "'[{\"shape\": [8, 16], \"dtype\": \"float32\"}]'")
+AS_JSON = typer.Option(False, "--json", help="print JSON instead of tables")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from fusecut import __version__
+
+        out.print(f"fusecut {__version__}")
+        raise typer.Exit()
 
 
 @app.callback()
-def _commands() -> None:
+def _commands(version: bool = typer.Option(False, "--version", callback=_version,
+                                           is_eager=True, help="print the version and exit")
+              ) -> None:
     """fusecut: segmentation and rematerialization for GPU fusions."""
 
 
@@ -35,10 +57,12 @@ def read_definition(path: str) -> ParsedDefinition:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
     except OSError as e:
         fail(f"cannot read {path}: {e.strerror}")
-    from optimizer.ir.nvtext import parse_text
+    except UnicodeDecodeError:
+        fail(f"cannot read {path}: it is not text")
+    from fusecut.sources import parse_any
 
     try:
-        return parse_text(text)
+        return parse_any(text)
     except FusecutError as e:
         fail(str(e))
 
@@ -48,100 +72,147 @@ def fail(message: str, code: int = 2):
     raise typer.Exit(code)
 
 
-def _shape(bound: Bound | None, name: str) -> str:
-    if bound is None:
+def emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=1) + "\n")
+
+
+@contextmanager
+def progress(what: str) -> Iterator[Callable[[str], None]]:
+    """On a terminal, a spinner and the time spent on standard error while the block runs;
+    yields a function that changes its text. Elsewhere nothing is shown."""
+    if not err.is_terminal:
+        yield lambda text: None
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:
+        task = bar.add_task(what)
+        yield lambda text: bar.update(task, description=text)
+
+
+def _shape(bound: Bound | None, name: str) -> list[int] | None:
+    return list(bound.shapes[name]) if bound is not None and name in bound.shapes else None
+
+
+def _shape_text(shape: list[int] | None) -> str:
+    if shape is None:
         return ""
-    shape = bound.shapes.get(name)
     return "x".join(map(str, shape)) if shape else "scalar"
 
 
-@app.command()
-def check(file: str = typer.Argument(..., help="nvFuser repro or definition ('-' for stdin)")):
-    """Parse a definition; print its inputs, ops and outputs with shapes and dtypes."""
+@app.command(short_help="Parse a definition: its inputs, ops and outputs.")
+def check(file: str = FILE,
+          inputs: str = INPUTS, as_json: bool = AS_JSON):
+    """Parse a definition; print its inputs, ops and outputs with shapes and dtypes.
+
+    FILE is an nvFuser repro, a wire-JSON definition or a POST /v1/plan body ('-' reads
+    standard input)."""
     from optimizer.analysis.shapes import bind
 
     parsed = read_definition(file)
     fusion = parsed.fusion
+    metas = input_metadata(parsed, inputs, required=False)
     bound = None
-    if parsed.inputs is not None:
+    if metas is not None:
         try:
-            bound = bind(fusion, parsed.inputs)
+            bound = bind(fusion, metas)
         except FusecutError as e:
             fail(str(e))
-    table = Table(title="inputs")
-    for col in ("name", "dtype", "declared", "shape", "strides"):
-        table.add_column(col)
+    rows_in = []
     for name in fusion.inputs:
         if name in fusion.tensors:
             t = fusion.tensors[name]
             meta = bound.inputs[name] if bound else None
-            table.add_row(name, t.dtype.value, str(list(t.declared_shape or ())),
-                          _shape(bound, name), str(list(meta.strides)) if meta else "")
+            rows_in.append({"name": name, "dtype": t.dtype.value,
+                            "declared": list(t.declared_shape or ()),
+                            "shape": _shape(bound, name),
+                            "strides": list(meta.strides) if meta else None})
         else:
-            table.add_row(name, fusion.scalars[name].dtype.value, "scalar", "", "")
+            rows_in.append({"name": name, "dtype": fusion.scalars[name].dtype.value,
+                            "declared": "scalar", "shape": [], "strides": None})
+    rows_ops = [{"index": i, "op": op.name, "inputs": list(op.inputs),
+                 "outputs": list(op.outputs),
+                 "dtypes": [fusion.value_dtype(o).value for o in op.outputs],
+                 "shapes": [_shape(bound, o) for o in op.outputs]}
+                for i, op in enumerate(fusion.ops)]
+    rows_out = [{"name": name, "dtype": fusion.value_dtype(name).value,
+                 "shape": _shape(bound, name)} for name in fusion.outputs]
+    if as_json:
+        emit_json({"function": parsed.function_name, "inputs": rows_in, "ops": rows_ops,
+                   "outputs": rows_out})
+        return
+    table = Table(title="inputs")
+    for col in ("name", "dtype", "declared", "shape", "strides"):
+        table.add_column(col)
+    for r in rows_in:
+        table.add_row(r["name"], r["dtype"], str(r["declared"]), _shape_text(r["shape"]),
+                      "" if r["strides"] is None else str(r["strides"]))
     out.print(table)
-    ops = Table(title=f"ops ({len(fusion.ops)})")
+    ops = Table(title=f"ops ({len(rows_ops)})")
     for col in ("#", "op", "inputs", "outputs", "dtype", "shape"):
         ops.add_column(col)
-    for i, op in enumerate(fusion.ops):
-        outs = op.outputs
-        ops.add_row(str(i), op.name, ", ".join(op.inputs), ", ".join(outs),
-                    ", ".join(fusion.value_dtype(o).value for o in outs),
-                    ", ".join(_shape(bound, o) for o in outs))
+    for r in rows_ops:
+        ops.add_row(str(r["index"]), r["op"], ", ".join(r["inputs"]), ", ".join(r["outputs"]),
+                    ", ".join(r["dtypes"]), ", ".join(_shape_text(s) for s in r["shapes"]))
     out.print(ops)
     outputs = Table(title="outputs")
     for col in ("name", "dtype", "shape"):
         outputs.add_column(col)
-    for name in fusion.outputs:
-        outputs.add_row(name, fusion.tensors[name].dtype.value, _shape(bound, name))
+    for r in rows_out:
+        outputs.add_row(r["name"], r["dtype"], _shape_text(r["shape"]))
     out.print(outputs)
 
 
-def input_metadata(parsed: ParsedDefinition, inputs: str | None) -> list[InputMeta]:
-    """Input metadata from --inputs (JSON text or @file) or the repro's ``inputs = [...]``."""
-    import json
-
-    from optimizer.ir.wire import meta_from_json
+def input_metadata(parsed: ParsedDefinition, inputs: str | None,
+                   required: bool = True) -> list[InputMeta] | None:
+    """Input metadata from --inputs (JSON text or @file) or the definition's own (a repro's
+    ``inputs = [...]`` list, a plan request's "inputs")."""
+    from fusecut.sources import parse_inputs
 
     if inputs is None:
-        if parsed.inputs is None:
-            fail("no input metadata: the file has no `inputs = [...]` list; pass --inputs "
+        if parsed.inputs is None and required:
+            fail("no input metadata: the definition has no inputs list; pass --inputs "
                  "'[{\"shape\": [...], \"dtype\": \"float32\"}, ...]'")
         return parsed.inputs
     try:
         text = Path(inputs[1:]).read_text() if inputs.startswith("@") else inputs
-        data = json.loads(text)
-        if not isinstance(data, list):
-            fail("--inputs must be a JSON list, one entry per fusion input")
-        return [meta_from_json(d) for d in data]
-    except (OSError, ValueError) as e:
-        fail(f"--inputs: {e}")
+    except OSError as e:
+        fail(f"--inputs: cannot read {inputs[1:]}: {e.strerror}")
+    try:
+        return parse_inputs(text)
     except FusecutError as e:
-        fail(f"--inputs: {e}")
+        fail(str(e))
 
 
-@app.command()
-def plan(file: str = typer.Argument(..., help="nvFuser repro or definition ('-' for stdin)"),
-         segmenter: str = typer.Option("cpsat", help="cpsat | greedy | mincut"),
-         time_limit: float = typer.Option(5.0, "--time-limit", help="solver seconds"),
-         device: str = typer.Option("H100", help="device profile: H100, H200, A100"),
-         inputs: str = typer.Option(None, help="input metadata as JSON (or @file)"),
+@app.command(short_help="Plan a fusion: segments and bytes against greedy.")
+def plan(file: str = FILE,
+         segmenter: str = typer.Option("cpsat", metavar="NAME", help="cpsat, greedy or mincut"),
+         time_limit: float = typer.Option(5.0, "--time-limit", metavar="SECONDS",
+                                          help="how long the solver may take"),
+         device: str = typer.Option("H100", metavar="NAME",
+                                    help="device profile: H100, H200 or A100"),
+         inputs: str = INPUTS,
          as_json: bool = typer.Option(False, "--json", help="print the Plan JSON alone"),
-         num_streams: int = typer.Option(4, help="CUDA streams a stream-parallel loop uses"),
-         svg: Path = typer.Option(None, help="write a picture of the segments"),
-         dot: Path = typer.Option(None, help="write the segment graph as Graphviz DOT")):
-    """Plan a fusion: segments, boundary tensors and bytes against greedy and the lower bound."""
-    import json
+         num_streams: int = typer.Option(4, metavar="N",
+                                         help="CUDA streams a stream-parallel loop uses"),
+         svg: Path = typer.Option(None, metavar="PATH", help="write a picture of the segments"),
+         dot: Path = typer.Option(None, metavar="PATH",
+                                  help="write the segment graph as Graphviz DOT")):
+    """Plan a fusion: segments, boundary tensors and bytes against greedy and the lower bound.
 
+    FILE is an nvFuser repro, a wire-JSON definition or a POST /v1/plan body ('-' reads
+    standard input); without an inputs list in it, give --inputs."""
     from optimizer.planner import PlanOptions, make_plan
 
     parsed = read_definition(file)
     metas = input_metadata(parsed, inputs)
     try:
-        result = make_plan(parsed.fusion, metas, PlanOptions(segmenter=segmenter,
-                                                             time_limit_s=time_limit,
-                                                             device=device,
-                                                             num_streams=num_streams)).to_json()
+        with progress(f"planning {len(parsed.fusion.ops)} ops with {segmenter} (time limit "
+                      f"{time_limit:g} s)"):
+            result = make_plan(parsed.fusion, metas, PlanOptions(
+                segmenter=segmenter, time_limit_s=time_limit, device=device,
+                num_streams=num_streams)).to_json()
     except FusecutError as e:
         fail(str(e))
     for path, draw, what in ((svg, to_svg, "picture"), (dot, to_dot, "DOT graph")):
@@ -152,7 +223,7 @@ def plan(file: str = typer.Argument(..., help="nvFuser repro or definition ('-' 
                 fail(f"cannot write {path}: {e.strerror}")
             err.print(f"wrote the {what} to {path.resolve()}", soft_wrap=True)
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=1) + "\n")
+        emit_json(result)
         return
     print_plan(result)
 
@@ -168,7 +239,7 @@ def print_plan(result: dict) -> None:
                      ", ".join(t["tensor"] for t in s["inputs"]),
                      ", ".join(t["tensor"] for t in s["outputs"]),
                      human_bytes(s["read_bytes"]), human_bytes(s["write_bytes"]),
-                     f"{s['est_time_s'] * 1e6:.0f} us")
+                     human_seconds(s["est_time_s"]))
     out.print(segs)
     if result["boundaries"]:
         b = Table(title="boundary tensors")
@@ -187,11 +258,11 @@ def print_plan(result: dict) -> None:
     for col in ("", "I/O bytes", "segments", "est time"):
         summary.add_column(col)
     summary.add_row("fusecut", human_bytes(tot["io_bytes"]), str(tot["segments"]),
-                    f"{tot['est_time_s'] * 1e6:.0f} us")
+                    human_seconds(tot["est_time_s"]))
     summary.add_row("greedy (nvFuser-style)", human_bytes(base["io_bytes"]), str(base["segments"]),
-                    f"{base['est_time_s'] * 1e6:.0f} us")
+                    human_seconds(base["est_time_s"]))
     summary.add_row("lower bound", human_bytes(tot["lower_bound_bytes"]), "",
-                    f"{tot['floor_s'] * 1e6:.0f} us")
+                    human_seconds(tot["floor_s"]))
     out.print(summary)
     out.print(f"io_ratio {tot['io_ratio']:.3f}; saved {human_bytes(base['saved_bytes'])} against "
               f"greedy; solver {result['solver']['status']} in {result['solver']['wall_s']:.2f} s"
@@ -201,69 +272,95 @@ def print_plan(result: dict) -> None:
         out.print(result["host_program"], markup=False, highlight=False, soft_wrap=True)
 
 
-@app.command()
-def codegen(file: str = typer.Argument(..., help="nvFuser repro or definition ('-' for stdin)"),
-            out_dir: Path = typer.Option(..., "--out", help="directory for the .cu files"),
-            inputs: str = typer.Option(None, help="input metadata as JSON (or @file)"),
+@app.command(short_help="Write the CUDA source of every segment.")
+def codegen(file: str = FILE,
+            out_dir: Path = typer.Option(..., "--out", metavar="DIR",
+                                         help="directory for the .cu files"),
+            inputs: str = INPUTS,
             compile_check: bool = typer.Option(False, "--compile", help="compile with NVRTC"),
-            arch: str = typer.Option("sm_90", help="architecture for --compile")):
-    """Write the CUDA source of every generated segment, with its launch parameters."""
-    import json
+            arch: str = typer.Option("sm_90", metavar="ARCH", help="architecture for --compile"),
+            as_json: bool = AS_JSON):
+    """Write the CUDA source of every generated segment, with its launch parameters.
 
+    FILE is an nvFuser repro, a wire-JSON definition or a POST /v1/plan body ('-' reads
+    standard input)."""
     from codegen import generate_segment
     from optimizer.planner import make_plan
 
     parsed = read_definition(file)
     try:
-        plan_ = make_plan(parsed.fusion, input_metadata(parsed, inputs))
+        with progress(f"planning {len(parsed.fusion.ops)} ops"):
+            plan_ = make_plan(parsed.fusion, input_metadata(parsed, inputs))
     except FusecutError as e:
         fail(str(e))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot make {out_dir}: {e.strerror}")
+    written = []
+    with progress("generating kernels") as say:
+        for seg in plan_.segments:
+            say(f"generating segment {seg.index} of {len(plan_.segments)} ({seg.kind.value})")
+            sk = generate_segment(plan_, seg)
+            if not sk.kernels:
+                written.append({"segment": seg.index, "kind": seg.kind.value, "file": None,
+                                "runs": "torch (library or fallback)", "kernels": []})
+                continue
+            path = out_dir / f"segment{seg.index}_{seg.kind.value}.cu"
+            path.write_text(sk.source)
+            launch = {"segment": seg.index, "kind": seg.kind.value, "file": str(path),
+                      "notes": sk.notes,
+                      "workspaces": [{"name": w.name, "bytes": w.nbytes} for w in sk.workspaces],
+                      "kernels": [{"name": k.name, "grid": k.grid, "block": k.block,
+                                   "shared_memory": k.smem,
+                                   "params": [{"kind": p.kind, "name": p.name, "type": p.ctype}
+                                              for p in k.params]} for k in sk.kernels]}
+            path.with_suffix(".json").write_text(json.dumps(
+                {k: v for k, v in launch.items() if k != "file"}, indent=1) + "\n")
+            if compile_check:
+                from runtime.compile import compile_cubin
+
+                compile_cubin(sk.source, arch, sk.kernels[0].name)
+            written.append(launch)
+    if as_json:
+        emit_json({"out": str(out_dir), "segments": written})
+        return
     table = Table(title=f"generated kernels in {out_dir}")
     for col in ("segment", "kind", "file", "kernels", "grid x block"):
         table.add_column(col)
-    for seg in plan_.segments:
-        sk = generate_segment(plan_, seg)
-        if not sk.kernels:
-            table.add_row(str(seg.index), seg.kind.value, "(torch: library or fallback)", "", "")
-            continue
-        path = out_dir / f"segment{seg.index}_{seg.kind.value}.cu"
-        path.write_text(sk.source)
-        launch = {"segment": seg.index, "kind": seg.kind.value, "notes": sk.notes,
-                  "workspaces": [{"name": w.name, "bytes": w.nbytes} for w in sk.workspaces],
-                  "kernels": [{"name": k.name, "grid": k.grid, "block": k.block,
-                               "shared_memory": k.smem,
-                               "params": [{"kind": p.kind, "name": p.name, "type": p.ctype}
-                                          for p in k.params]} for k in sk.kernels]}
-        path.with_suffix(".json").write_text(json.dumps(launch, indent=1) + "\n")
-        if compile_check:
-            from runtime.compile import compile_cubin
-
-            compile_cubin(sk.source, arch, sk.kernels[0].name)
-        table.add_row(str(seg.index), seg.kind.value, path.name,
-                      ", ".join(k.name for k in sk.kernels),
-                      "; ".join(f"{k.grid} x {k.block}" for k in sk.kernels))
+    for w in written:
+        table.add_row(str(w["segment"]), w["kind"],
+                      Path(w["file"]).name if w["file"] else "(torch: library or fallback)",
+                      ", ".join(k["name"] for k in w["kernels"]),
+                      "; ".join(f"{k['grid']} x {k['block']}" for k in w["kernels"]))
     out.print(table)
 
 
-@app.command()
-def execute(file: str = typer.Argument(..., help="nvFuser repro with an inputs list"),
-            device: str = typer.Option(None, help="cuda or cpu (default: cuda if available)"),
-            scale: int = typer.Option(0, help="shrink inputs to at most this many elements"),
-            check: bool = typer.Option(True, help="compare with the torch reference")):
-    """Run a repro on inputs made like its ``inputs = [...]``; print per-segment times."""
+@app.command(short_help="Run a definition; print per-segment times.")
+def execute(file: str = FILE,
+            device: str = typer.Option(None, metavar="DEVICE",
+                                       help="cuda, cuda:N or cpu (default: cuda if available)"),
+            scale: int = typer.Option(None, metavar="N",
+                                      help=f"shrink the inputs to at most N elements each; 0: "
+                                           f"full size (default: full size on a GPU, "
+                                           f"{CPU_ELEMENTS} on the CPU)"),
+            inputs: str = INPUTS,
+            check: bool = typer.Option(True, help="compare with the torch reference"),
+            as_json: bool = AS_JSON):
+    """Run a definition on random inputs made like its input metadata; print per-segment times.
+
+    FILE is an nvFuser repro with an inputs list, or a POST /v1/plan body with "inputs" ('-'
+    reads standard input); or give --inputs."""
     import torch
 
-    from optimizer.ir.inputs import scale_metas
+    from optimizer.ir.inputs import TensorMeta, scale_metas
     from optimizer.planner import make_plan
     from runtime.reference import run_reference
     from runtime.run import run_plan
     from runtime.tensors import make_input
 
     parsed = read_definition(file)
-    metas = input_metadata(parsed, None)
-    if scale:
-        metas = scale_metas(metas, scale)
+    metas = input_metadata(parsed, inputs)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         kind = torch.device(device).type
@@ -274,27 +371,54 @@ def execute(file: str = typer.Argument(..., help="nvFuser repro with an inputs l
     if kind == "cuda" and not torch.cuda.is_available():
         fail(f"--device {device}: no CUDA GPU is available here; use --device cpu to run the "
              f"torch reference segment by segment")
+    limit = (CPU_ELEMENTS if kind == "cpu" else 0) if scale is None else scale
+    largest = max((m.numel for m in metas if isinstance(m, TensorMeta)), default=0)
+    scaled = None
+    if limit and largest > limit:
+        metas = scale_metas(metas, limit)
+        scaled = {"max_elements": limit, "largest_given": largest}
+        err.print(f"note: inputs scaled down to at most {limit:,} elements each (the largest "
+                  f"has {largest:,})" + (" to keep a CPU run short" if scale is None else "")
+                  + "; --scale 0 runs them full size", soft_wrap=True)
     try:
-        plan_ = make_plan(parsed.fusion, metas)
-        args = [make_input(m, device) for m in metas]
-        result = run_plan(plan_, args, timed=True)
+        with progress("planning") as say:
+            plan_ = make_plan(parsed.fusion, metas)
+            say("making inputs")
+            args = [make_input(m, device) for m in metas]
+            say(f"running {len(plan_.segments)} segment(s) on {device}")
+            result = run_plan(plan_, args, timed=True)
+            if check:
+                say("checking against the torch reference")
+                want = run_reference(parsed.fusion, args)
     except FusecutError as e:
         fail(str(e))
     except RuntimeError as e:  # from torch or the CUDA driver: its first line says what
         fail(f"execution on {device} failed: {str(e).strip().splitlines()[0]}", 1)
+    worst = None
+    if check:
+        worst = max((float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
+                     for a, b in zip(result.outputs, want)), default=0.0)
+    segments = [{"index": t.index, "kind": t.kind, "seconds": t.seconds, "bytes": t.bytes,
+                 "bytes_per_second": t.bytes / t.seconds if t.seconds > 0 else None}
+                for t in result.timings]
+    if as_json:
+        emit_json({"device": device, "backend": result.backend, "scaled": scaled,
+                   "segments": segments,
+                   "outputs": [{"name": n, "shape": list(v.shape), "dtype": str(v.dtype)}
+                               for n, v in zip(parsed.fusion.outputs, result.outputs)],
+                   "max_difference": worst})
+        return
     table = Table(title=f"execution on {device} ({result.backend})")
     for col in ("segment", "kind", "time", "bytes", "bandwidth"):
         table.add_column(col, justify="right")
-    for t in result.timings:
-        table.add_row(str(t.index), t.kind, f"{t.seconds * 1e6:.0f} us", human_bytes(t.bytes),
-                      f"{t.bytes / max(t.seconds, 1e-12) / 1e9:.0f} GB/s")
+    for s in segments:
+        table.add_row(str(s["index"]), s["kind"], human_seconds(s["seconds"]),
+                      human_bytes(s["bytes"]), human_rate(s["bytes_per_second"])
+                      if s["bytes_per_second"] is not None else "")
     out.print(table)
     for name, value in zip(parsed.fusion.outputs, result.outputs):
         out.print(f"{name}: {list(value.shape)} {value.dtype}")
-    if check:
-        want = run_reference(parsed.fusion, args)
-        worst = max(float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
-                    for a, b in zip(result.outputs, want))
+    if worst is not None:
         if result.backend == "reference":  # the CPU path runs each segment through torch
             out.print(f"largest difference of the segment-by-segment run from the whole-fusion "
                       f"torch reference: {worst:.3g} (on the CPU each segment runs the torch "
@@ -304,21 +428,28 @@ def execute(file: str = typer.Argument(..., help="nvFuser repro with an inputs l
                       f"{worst:.3g}")
 
 
-@app.command()
-def serve(host: str = typer.Option("127.0.0.1", help="address to bind (loopback by default)"),
-          port: int = typer.Option(8000, help="TCP port"),
-          workers: int = typer.Option(1, help="uvicorn worker processes"),
-          db: str = typer.Option(None, help="plan cache file (SQLite); default "
-                                            "~/.local/share/fusecut/plans.sqlite"),
-          cache: str = typer.Option(None, envvar="FUSECUT_CACHE_URL",
+@app.command(short_help="Run the HTTP service.")
+def serve(host: str = typer.Option("127.0.0.1", metavar="HOST",
+                                   help="address to bind (loopback by default)"),
+          port: int = typer.Option(8000, metavar="PORT", help="TCP port"),
+          workers: int = typer.Option(1, metavar="N", help="uvicorn worker processes"),
+          db: str = typer.Option(None, metavar="PATH",
+                                 help="the plan cache, an SQLite file (default "
+                                      "~/.local/share/fusecut/plans.sqlite)"),
+          cache: str = typer.Option(None, envvar="FUSECUT_CACHE_URL", metavar="URL",
                                     help="plan cache: an SQLite path, or postgresql://... to "
                                          "share one with other replicas (overrides --db)"),
-          gpus: str = typer.Option(None, envvar="FUSECUT_GPUS",
-                                   help="a GPU worker per device: all, or indices as 0,1 "
-                                        "(default: one worker)"),
-          api_key: str = typer.Option(None, envvar="FUSECUT_API_KEY",
-                                      help="require 'Authorization: Bearer KEY' for executions"),
-          log_level: str = typer.Option("info", help="uvicorn log level"),
+          gpus: str = typer.Option(None, envvar="FUSECUT_GPUS", metavar="all|0,1,...",
+                                   help="GPU workers per listed device: all, or indices as 0,1 "
+                                        "(default: workers on whatever devices are visible)"),
+          api_key: str = typer.Option(None, envvar="FUSECUT_API_KEY", metavar="KEY",
+                                      help="require 'Authorization: Bearer KEY' on every /v1 "
+                                           "route"),
+          ssl_certfile: Path = typer.Option(None, metavar="PATH",
+                                            help="serve HTTPS with this certificate (PEM)"),
+          ssl_keyfile: Path = typer.Option(None, metavar="PATH",
+                                           help="the certificate's private key (PEM)"),
+          log_level: str = typer.Option("info", metavar="LEVEL", help="uvicorn log level"),
           access_log: bool = typer.Option(False, help="log every request (metrics count them "
                                                       "either way)")):
     """Run the HTTP service (settings from FUSECUT_* environment variables and these options)."""
@@ -340,33 +471,47 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to bind (loopback 
         parse_gpus(Settings.from_env().gpus)  # refuse bad values here, not in every worker
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+    if (ssl_certfile is None) != (ssl_keyfile is None):
+        fail("HTTPS needs both --ssl-certfile and --ssl-keyfile")
+    for path in (ssl_certfile, ssl_keyfile):
+        if path is not None and not path.is_file():
+            fail(f"cannot read {path}")
     if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Each process writes its samples here; /metrics adds them up.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="fusecut-metrics-")
     uvicorn.run("service.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level=log_level, access_log=access_log)
+                log_level=log_level, access_log=access_log,
+                http="service.http:ReadTimeoutProtocol",  # drops half-sent requests
+                ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
+                ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None)
 
 
-@app.command("ray-serve")
-def ray_serve(address: str = typer.Option(None, help="a running Ray cluster (auto, or "
-                                                       "HOST:PORT); default: start one here"),
-              host: str = typer.Option("127.0.0.1", help="address Serve's HTTP proxy binds"),
-              port: int = typer.Option(8000, help="Serve's HTTP port"),
-              cache: str = typer.Option(None, envvar="FUSECUT_CACHE_URL",
+@app.command("ray-serve", short_help="Run the HTTP service on Ray Serve.")
+def ray_serve(address: str = typer.Option(None, metavar="ADDRESS",
+                                          help="a running Ray cluster (auto, or HOST:PORT); "
+                                               "default: start one here"),
+              host: str = typer.Option("127.0.0.1", metavar="HOST",
+                                       help="address Serve's HTTP proxy binds"),
+              port: int = typer.Option(8000, metavar="PORT", help="Serve's HTTP port"),
+              cache: str = typer.Option(None, envvar="FUSECUT_CACHE_URL", metavar="URL",
                                         help="plan cache shared by the replicas: "
                                              "postgresql://... (or an SQLite path on one node)"),
-              plan_replicas: int = typer.Option(2, help="planning replicas (CPU)"),
-              min_replicas: int = typer.Option(None, help="autoscale planning replicas from "
-                                                          "this many..."),
-              max_replicas: int = typer.Option(None, help="...to this many"),
-              plan_cpus: float = typer.Option(1.0, help="CPUs Ray reserves per planning "
-                                                        "replica"),
-              execute_replicas: int = typer.Option(1, help="execute replicas"),
-              execute_gpus: float = typer.Option(None, help="GPUs per execute replica "
-                                                            "(default: 1 if the cluster has "
-                                                            "GPUs, else 0: the CPU path)"),
-              num_cpus: int = typer.Option(None, help="a local cluster's CPUs (default: all)"),
-              object_store_mb: int = typer.Option(256, help="a local cluster's object store")):
+              plan_replicas: int = typer.Option(2, metavar="N", help="planning replicas (CPU)"),
+              min_replicas: int = typer.Option(None, metavar="N",
+                                               help="autoscale planning replicas from this "
+                                                    "many..."),
+              max_replicas: int = typer.Option(None, metavar="N", help="...to this many"),
+              plan_cpus: float = typer.Option(1.0, metavar="CPUS",
+                                              help="CPUs Ray reserves per planning replica"),
+              execute_replicas: int = typer.Option(1, metavar="N", help="execute replicas"),
+              execute_gpus: float = typer.Option(None, metavar="GPUS",
+                                                 help="GPUs per execute replica (default: 1 if "
+                                                      "the cluster has GPUs, else 0: the CPU "
+                                                      "path)"),
+              num_cpus: int = typer.Option(None, metavar="N",
+                                           help="a local cluster's CPUs (default: all)"),
+              object_store_mb: int = typer.Option(256, metavar="MB",
+                                                  help="a local cluster's object store")):
     """Serve the HTTP API on Ray Serve: planning replicas behind Serve's proxy, executions on
     GPU replicas, one shared plan cache (needs the 'ray' extra)."""
     import os

@@ -11,16 +11,13 @@ import math
 from typing import Any
 
 from optimizer.errors import DefinitionError
-from optimizer.ir.dtypes import DType
+from optimizer.ir.dtypes import DType, fits_int64
 from optimizer.ir.fusion import Fusion, Op, Ref, ScalarValue, TensorValue
 from optimizer.ir.opspec import OPERAND_KINDS, REQUIRED, OpClass, get_spec
 from optimizer.ir.opspec import bind_arguments as _bind
 
 MAX_RANK = 16
 MAX_OPS_DEFAULT = 100_000
-INT_LIMIT = 2**63 - 1
-
-
 class TensorHandle:
     """A tensor of a definition under construction (nvFuser's ``Tensor``)."""
 
@@ -147,7 +144,7 @@ class FusionBuilder:
             if isinstance(value, bool):
                 dtype = dtype or DType.bool
             elif isinstance(value, int):
-                if abs(value) > INT_LIMIT:
+                if not fits_int64(value):
                     raise DefinitionError(f"integer literal {value} does not fit in 64 bits")
                 dtype = dtype or DType.int64
             elif isinstance(value, float):
@@ -429,7 +426,7 @@ def _missing(pname: str) -> Any:
 def _int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise DefinitionError(f"{what} must be an integer, got {value!r}")
-    if abs(value) > INT_LIMIT:
+    if not fits_int64(value):
         raise DefinitionError(f"{what} {value} does not fit in 64 bits")
     return value
 

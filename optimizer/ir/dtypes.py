@@ -93,6 +93,16 @@ EXTENDED = _NARROW_FLOATS | {DType.complex64, DType.complex128, DType.uint64}
 KERNEL_FP8 = frozenset({DType.float8_e4m3fn, DType.float8_e5m2})
 REFERENCE_ONLY = EXTENDED - KERNEL_FP8
 
+# the values each integer type holds, inclusive
+INT_RANGES = {DType.int32: (-2**31, 2**31 - 1), DType.int64: (-2**63, 2**63 - 1),
+              DType.uint64: (0, 2**64 - 1)}
+
+
+def fits_int64(value: int) -> bool:
+    low, high = INT_RANGES[DType.int64]
+    return low <= value <= high
+
+
 # nvFuser's DataType member names -> canonical dtype. ``Null`` means "not given".
 NVFUSER_DTYPES: dict[str, DType | None] = {
     "Bool": DType.bool,

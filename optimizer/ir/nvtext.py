@@ -15,12 +15,17 @@ from typing import Any
 
 from optimizer.errors import DefinitionError
 from optimizer.ir.builder import (
-    INT_LIMIT,
     MAX_OPS_DEFAULT,
     FusionBuilder,
     TensorHandle,
 )
-from optimizer.ir.dtypes import NVFUSER_DTYPES, TORCH_DTYPES, UNSUPPORTED_NVFUSER_DTYPES, DType
+from optimizer.ir.dtypes import (
+    NVFUSER_DTYPES,
+    TORCH_DTYPES,
+    UNSUPPORTED_NVFUSER_DTYPES,
+    DType,
+    fits_int64,
+)
 from optimizer.ir.fusion import Fusion
 from optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta, contiguous_strides
 
@@ -185,7 +190,11 @@ def _literal_number(node: ast.expr) -> Any:
     if isinstance(node, ast.Constant) and isinstance(node.value, (bool, int, float)):
         return _checked_number(node.value)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _literal_number(node.operand)
+        operand = node.operand
+        if isinstance(operand, ast.Constant) and type(operand.value) is int:  # -2**63 fits
+            return _checked_number(-operand.value if isinstance(node.op, ast.USub)
+                                   else operand.value)
+        v = _literal_number(operand)
         if isinstance(v, bool):
             raise DefinitionError("cannot negate a bool")
         return -v if isinstance(node.op, ast.USub) else v
@@ -202,7 +211,7 @@ def _literal_number(node: ast.expr) -> Any:
 
 
 def _checked_number(v: Any) -> Any:
-    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > INT_LIMIT:
+    if isinstance(v, int) and not isinstance(v, bool) and not fits_int64(v):
         raise DefinitionError(f"integer literal {str(v)[:40]}... does not fit in 64 bits")
     return v
 
@@ -430,6 +439,9 @@ class _InputList:
         try:
             value = _literal_number(node)
         except DefinitionError:
+            if isinstance(node, ast.Constant) or (isinstance(node, ast.UnaryOp)
+                                                  and isinstance(node.operand, ast.Constant)):
+                raise  # a number that is not one fusecut takes (2**64): say so
             return self._tensor(node)
         if isinstance(value, bool):
             return ScalarMeta(DType.bool, value)

@@ -15,9 +15,10 @@ from optimizer.ir.fusion import Fusion, Op, Ref
 from optimizer.ir.inputs import InputMeta, TensorMeta, contiguous_strides
 from optimizer.ir.opspec import OPERAND_KINDS, get_spec
 
-_TORCH_NAME = {DType.bool: "bool", DType.int32: "int32", DType.int64: "int64",
-               DType.float16: "float16", DType.bfloat16: "bfloat16", DType.float32: "float32",
-               DType.float64: "float64"}
+# torch spells every dtype as fusecut does, except unpacked fp4, which torch does not have
+_TORCH_NAME = {d: d.value for d in DType if d is not DType.float4_e2m1fn}
+# float8 values torch cannot draw at random: drawn in float32 and converted
+_DRAWN_AS_FLOAT32 = frozenset({DType.float8_e4m3fn, DType.float8_e5m2, DType.float8_e8m0fnu})
 
 
 def format_number(v: Any) -> str:
@@ -86,7 +87,11 @@ def print_fusion(fusion: Fusion, name: str = "nvfuser_fusion_id0",
     for tensor, axis in fusion.stream_axes:
         lines.append(f"    fd.sched.parallelize({tensor}, {axis}, ParallelType.stream)")
     lines += ["", "with FusionDefinition() as fd:", f"    {name}(fd)", ""]
-    if inputs is not None:
+    missing = sorted({m.dtype.value for m in inputs or () if isinstance(m, TensorMeta)
+                      and m.dtype not in _TORCH_NAME})
+    if missing:
+        lines.append(f"# no inputs list: torch has no {', '.join(missing)} tensors")
+    elif inputs is not None:
         lines.append("inputs = [")
         lines += [f"    {format_input(m, device)}," for m in inputs]
         lines += ["]", "fd.execute(inputs)", ""]
@@ -130,9 +135,14 @@ def format_input(meta: InputMeta, device: str = "cuda:0") -> str:
     fill = meta.fill or {}
     fn = fill.get("fn", "randn")
     dtype = f"torch.{_TORCH_NAME[meta.dtype]}"
+    converted = ""  # drawn in another dtype, then converted
     if meta.dtype.is_bool:
         base_dtype = "torch.float32"
-    elif fn in ("randn", "rand") and not meta.dtype.is_float:
+    elif meta.dtype in _DRAWN_AS_FLOAT32:
+        base_dtype, converted = "torch.float32", f".to({dtype})"
+    elif meta.dtype is DType.float4_e2m1fn_x2:  # packed fp4: torch makes none at random
+        fn, base_dtype = "zeros", dtype
+    elif fn in ("randn", "rand") and meta.dtype.is_int:
         fn = "randint"
         base_dtype = dtype
     else:
@@ -150,6 +160,7 @@ def format_input(meta: InputMeta, device: str = "cuda:0") -> str:
         text = f"torch.{fn}({size}, dtype={base_dtype}, device='{device}')"
     else:
         text = f"torch.randn({size}, dtype={base_dtype}, device='{device}')"
+    text += converted
     if meta.strides != contiguous_strides(meta.shape):
         text += f".as_strided({tuple(meta.shape)}, {tuple(meta.strides)})"
     if meta.dtype.is_bool:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from optimizer.errors import DefinitionError, InputError
 from optimizer.ir.builder import FusionBuilder
-from optimizer.ir.dtypes import DType
+from optimizer.ir.dtypes import INT_RANGES, DType
 from optimizer.ir.fusion import Fusion, Ref
 from optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta, contiguous_strides
 
@@ -214,12 +214,29 @@ def meta_to_json(meta: InputMeta) -> dict[str, Any]:
     return {"dtype": meta.dtype.value, "value": _num_out(meta.value)}
 
 
+def checked_scalar(dtype: DType, value: Any) -> Any:
+    """A scalar input's value, checked against its dtype: an integer type holds integers in
+    its range (a plan for 2**64 as an int64 would be made, stored, and fail to run)."""
+    if value is None:
+        return None
+    if dtype.is_bool and not isinstance(value, bool):
+        raise InputError(f"a bool scalar's value must be true or false, got {value!r}")
+    if dtype in INT_RANGES:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InputError(f"a {dtype.value} scalar's value must be an integer, got {value!r}")
+        low, high = INT_RANGES[dtype]
+        if not low <= value <= high:
+            raise InputError(f"scalar value {value} is out of the range of {dtype.value} "
+                             f"[{low}, {high}]")
+    return value
+
+
 def meta_from_json(data: dict[str, Any] | InputMetaJSON) -> InputMeta:
     m = data if isinstance(data, InputMetaJSON) else InputMetaJSON.model_validate(data)
     if m.shape is None:
         if m.strides is not None:
             raise InputError("a scalar input has no strides")
-        return ScalarMeta(m.dtype, _num_in(m.value))
+        return ScalarMeta(m.dtype, checked_scalar(m.dtype, _num_in(m.value)))
     if m.value is not None:
         raise InputError("a tensor input has no value")
     if any(e < 0 for e in m.shape):

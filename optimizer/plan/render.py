@@ -22,6 +22,27 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def human_rate(bytes_per_s: float) -> str:
+    """A bandwidth in decimal units, three significant digits: "1.23 GB/s", "456 kB/s"."""
+    for unit in ("B/s", "kB/s", "MB/s", "GB/s", "TB/s"):
+        if abs(bytes_per_s) < 999.5 or unit == "TB/s":
+            return f"{_digits(bytes_per_s)} {unit}"
+        bytes_per_s /= 1000
+    return ""
+
+
+def human_seconds(seconds: float) -> str:
+    """A duration, three significant digits: "12.3 us", "4.56 ms", "1.2 s"."""
+    for unit, scale in (("us", 1e-6), ("ms", 1e-3)):
+        if seconds < 999.5 * scale:
+            return f"{_digits(seconds / scale)} {unit}"
+    return f"{_digits(seconds)} s"
+
+
+def _digits(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 999.5 else f"{value:.0f}"
+
+
 def _edges(plan: dict[str, Any]):
     """(source, target, tensor, bytes): 'in:T' and 'out:T' for fusion inputs and outputs."""
     written_by = {}
