@@ -13,9 +13,8 @@ The idea, in one pass over the region in program order:
   nvFuser pass does.
 - Each value gets a *layout*: the value whose storage it lives in (its root) and the view prims
   that lead from the root to it. A prim that computes something is its own root.
-- Exact identities extend a layout by an alias (torch's ``shallow_copy``, no copy): a cast to
-  the dtype a value already has, and a widening float cast cast straight back (bf16 -> f32 ->
-  bf16 is the bf16 value again).
+- A cast to the dtype a value already has extends its layout by an alias (torch's
+  ``shallow_copy``, no copy); float cast chains back to the first dtype were dropped before.
 - Whether torch can take a reshape as a view depends on strides, so each chain is replayed on a
   meta tensor (roots contiguous, as a kernel writes them); a reshape torch would have to copy
   ends the chain and becomes a computed value instead.
@@ -42,12 +41,6 @@ __all__ = ["RegionSplit", "is_layout_only", "is_view_prim", "split_region"]
 # allow, which the replay below checks).
 _VIEW_PRIMS = {prims.reshape.id, prims.transpose.id, prims.squeeze.id,
                prims.broadcast_in_dim.id, prims.shallow_copy.id, prims.slice_prim.id}
-
-# (narrow, wide): casting narrow -> wide -> narrow gives the narrow value back exactly.
-_EXACT_WIDENING = {(dtypes.bfloat16, dtypes.float32), (dtypes.bfloat16, dtypes.float64),
-                   (dtypes.float16, dtypes.float32), (dtypes.float16, dtypes.float64),
-                   (dtypes.float32, dtypes.float64)}
-
 
 def _dtype(x: TensorProxy) -> dtypes.dtype:
     return dtypes.to_dtype(x.dtype, true_dtype=True)
@@ -166,25 +159,13 @@ def split_region(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
                  outputs: Sequence[Proxy]) -> RegionSplit:
     """Split a region's prims into a kernel and the views that complete its outputs."""
     bsyms, redundant = _eliminate_redundant_work(bsyms)
-    producer = {variableify(o): b for b in bsyms for o in b.flat_outs if isinstance(o, Proxy)}
     layouts: dict[Variable, _Layout] = {
         variableify(p): _Layout(p, (), _contiguous_meta(p))
         for p in inputs if isinstance(p, TensorProxy)}
 
     def passes_layout_through(bsym: BoundSymbol) -> TensorProxy | None:
-        """The tensor whose layout ``bsym``'s result shares exactly, if any."""
-        if bsym.sym.id != prims.convert_element_type.id or not isinstance(bsym.args[0],
-                                                                           TensorProxy):
-            return None
-        src, want = bsym.args[0], dtypes.to_dtype(bsym.args[1], true_dtype=True)
-        if _dtype(src) == want:
-            return src
-        widen = producer.get(variableify(src))
-        if (widen is not None and widen.sym.id == prims.convert_element_type.id
-                and isinstance(widen.args[0], TensorProxy) and _dtype(widen.args[0]) == want
-                and (want, _dtype(src)) in _EXACT_WIDENING):
-            return widen.args[0]
-        return None
+        """The tensor a cast to its own dtype repeats (cast round trips are gone already)."""
+        return bsym.args[0] if _is_same_dtype_cast(bsym) else None
 
     position: dict[int, int] = {}  # id(bsym) -> its place in program order
     for index, bsym in enumerate(bsyms):
