@@ -149,10 +149,11 @@ class RegionSplit:
     kernel_inputs: list[Proxy]
     kernel_outputs: list[TensorProxy]
     after: list[BoundSymbol]  # torch's views (and aliases) that make the region's outputs
+    cleaned: bool = False  # repeats or cast round trips were dropped from the prims
 
     @property
     def changed(self) -> bool:
-        return bool(self.after) or not self.kernel
+        return bool(self.after) or not self.kernel or self.cleaned
 
 
 def split_region(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
@@ -220,7 +221,8 @@ def split_region(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
     after.sort(key=lambda b: position[id(b)])
     used = {variableify(a) for b in kernel for a in b.flat_proxy_args}
     kernel_inputs = [p for p in inputs if variableify(p) in used]
-    return RegionSplit(kernel, kernel_inputs, kernel_outputs, after + renames)
+    return RegionSplit(kernel, kernel_inputs, kernel_outputs, after + renames,
+                       cleaned=bool(redundant))
 
 
 def _needed(bsyms: Sequence[BoundSymbol], outputs: Sequence[Proxy]) -> list[BoundSymbol]:
