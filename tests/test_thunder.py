@@ -205,6 +205,36 @@ def test_outputs_that_are_layouts_come_back_as_views(device):
     assert len(region[0].flat_outs) == 2
 
 
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_outputs_follow_the_memory_order_of_permuted_inputs(device):
+    # RoPE on heads split off by a view: q is [b, h, s, d] laid out as [b, s, h, d]. Written
+    # row-major, q_rot would be a transpose of q, and the reshape back to [b, s, h * d] a copy.
+    def f(q, cos):
+        half = torch.cat([-q[..., 8:], q[..., :8]], dim=-1)
+        q_rot = q * cos + half
+        return q_rot, (q_rot * 2).sum(-1)
+
+    x = torch.randn(2, 8, 64, device=device)
+    q = x.view(2, 8, 4, 16).transpose(1, 2)
+    cos = torch.randn(8, 16, device=device)
+    jitted = thunder.jit(f, executors=[fusecut_ex])
+    for _ in range(2):  # the second call reuses the variant the first one made
+        got = jitted(q, cos)
+        for g, want in zip(got, f(q, cos)):
+            torch.testing.assert_close(g, want)
+    q_rot = got[0]
+    assert q_rot.transpose(1, 2).is_contiguous()  # written in q's memory order
+    merged = q_rot.transpose(1, 2).reshape(2, 8, 64)
+    assert merged.untyped_storage().data_ptr() == q_rot.untyped_storage().data_ptr()
+    [(_, region)] = fusecut_regions(thunder.last_traces(jitted)[-1])
+    assert region.calls == 2 and "permute" in repr(region.first_definition)
+    # A row-major q gets the row-major definition and a row-major result.
+    row_major = q.contiguous()
+    got = jitted(row_major, cos)
+    torch.testing.assert_close(got[0], f(row_major, cos)[0])
+    assert got[0].is_contiguous() and "permute" not in repr(region.definition)
+
+
 def test_a_region_of_layout_only_dissolves_into_views():
     def f(x):
         return x[1:].reshape(3, 2, 3).transpose(1, 2)[:, ::2].unsqueeze(0).expand(2, -1, -1, -1)

@@ -39,6 +39,7 @@ from thunder.executors.utils import Region  # noqa: E402
 from thunder.extend import FusionExecutor, register_executor  # noqa: E402
 
 from fusecut.definition import FusionDefinition  # noqa: E402
+from fusecut.memory_order import Order, inverse, orders_of, output_orders  # noqa: E402
 from fusecut.thunder_layout import is_layout_only, split_region  # noqa: E402
 from optimizer.errors import FusecutError  # noqa: E402
 from optimizer.ir.builder import MAX_RANK  # noqa: E402
@@ -188,10 +189,14 @@ class Translation:
 
 
 def translate(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
-              outputs: Sequence[Proxy], claimed: dict[Any, str]) -> Translation:
+              outputs: Sequence[Proxy], claimed: dict[Any, str],
+              in_orders: Sequence[Order | None] = (),
+              out_orders: Sequence[Order | None] = ()) -> Translation:
     """A fusecut definition computing ``outputs`` from ``inputs`` with ``bsyms`` (claimed prims).
 
-    Input tensors have symbolic extents, size-1 axes broadcast; numbers become scalars."""
+    Input tensors have symbolic extents, size-1 axes broadcast; numbers become scalars. An
+    input with a memory order in ``in_orders`` is taken in that order (``x.permute(order)``,
+    row-major) and permuted back inside; an output with one in ``out_orders`` is written in it."""
     if not any(isinstance(p, TensorProxy) for p in inputs):
         # fusecut runs where its input tensors are; with none (factories only) it cannot tell.
         raise TranslationError("a region without input tensors")
@@ -204,8 +209,13 @@ def translate(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
                 env[p.name] = fd.define_scalar(dtype=DType.int64)
             elif isinstance(p, TensorProxy):
                 shape = [1 if s == 1 else -1 for s in p.shape]
-                env[p.name] = fd.define_tensor(shape=shape, contiguity=[True] * len(shape),
-                                               dtype=_fc_dtype(p.dtype))
+                order = in_orders[len(arg_names)] if in_orders else None
+                if order is not None:
+                    shape = [shape[axis] for axis in order]
+                handle = fd.define_tensor(shape=shape, contiguity=[True] * len(shape),
+                                          dtype=_fc_dtype(p.dtype))
+                env[p.name] = (handle if order is None
+                               else fd.ops.permute(handle, list(inverse(order))))
             else:
                 raise TranslationError(f"region input {p.name} is not a tensor or an integer")
             arg_names.append(p.name)
@@ -244,11 +254,13 @@ def translate(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
 
         out_spec: list[tuple[str, int]] = []
         n_out = 0
-        for p in outputs:
+        for k, p in enumerate(outputs):
             if p.name in arg_names:
                 out_spec.append(("in", arg_names.index(p.name)))
             elif isinstance(p, TensorProxy) and p.name in env:
-                fd.add_output(env[p.name])
+                order = out_orders[k] if out_orders else None
+                fd.add_output(env[p.name] if order is None
+                              else fd.ops.permute(env[p.name], list(order)))
                 out_spec.append(("out", n_out))
                 n_out += 1
             else:
@@ -319,11 +331,36 @@ def shared_definition(fd: FusionDefinition) -> FusionDefinition:
         return _definitions.setdefault(key, fd)
 
 
+@dataclass(frozen=True)
+class _Variant:
+    """The definition a region runs for inputs in given memory orders (see ``memory_order``)."""
+
+    definition: FusionDefinition
+    in_orders: tuple[Order | None, ...]
+    out_orders: tuple[Order | None, ...]  # per computed output, in the definition's order
+
+    def inputs(self, args: list[Any]) -> list[Any]:
+        if not self.in_orders:
+            return args
+        return [a if o is None else a.permute(o) for a, o in zip(args, self.in_orders)]
+
+    def outputs(self, results: list[Any]) -> list[Any]:
+        if not self.out_orders:
+            return results
+        return [r if o is None else r.permute(inverse(o))
+                for r, o in zip(results, self.out_orders)]
+
+
 class FusecutRegion:
-    """The callable a fusion symbol runs: fusecut's plan and kernels for one region."""
+    """The callable a fusion symbol runs: fusecut's plan and kernels for one region.
+
+    ``retranslate(in_orders, out_orders)`` makes the region's definition for inputs in other
+    memory orders: the first call with a new layout of permuted inputs builds that variant."""
 
     def __init__(self, name: str, translation: Translation, plan_remote: str | None,
-                 fallback: Callable[[], Callable]):
+                 fallback: Callable[[], Callable],
+                 retranslate: Callable[[tuple, tuple], Translation] | None = None,
+                 out_ranks: Sequence[int] = ()):
         self.name = name
         self.translation = translation
         self.definition = shared_definition(translation.definition)
@@ -334,6 +371,11 @@ class FusecutRegion:
         self._fallback_factory = fallback
         self._fallback: Callable | None = None
         self._lock = threading.Lock()
+        self._retranslate = retranslate
+        self._out_ranks = tuple(out_ranks)
+        row_major = _Variant(self.definition, (), ())
+        self._variants: dict[tuple, _Variant] = {(): row_major}
+        self._first_variant = row_major
 
     def __call__(self, *args: Any) -> list[Any]:
         self.calls += 1
@@ -349,38 +391,62 @@ class FusecutRegion:
         return [args[i] if where == "in" else results[i]
                 for where, i in self.translation.outputs]
 
+    def _variant(self, args: list[Any]) -> _Variant:
+        in_orders = orders_of(args) if self._retranslate is not None else ()
+        key = in_orders if any(o is not None for o in in_orders) else ()
+        variant = self._variants.get(key)
+        if variant is None:
+            per_output = output_orders(args, in_orders, self._out_ranks)
+            computed = [o for o, (where, _) in zip(per_output, self.translation.outputs)
+                        if where == "out"]
+            translation = self._retranslate(in_orders, per_output)
+            variant = _Variant(shared_definition(translation.definition), in_orders,
+                               tuple(computed))
+            with self._lock:
+                variant = self._variants.setdefault(key, variant)
+        return variant
+
     def _run(self, args: list[Any]) -> list[Any]:
+        variant = self._variant(args)
+        args = variant.inputs(args)
+        definition = variant.definition
         if self.first_args is None:
             from fusecut.local import as_metadata
 
             self.first_args = as_metadata(args)
+            self._first_variant = variant
         if self.plan_remote is not None:
-            warm = self.definition._warm  # a compiled program for arguments like these: no
+            warm = definition._warm  # a compiled program for arguments like these: no
             outputs = warm(args) if warm is not None else None  # metadata, no service call
             if outputs is not None:
-                return outputs
-            self._adopt_remote_plan(args)
-        return self.definition.execute(args)
+                return variant.outputs(outputs)
+            self._adopt_remote_plan(definition, args)
+        return variant.outputs(definition.execute(args))
 
-    def _adopt_remote_plan(self, args: list[Any]) -> None:
+    def _adopt_remote_plan(self, definition: FusionDefinition, args: list[Any]) -> None:
         """Plan through the service (metadata only) once per input signature; run locally."""
         from fusecut.client import Client
         from fusecut.local import as_metadata
         from optimizer.plan.restore import restore_plan
 
-        local = self.definition._local_state()
+        local = definition._local_state()
         metas = as_metadata(args)
         if local.has_plan(metas):
             return
         with Client(self.plan_remote) as client:
-            remote = client.plan(self.definition.fusion, metas)
-        local.adopt(metas, restore_plan(self.definition.fusion, metas, remote.json))
+            remote = client.plan(definition.fusion, metas)
+        local.adopt(metas, restore_plan(definition.fusion, metas, remote.json))
 
     def plan(self):
         """The plan of the first call's inputs (cached: planning again costs nothing)."""
         if self.first_args is None or self.fallback_reason is not None:
             return None
-        return self.definition._local_state().plan(self.first_args)
+        return self._first_variant.definition._local_state().plan(self.first_args)
+
+    @property
+    def first_definition(self) -> FusionDefinition:
+        """The definition the first call ran (the row-major one, or a memory-order variant)."""
+        return self._first_variant.definition
 
 
 def _torch_callable(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
@@ -466,9 +532,14 @@ class FusecutExecutor(FusionExecutor):
         def fallback() -> Callable:
             return _torch_callable(bsyms, inputs, outputs)
 
+        def retranslate(in_orders: tuple, out_orders: tuple) -> Translation:
+            return translate(bsyms, inputs, outputs, self.claimed, in_orders, out_orders)
+
         try:
             translation = translate(bsyms, inputs, outputs, self.claimed)
-            fn: Callable = FusecutRegion(name, translation, self.plan_remote, fallback)
+            out_ranks = [len(p.shape) if isinstance(p, TensorProxy) else 0 for p in outputs]
+            fn: Callable = FusecutRegion(name, translation, self.plan_remote, fallback,
+                                         retranslate, out_ranks)
         except TranslationError as e:
             # Only reachable when Thunder re-fuses a region it moved ops into; the first
             # fusion_pass already left untranslatable regions to other executors.
@@ -620,7 +691,7 @@ def region_reports(jitted: Callable) -> list[RegionReport]:
                 reports.append(RegionReport(fn.name, direction, ops, "", fn.calls,
                                             fallback=fn.fallback_reason))
                 continue
-            report = RegionReport(fn.name, direction, ops, repr(fn.definition), fn.calls)
+            report = RegionReport(fn.name, direction, ops, repr(fn.first_definition), fn.calls)
             plan = fn.plan()
             if plan is not None:
                 report.planned_bytes = plan.io_bytes
