@@ -255,6 +255,11 @@ class _Builder:
         while bx > 1 and bx // 2 >= col_vecs:
             bx //= 2
         by = 256 // bx
+        while by > 1 and by // 2 >= rows_r and bx * 2 <= col_vecs:
+            # A short reduction (the 2 query heads of a GQA group) leaves rows of the block
+            # idle: take fewer rows at a time and more columns.
+            by //= 2
+            bx *= 2
         grid_x = -(-col_vecs // bx)
         split = 1
         if grid_x < 2 * profile.sm_count and rows_r >= 64 * by:

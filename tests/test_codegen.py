@@ -388,6 +388,32 @@ def test_small_fusions_compile_without_dead_values_or_no_op_casts(case):
     plan = make_plan(f, [tensor_meta(shape, DType.bfloat16)], PlanOptions(time_limit_s=1))
     assert compile_plan(plan, "sm_90") >= 1  # checks unread values and same-type casts too
 
+@pytest.mark.parametrize(("heads_per_group", "block"), [(2, (128, 2, 1)), (4, (64, 4, 1)),
+                                                       (64, (32, 8, 1))])
+def test_short_outer_reduction_keeps_every_thread_busy(heads_per_group, block):
+    """Summing the query heads of a GQA group (2 or 4 rows per column): as many rows at a
+    time as there are, and more columns per block, so no thread of the block idles."""
+    text = f"""
+def nvfuser_fusion_id0(fd):
+    T0 = fd.define_tensor(shape=[-1, -1, -1, -1], contiguity=[True, True, True, True],
+                            dtype=DataType.BFloat16)
+    T1 = fd.ops.reshape(T0, new_shape=[2, 4, {heads_per_group}, 64, 128])
+    T2 = fd.ops.cast(T1, dtype=DataType.Float)
+    T3 = fd.ops.sum(T2, dims=[2], keepdim=False)
+    T4 = fd.ops.cast(T3, dtype=DataType.BFloat16)
+    fd.add_output(T4)
+
+inputs = [torch.randn((2, {4 * heads_per_group}, 64, 128), dtype=torch.bfloat16)]
+"""
+    parsed = parse_text(text)
+    plan = make_plan(parsed.fusion, parsed.inputs, PlanOptions(time_limit_s=2))
+    [segment] = plan.segments
+    sk = generate_segment(plan, segment)
+    assert sk.notes["layout"] == "outer"
+    assert sk.kernels[0].block == block
+    assert compile_plan(plan, "sm_90") == 1
+
+
 def _inner_outer(plan):
     segs = [s for s in plan.segments if s.kind.value == "inner_outer"]
     assert len(segs) == 1, [s.kind.value for s in plan.segments]
