@@ -162,6 +162,18 @@ def unary(op: str, x: str, d: DType, fast: bool = False) -> str:
     raise PlanError(f"no CUDA code for {op} on {d.value}")
 
 
+# Exponents torch's pow_tensor_scalar computes by multiplication, division or square root;
+# the same here, so that results match eager torch and cost a few instructions.
+SMALL_POWERS = (2.0, 3.0, 0.5, -0.5, -1.0, -2.0)
+
+
+def small_power(a: str, exponent: float, d: DType) -> str:
+    one = literal(1.0, d)
+    return {2.0: f"({a} * {a})", 3.0: f"({a} * {a} * {a})", 0.5: f"{_f('sqrt', d)}({a})",
+            -0.5: f"{_f('rsqrt', d)}({a})", -1.0: f"({one} / {a})",
+            -2.0: f"({one} / ({a} * {a}))"}[exponent]
+
+
 def binary(op: str, a: str, b: str, d: DType, fast: bool = False) -> str:
     """``op`` over ``a`` and ``b`` of compute type ``d`` (the comparison's operand type for
     comparisons); ``fast`` allows an approximate float32 division."""

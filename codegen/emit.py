@@ -321,6 +321,18 @@ class Emitter:
             return self._trivial_reduction(op, tensor, idx)
         return self._elementwise(op, tensor, idx)
 
+    def _constant_exponent(self, op: Op, ct: DType) -> float | None:
+        """The exponent of a float ``pow`` by a compiled-in constant that torch computes
+        without ``pow`` (``x.pow(2)`` of RMSNorm is ``x * x``: powf costs tens of
+        instructions)."""
+        if op.name != "pow" or not ct.is_float or len(op.inputs) != 2:
+            return None
+        exponent = op.inputs[1]
+        if exponent not in self.fusion.scalars or exponent in self.dynamic:
+            return None
+        value = self.bound.scalars.get(exponent)
+        return float(value) if value in cuda.SMALL_POWERS else None
+
     def _elementwise(self, op: Op, tensor: str, idx: Index) -> str:
         out_dtype = self.dtype(tensor)
         operands = list(op.inputs)
@@ -339,7 +351,10 @@ class Emitter:
         else:
             args = [self.operand(n, idx, ct) for n in operands]
         fast = tensor in self.fast
-        if len(args) == 1:
+        power = self._constant_exponent(op, ct)
+        if power is not None:
+            expr = cuda.small_power(args[0], power, ct)
+        elif len(args) == 1:
             expr = cuda.unary(op.name, args[0], ct, fast)
         elif len(args) == 2:
             expr = cuda.binary(op.name, args[0], args[1], ct, fast)

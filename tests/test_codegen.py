@@ -216,6 +216,26 @@ def test_fast_math_only_where_it_cannot_show():
     assert "T3" not in fast  # tanh -> a float32 output (sqrt) would show the error
 
 
+@pytest.mark.parametrize(("exponent", "code"), [
+    ("2.0", "(T0 * T0)"), ("3.0", "(T0 * T0 * T0)"), ("0.5", "sqrtf(T0)"),
+    ("-0.5", "rsqrtf(T0)"), ("-1.0", "(1.0f / T0)"), ("2.5", "powf(T0, (float)(2.5))")])
+def test_pow_by_a_small_constant_is_arithmetic(exponent, code):
+    """As torch's pow_tensor_scalar: x.pow(2) of RMSNorm is x * x (powf costs tens of
+    instructions per element); other exponents keep powf."""
+    f = fusion(f"""
+T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)
+S1 = fd.define_scalar({exponent}, dtype=DataType.Double)
+T2 = fd.ops.pow(T0, S1)
+fd.add_output(T2)
+""")
+    plan = make_plan(f, [tensor_meta((1024,), DType.float32)])
+    (seg,) = plan.segments
+    source = generate_segment(plan, seg).source
+    assert f"T2 = {code};" in source.replace("vec_T0[u].v[_lane]", "T0"), source
+    assert ("powf" in _code(source)) == (exponent == "2.5")
+    assert compile_plan(plan, "sm_90") == 1
+
+
 # ---- readable sources: names, comments, only the helpers used, no dead values ----------------
 
 _DECLARED = re.compile(r"^\s*(?:const )?(\w[\w<>, :]*?) (\w+)(?: = |\[|;)", re.M)
