@@ -12,7 +12,8 @@ process on the same weights and inputs:
 - ``thunder fusecut only``: ``thunder.jit(m, executors=[fusecut_ex])``;
 - ``torch.compile`` and eager.
 
-Per row: ms per step (median of warm steps, CUDA events), GPU busy ms per step and GPU ops per
+Per row: ms per step (median of warm steps, CUDA events, timed in rounds of rotating order
+across the systems), GPU busy ms per step and GPU ops per
 step (kernels, copies and memsets, from torch.profiler over a few steps), and for fusecut the bytes
 its regions planned against their lower bound. A second table lists each system's top kernels.
 
@@ -26,7 +27,6 @@ import copy
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -77,19 +77,9 @@ def run_step(fn, x, extra, grad):
     return y
 
 
-def measure(fn, x, extra, grad, iters: int, profiled: int = 3,
-            timeline: str | None = None) -> Measured:
-    for _ in range(3):
-        run_step(fn, x, extra, grad)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run_step(fn, x, extra, grad)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+def profile_step(fn, x, extra, grad, profiled: int = 3,
+                 timeline: str | None = None) -> tuple[float, float, list]:
+    """GPU busy ms and GPU ops per step, and the top ops, from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -107,9 +97,8 @@ def measure(fn, x, extra, grad, iters: int, profiled: int = 3,
     busy = sum(e.self_device_time_total for e in kernels) / 1e3 / profiled
     ops = sum(e.count for e in kernels) / profiled
     top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:6]
-    return Measured(statistics.median(times), busy, ops,
-                    [(e.key[:90], e.self_device_time_total / 1e3 / profiled, e.count / profiled)
-                     for e in top])
+    return busy, ops, [(e.key[:90], e.self_device_time_total / 1e3 / profiled, e.count / profiled)
+                       for e in top]
 
 
 def fusecut_bytes(jitted) -> str:
@@ -138,7 +127,12 @@ def dump_traces(fn, path: str) -> None:
 
 def run_model(step: str, model: str, iters: int, width: int, emit,
               traces: str | None = None) -> None:
-    """Every system on one block and step: ``emit(row, top)`` after each."""
+    """Every system on one block and step: ``emit(row, top)`` for each.
+
+    All systems are built first, then timed in rounds whose order rotates
+    (``medians_in_rounds``): the GPU's clocks drift as it heats, and the system timed last
+    would otherwise pay for it. Profiling comes after all timing."""
+    from benchmarks.kernels import medians_in_rounds
     from benchmarks.models import blocks, place
 
     batch, seq = STEPS[step]
@@ -150,30 +144,36 @@ def run_model(step: str, model: str, iters: int, width: int, emit,
     x = torch.randn(batch, seq, width, device="cuda", dtype=torch.bfloat16,
                     requires_grad=step == "train")
     grad = torch.randn_like(x) if step == "train" else None
+    ready: list[tuple[str, Callable, float]] = []  # system, jitted step, first step s
     for system, make in systems():
-        candidate = copy.deepcopy(module)
-        top = ""
         try:
-            fn = make(candidate)
+            fn = make(copy.deepcopy(module))
             start = time.perf_counter()
             run_step(fn, x, extra, grad)
             torch.cuda.synchronize()
-            first = time.perf_counter() - start
+            ready.append((system, fn, time.perf_counter() - start))
+        except Exception as e:  # one failing system never aborts the table
+            traceback.print_exc()
+            emit([name, step, system, "-", "-", "-", "-", f"fails: {one_line(e)}"], "")
+    steps = [lambda fn=fn: run_step(fn, x, extra, grad) for _, fn, _ in ready]
+    seconds = medians_in_rounds(steps, iters, rounds=len(ready)) if ready else []
+    for (system, fn, first), median in zip(ready, seconds):
+        try:
             tag = re.sub(r"[^a-z]+", "-", system.lower())[:32].strip("-")
-            m = measure(fn, x, extra, grad, iters, timeline=traces and
-                        f"{traces}/{name}-{step}-{tag}.kernels.txt")
+            busy, ops, top_ops = profile_step(fn, x, extra, grad, timeline=traces and
+                                              f"{traces}/{name}-{step}-{tag}.kernels.txt")
             planned = fusecut_bytes(fn) if "fusecut" in system else "-"
             if traces and system.startswith("thunder"):
                 dump_traces(fn, f"{traces}/{name}-{step}-{tag}.txt")
-            row = [name, step, system, f"{m.ms:.2f}", f"{m.busy_ms:.2f}", f"{m.ops:.0f}",
+            row = [name, step, system, f"{median * 1e3:.2f}", f"{busy:.2f}", f"{ops:.0f}",
                    planned, f"first step {first:.1f} s"]
-            top = "; ".join(f"{k} {ms:.3f} ms x{n:.0f}" for k, ms, n in m.top)
-        except Exception as e:  # one failing system never aborts the table
+            top = "; ".join(f"{k} {ms:.3f} ms x{n:.0f}" for k, ms, n in top_ops)
+        except Exception as e:
             traceback.print_exc()
-            row = [name, step, system, "-", "-", "-", "-", f"fails: {one_line(e)}"]
+            row, top = [name, step, system, "-", "-", "-", "-", f"fails: {one_line(e)}"], ""
         emit(row, top)
-        del candidate
-        torch.cuda.empty_cache()
+    del ready, steps
+    torch.cuda.empty_cache()
 
 
 def one_line(e: BaseException | str) -> str:
@@ -225,8 +225,9 @@ def run(steps: list[str], models: list[str], iters: int, width: int, log,
     notes = (f"Training step: batch {STEPS['train'][0]}, sequence {STEPS['train'][1]}; inference "
              f"step: batch {STEPS['infer'][0]}, sequence {STEPS['infer'][1]}, forward under "
              f"no_grad; width {width}, bf16, 128-wide heads. Median of {iters} warm steps (CUDA "
-             f"events); GPU busy time and op counts from torch.profiler over 3 steps. Each block "
-             f"and step runs in a process of its own. PyTorch {torch.__version__}.")
+             f"events), timed in rounds whose order rotates across the systems; GPU busy time "
+             f"and op counts from torch.profiler over 3 steps. Each block and step runs in a "
+             f"process of its own. PyTorch {torch.__version__}.")
     top_table = markdown_table(["model", "step", "system", "top GPU ops (ms / step, calls)"],
                                tops)
     return markdown_table(HEADERS, rows) + "\n\n## Top GPU ops per system\n\n" + top_table, notes
@@ -240,7 +241,7 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODEL_NAMES),
                         help="comma-separated; default: all")
     parser.add_argument("--width", type=int, default=2048)
-    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--traces", help="a folder: write each Thunder system's last traces "
                         "and each system's GPU ops of one step, in order")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
