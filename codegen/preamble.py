@@ -213,6 +213,49 @@ __device__ __forceinline__ fc_welford_d fc_shfl_any(fc_welford_d v, int m) {
   r.n = fc_shfl(v.n, m); return r;
 }
 """, ("fc_shfl",)),
+    # ---- online log-sum-exp accumulators (a max and the sum of exp(x - max) in one pass) ----
+    Piece("lse_f", ("fc_lse_f",), """\
+// m: the running maximum; s: the sum of exp(x - m), rescaled when m grows. A value equal to m
+// adds 1 without an exp, which also counts -inf values while m is -inf: they become 0 once a
+// finite maximum rescales them. An infinite final m means torch's exp(inf - inf) (or an
+// all -inf row): the sum reads NaN then (fc_lse_sum).
+struct fc_lse_f { float m, s; };
+__device__ __forceinline__ void fc_lse_add(fc_lse_f& a, float x) {
+  if (x > a.m) { a.s = fmaf(a.s, expf(a.m - x), 1.0f); a.m = x; }
+  else if (x != x) { a.m = x; a.s = x; }
+  else a.s += x == a.m ? 1.0f : expf(x - a.m);
+}
+__device__ __forceinline__ fc_lse_f fc_lse_combine(fc_lse_f a, fc_lse_f b) {
+  const float m = fc_max(a.m, b.m);
+  if (isinf(m)) return fc_lse_f{m, a.s + b.s};
+  return fc_lse_f{m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+__device__ __forceinline__ float fc_lse_sum(const fc_lse_f& a) {
+  return isinf(a.m) ? __int_as_float(0x7fc00000) : a.s;
+}
+__device__ __forceinline__ fc_lse_f fc_shfl_any(fc_lse_f v, int m) {
+  return fc_lse_f{fc_shfl(v.m, m), fc_shfl(v.s, m)};
+}
+""", ("fc_shfl", "fc_max")),
+    Piece("lse_d", ("fc_lse_d",), """\
+struct fc_lse_d { double m, s; };
+__device__ __forceinline__ void fc_lse_add(fc_lse_d& a, double x) {
+  if (x > a.m) { a.s = fma(a.s, exp(a.m - x), 1.0); a.m = x; }
+  else if (x != x) { a.m = x; a.s = x; }
+  else a.s += x == a.m ? 1.0 : exp(x - a.m);
+}
+__device__ __forceinline__ fc_lse_d fc_lse_combine(fc_lse_d a, fc_lse_d b) {
+  const double m = fc_max(a.m, b.m);
+  if (isinf(m)) return fc_lse_d{m, a.s + b.s};
+  return fc_lse_d{m, a.s * exp(a.m - m) + b.s * exp(b.m - m)};
+}
+__device__ __forceinline__ double fc_lse_sum(const fc_lse_d& a) {
+  return isinf(a.m) ? __longlong_as_double(0x7ff8000000000000LL) : a.s;
+}
+__device__ __forceinline__ fc_lse_d fc_shfl_any(fc_lse_d v, int m) {
+  fc_lse_d r; r.m = fc_shfl(v.m, m); r.s = fc_shfl(v.s, m); return r;
+}
+""", ("fc_shfl", "fc_max")),
     # ---- combine functors and block reductions ----
     Piece("fc_add", ("fc_add",), """\
 struct fc_add { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
@@ -237,6 +280,11 @@ struct fc_minop {
     Piece("fc_welfordop", ("fc_welfordop",), """\
 struct fc_welfordop {
   template <typename W> __device__ __forceinline__ W operator()(W a, W b) const { return fc_welford_combine(a, b); }
+};
+"""),  # noqa: E501
+    Piece("fc_lseop", ("fc_lseop",), """\
+struct fc_lseop {
+  template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return fc_lse_combine(a, b); }
 };
 """),  # noqa: E501
     Piece("fc_shfl_any", ("fc_shfl_any",), """\

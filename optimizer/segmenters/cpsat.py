@@ -47,6 +47,7 @@ from optimizer.analysis.opclass import Role, op_cost, reindexes
 from optimizer.ir.ops_misc import reduction_axes
 from optimizer.plan.plan import SolverReport
 from optimizer.schedulers.kinds import Kind
+from optimizer.schedulers.resize import is_resize
 from optimizer.segmenters.graph import SegGraph
 from optimizer.segmenters.mincut import refine
 from optimizer.segmenters.unionfind import DisjointSets
@@ -317,8 +318,11 @@ class _Model:
         sig = {i: self.rules.signature[i] for ops in self.units for i in ops
                if i in self.rules.signature}
         red_units = sorted({self.unit_of[i] for i in sig})
+        # (resizes may join a reduction along kept axes: classify decides, see
+        # optimizer.schedulers.resize)
         view_units = sorted({u for u, ops in enumerate(self.units)
-                             if any(reindexes(fusion.ops[i], graph.bound) for i in ops)})
+                             if any(reindexes(fusion.ops[i], graph.bound)
+                                    and not is_resize(fusion.ops[i]) for i in ops)})
         inner_outer = Kind.INNER_OUTER in graph.kinds
 
         def conflict(ua: int, ub: int) -> None:
