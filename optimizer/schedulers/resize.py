@@ -28,10 +28,12 @@ def is_resize(op: Op) -> bool:
 
 def tie_resizes(bound: Bound, axes: AxisMap, ops: Iterable[Op]
                 ) -> tuple[AxisMap, dict[AxisKey, AxisKey]]:
-    """A fork of ``axes`` with the untouched axes of ``ops`` tied, and each resized output axis
-    (by id in the fork) -> the id of the operand axis it reads along. The fork is never
-    committed: the ties hold for one classification."""
-    fork = axes.fork()
+    """A copy of ``axes`` with the untouched axes of ``ops`` tied, and each resized output axis
+    (by id in the copy) -> the id of the operand axis it reads along. The ties hold for one
+    classification. (A copy, not a fork: ``axes`` may itself be a merging segmenter's
+    uncommitted fork, whose ties a fork of it would not see.)"""
+    fork = AxisMap(bound)
+    fork.absorb(axes)
     pairs: list[tuple[AxisKey, AxisKey]] = []
     for op in ops:
         out = op.outputs[0]
