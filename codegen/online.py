@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from codegen import cuda
 from codegen.emit import describe_op
 from codegen.kernel import Reducer, reducer
+from codegen.regions import LANE
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.dtypes import DType
 from optimizer.ir.fusion import Op
@@ -55,6 +56,20 @@ def segment_reducers(bound: Bound, schedule: Schedule) -> list[Reducer]:
             continue
         out.append(online_reducer(bound, i, maxes[i]) if i in maxes else reducer(bound, i))
     return out
+
+
+def add_batched(region, r: Reducer, acc: str, x: str) -> bool:
+    """Where one accumulator takes every lane of a vector load (the inner layout), stash the
+    lanes and add them together after the lane loop (``fc_lse_add_n``: one compare against the
+    running maximum, one rescale at most, independent exps) instead of a dependent update per
+    element. False (nothing emitted) where that does not apply."""
+    if not isinstance(r, OnlineReducer) or region.vec == 1 or LANE in acc:
+        return False
+    stash = region.em.names.fresh("lse_x")
+    region.decls.append(f"{cuda.compute(r.value_dtype)} {stash}[{region.vec}];")
+    region.em.lines.append(f"{stash}[{LANE}] = {x};")
+    region.post.append(f"fc_lse_add_n({acc}, {stash});")
+    return True
 
 
 def acc_size(r: Reducer) -> int:

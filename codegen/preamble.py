@@ -225,6 +225,19 @@ __device__ __forceinline__ void fc_lse_add(fc_lse_f& a, float x) {
   else if (x != x) { a.m = x; a.s = x; }
   else a.s += x == a.m ? 1.0f : expf(x - a.m);
 }
+// N values at once: the maximum of the batch first, so the running sum is rescaled at most once
+// and the exps do not wait on each other.
+template <int N> __device__ __forceinline__ void fc_lse_add_n(fc_lse_f& a, const float (&x)[N]) {
+  float mx = x[0];
+#pragma unroll
+  for (int i = 1; i < N; ++i) mx = fc_max(mx, x[i]);
+  if (mx != mx) { a.m = mx; a.s = mx; return; }
+  if (mx > a.m) { a.s *= expf(a.m - mx); a.m = mx; }
+  float t = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) t += x[i] == a.m ? 1.0f : expf(x[i] - a.m);
+  a.s += t;
+}
 __device__ __forceinline__ fc_lse_f fc_lse_combine(fc_lse_f a, fc_lse_f b) {
   const float m = fc_max(a.m, b.m);
   if (isinf(m)) return fc_lse_f{m, a.s + b.s};
@@ -243,6 +256,17 @@ __device__ __forceinline__ void fc_lse_add(fc_lse_d& a, double x) {
   if (x > a.m) { a.s = fma(a.s, exp(a.m - x), 1.0); a.m = x; }
   else if (x != x) { a.m = x; a.s = x; }
   else a.s += x == a.m ? 1.0 : exp(x - a.m);
+}
+template <int N> __device__ __forceinline__ void fc_lse_add_n(fc_lse_d& a, const double (&x)[N]) {
+  double mx = x[0];
+#pragma unroll
+  for (int i = 1; i < N; ++i) mx = fc_max(mx, x[i]);
+  if (mx != mx) { a.m = mx; a.s = mx; return; }
+  if (mx > a.m) { a.s *= exp(a.m - mx); a.m = mx; }
+  double t = 0.0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) t += x[i] == a.m ? 1.0 : exp(x[i] - a.m);
+  a.s += t;
 }
 __device__ __forceinline__ fc_lse_d fc_lse_combine(fc_lse_d a, fc_lse_d b) {
   const double m = fc_max(a.m, b.m);

@@ -27,7 +27,7 @@ from codegen.kernel import (
     tensor_params,
 )
 from codegen.layout import decompose, index_type
-from codegen.online import acc_size, segment_reducers
+from codegen.online import acc_size, add_batched, segment_reducers
 from codegen.regions import LANE, Region, pick_vector
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
@@ -106,7 +106,8 @@ class _Builder:
         for r in self.reducers:
             x = region.value(r.source)
             x = cuda.convert(x, region.em.dtype(r.source).compute, r.value_dtype)
-            region.em.lines.append(r.add(acc_of(r), x))
+            if not add_batched(region, r, acc_of(r), x):
+                region.em.lines.append(r.add(acc_of(r), x))
         for t in self.loop_outputs:
             region.store(t, region.raw(t))
 
@@ -255,6 +256,11 @@ class _Builder:
         while bx > 1 and bx // 2 >= col_vecs:
             bx //= 2
         by = 256 // bx
+        # a short reduced extent (grouped-query heads sum 4 rows) would leave rows of threads
+        # idle: give them columns instead
+        while by > 1 and by // 2 >= rows_r and 2 * bx <= col_vecs:
+            by //= 2
+            bx *= 2
         grid_x = -(-col_vecs // bx)
         split = 1
         if grid_x < 2 * profile.sm_count and rows_r >= 64 * by:

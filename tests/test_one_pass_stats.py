@@ -102,7 +102,8 @@ def test_online_accumulator_replaces_the_two_reductions_in_the_kernel():
     plan = make_plan(f, metas, PLAN)
     (seg,) = online_segments(plan)
     src = generate_segment(plan, seg).source
-    assert "fc_lse_add(" in src and "fc_lseop()" in src
+    # the inner layout adds each vector load's lanes together: one rescale at most per load
+    assert "fc_lse_add_n(" in src and "fc_lseop()" in src
     assert "expf(T5)" not in src and "__expf(T5)" not in src  # exp(x - max) is never on its own
     assert src.count("for (index_t c =") == 1  # one pass over the row
     compiles(plan)
@@ -119,6 +120,28 @@ def test_online_kernels_compile_in_every_layout(rows, classes, dtype):
     assert online_segments(plan)
     sources = compiles(plan)
     assert any(("fc_lse_d" if dtype is DType.float64 else "fc_lse_f") in s for s in sources)
+
+
+COLUMN_LSE = """
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+T3 = fd.ops.max(T0, dims=[0], keepdim=False, dtype=DataType.Null)
+T4 = fd.ops.broadcast_in_dim(T3, shape=T0.shape(), broadcast_dims=[1])
+T5 = fd.ops.sub(T0, T4)
+T6 = fd.ops.exp(T5)
+T7 = fd.ops.sum(T6, dims=[0], keepdim=False, dtype=DataType.Null)
+T8 = fd.ops.log(T7)
+T9 = fd.ops.add(T8, T3)
+fd.add_output(T9)
+"""
+
+
+def test_online_over_the_outer_axis_updates_each_lane():
+    # columns: every lane has its own accumulator, updated element by element
+    plan = make_plan(fusion(COLUMN_LSE), [tensor_meta((3000, 256), DType.float32)], PLAN)
+    (seg,) = online_segments(plan)
+    src = generate_segment(plan, seg).source
+    assert "fc_lse_add(acc0[_lane]" in src and "fc_lse_add_n(acc" not in src
+    compiles(plan)
 
 
 def test_softmax_keeps_its_normalization_kernel():
@@ -228,6 +251,9 @@ def test_rope_bwd_gqa_corpus_case_reads_each_input_once():
                and "T1" in s.schedule.inputs]
     assert len(summing) == 1
     assert {"pad", "slice", "neg", "sum"} <= {fusion.ops[i].name for i in summing[0].schedule.ops}
+    # 4 rows to sum per column: no block rows of threads left idle
+    (kernel,) = generate_segment(plan, summing[0]).kernels
+    assert kernel.block[1] <= 4 and kernel.block[0] * kernel.block[1] == 256
 
 
 def test_rope_bwd_gqa_on_the_cpu_path_equals_torch():
@@ -296,6 +322,17 @@ def test_online_kernels_on_the_gpu(rows, classes, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("shape", [(3000, 256), (100000, 8)])
+def test_online_columns_on_the_gpu(shape):
+    f = fusion(COLUMN_LSE)
+    x = torch.randn(shape, device="cuda") * 4
+    x[:50, 0] = float("-inf")
+    plan = _gpu_close(f, [tensor_meta(shape, DType.float32)], [x])
+    assert online_segments(plan)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
 def test_online_special_values_on_the_gpu():
     f, metas = cross_entropy(6, 5000, DType.float32)
     x = torch.randn(6, 5000, device="cuda")
@@ -306,6 +343,8 @@ def test_online_special_values_on_the_gpu():
     x[4, 2500:] = float("-inf")
     target = torch.zeros(6, dtype=torch.int64, device="cuda")
     _gpu_close(f, metas, [x, target])
+    f, metas = cross_entropy(6, 5000, DType.bfloat16)  # 8 lanes a load
+    _gpu_close(f, metas, [x.bfloat16(), target])
 
 
 @pytest.mark.gpu
