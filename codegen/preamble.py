@@ -31,6 +31,46 @@ class Piece:
     deps: tuple[str, ...] = ()
 
 
+def _lse_text(suffix: str, t: str, exp: str, fma: str, one: str, zero: str, nan: str) -> str:
+    """The online log-sum-exp accumulator ``fc_lse_<suffix>`` over values of type ``t``.
+
+    m: the running maximum; s: the sum of exp(x - m), rescaled when m grows. A value equal to m
+    adds 1 without an exp, which also counts -inf values while m is -inf: they become 0 once a
+    finite maximum rescales them. An infinite final m means torch's exp(inf - inf) (or an all
+    -inf row): the sum reads NaN then (fc_lse_sum). ``fc_lse_add_n`` takes N values at once:
+    their maximum first, so the running sum is rescaled at most once and the exps do not wait
+    on each other."""
+    a = f"fc_lse_{suffix}"
+    return f"""\
+struct {a} {{ {t} m, s; }};
+__device__ __forceinline__ void fc_lse_add({a}& a, {t} x) {{
+  if (x > a.m) {{ a.s = {fma}(a.s, {exp}(a.m - x), {one}); a.m = x; }}
+  else if (x != x) {{ a.m = x; a.s = x; }}
+  else a.s += x == a.m ? {one} : {exp}(x - a.m);
+}}
+template <int N> __device__ __forceinline__ void fc_lse_add_n({a}& a, const {t} (&x)[N]) {{
+  {t} mx = x[0];
+#pragma unroll
+  for (int i = 1; i < N; ++i) mx = fc_max(mx, x[i]);
+  if (mx != mx) {{ a.m = mx; a.s = mx; return; }}
+  if (mx > a.m) {{ a.s *= {exp}(a.m - mx); a.m = mx; }}
+  {t} sum = {zero};
+#pragma unroll
+  for (int i = 0; i < N; ++i) sum += x[i] == a.m ? {one} : {exp}(x[i] - a.m);
+  a.s += sum;
+}}
+__device__ __forceinline__ {a} fc_lse_combine({a} a, {a} b) {{
+  const {t} m = fc_max(a.m, b.m);
+  if (isinf(m)) return {a}{{m, a.s + b.s}};
+  return {a}{{m, a.s * {exp}(a.m - m) + b.s * {exp}(b.m - m)}};
+}}
+__device__ __forceinline__ {t} fc_lse_sum(const {a}& a) {{ return isinf(a.m) ? {nan} : a.s; }}
+__device__ __forceinline__ {a} fc_shfl_any({a} v, int m) {{
+  {a} r; r.m = fc_shfl(v.m, m); r.s = fc_shfl(v.s, m); return r;
+}}
+"""
+
+
 PIECES: tuple[Piece, ...] = (
     Piece("int64", ("int64",), "typedef long long int64;\n"),
     Piece("fc_vec", ("fc_vec",), """\
@@ -214,72 +254,11 @@ __device__ __forceinline__ fc_welford_d fc_shfl_any(fc_welford_d v, int m) {
 }
 """, ("fc_shfl",)),
     # ---- online log-sum-exp accumulators (a max and the sum of exp(x - max) in one pass) ----
-    Piece("lse_f", ("fc_lse_f",), """\
-// m: the running maximum; s: the sum of exp(x - m), rescaled when m grows. A value equal to m
-// adds 1 without an exp, which also counts -inf values while m is -inf: they become 0 once a
-// finite maximum rescales them. An infinite final m means torch's exp(inf - inf) (or an
-// all -inf row): the sum reads NaN then (fc_lse_sum).
-struct fc_lse_f { float m, s; };
-__device__ __forceinline__ void fc_lse_add(fc_lse_f& a, float x) {
-  if (x > a.m) { a.s = fmaf(a.s, expf(a.m - x), 1.0f); a.m = x; }
-  else if (x != x) { a.m = x; a.s = x; }
-  else a.s += x == a.m ? 1.0f : expf(x - a.m);
-}
-// N values at once: the maximum of the batch first, so the running sum is rescaled at most once
-// and the exps do not wait on each other.
-template <int N> __device__ __forceinline__ void fc_lse_add_n(fc_lse_f& a, const float (&x)[N]) {
-  float mx = x[0];
-#pragma unroll
-  for (int i = 1; i < N; ++i) mx = fc_max(mx, x[i]);
-  if (mx != mx) { a.m = mx; a.s = mx; return; }
-  if (mx > a.m) { a.s *= expf(a.m - mx); a.m = mx; }
-  float t = 0.0f;
-#pragma unroll
-  for (int i = 0; i < N; ++i) t += x[i] == a.m ? 1.0f : expf(x[i] - a.m);
-  a.s += t;
-}
-__device__ __forceinline__ fc_lse_f fc_lse_combine(fc_lse_f a, fc_lse_f b) {
-  const float m = fc_max(a.m, b.m);
-  if (isinf(m)) return fc_lse_f{m, a.s + b.s};
-  return fc_lse_f{m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
-}
-__device__ __forceinline__ float fc_lse_sum(const fc_lse_f& a) {
-  return isinf(a.m) ? __int_as_float(0x7fc00000) : a.s;
-}
-__device__ __forceinline__ fc_lse_f fc_shfl_any(fc_lse_f v, int m) {
-  return fc_lse_f{fc_shfl(v.m, m), fc_shfl(v.s, m)};
-}
-""", ("fc_shfl", "fc_max")),
-    Piece("lse_d", ("fc_lse_d",), """\
-struct fc_lse_d { double m, s; };
-__device__ __forceinline__ void fc_lse_add(fc_lse_d& a, double x) {
-  if (x > a.m) { a.s = fma(a.s, exp(a.m - x), 1.0); a.m = x; }
-  else if (x != x) { a.m = x; a.s = x; }
-  else a.s += x == a.m ? 1.0 : exp(x - a.m);
-}
-template <int N> __device__ __forceinline__ void fc_lse_add_n(fc_lse_d& a, const double (&x)[N]) {
-  double mx = x[0];
-#pragma unroll
-  for (int i = 1; i < N; ++i) mx = fc_max(mx, x[i]);
-  if (mx != mx) { a.m = mx; a.s = mx; return; }
-  if (mx > a.m) { a.s *= exp(a.m - mx); a.m = mx; }
-  double t = 0.0;
-#pragma unroll
-  for (int i = 0; i < N; ++i) t += x[i] == a.m ? 1.0 : exp(x[i] - a.m);
-  a.s += t;
-}
-__device__ __forceinline__ fc_lse_d fc_lse_combine(fc_lse_d a, fc_lse_d b) {
-  const double m = fc_max(a.m, b.m);
-  if (isinf(m)) return fc_lse_d{m, a.s + b.s};
-  return fc_lse_d{m, a.s * exp(a.m - m) + b.s * exp(b.m - m)};
-}
-__device__ __forceinline__ double fc_lse_sum(const fc_lse_d& a) {
-  return isinf(a.m) ? __longlong_as_double(0x7ff8000000000000LL) : a.s;
-}
-__device__ __forceinline__ fc_lse_d fc_shfl_any(fc_lse_d v, int m) {
-  fc_lse_d r; r.m = fc_shfl(v.m, m); r.s = fc_shfl(v.s, m); return r;
-}
-""", ("fc_shfl", "fc_max")),
+    Piece("lse_f", ("fc_lse_f",), _lse_text("f", "float", "expf", "fmaf", "1.0f", "0.0f",
+                                              "__int_as_float(0x7fc00000)"), ("fc_shfl", "fc_max")),
+    Piece("lse_d", ("fc_lse_d",), _lse_text("d", "double", "exp", "fma", "1.0", "0.0",
+                                              "__longlong_as_double(0x7ff8000000000000LL)"),
+          ("fc_shfl", "fc_max")),
     # ---- combine functors and block reductions ----
     Piece("fc_add", ("fc_add",), """\
 struct fc_add { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
