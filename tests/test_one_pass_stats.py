@@ -15,11 +15,12 @@ from codegen import generate_segment
 from optimizer.ir import parse_text, tensor_meta
 from optimizer.ir.dtypes import DType
 from optimizer.planner import PlanOptions, make_plan
+from optimizer.segmenters.cpsat import _Rules
 from runtime.compile import compile_cubin
 from runtime.executor import execute_plan
 from runtime.reference import run_reference
 from tests.conftest import CORPUS, HAS_GPU
-from tests.helpers import fusion
+from tests.helpers import fusion, graph
 
 PLAN = PlanOptions(time_limit_s=2)
 
@@ -126,6 +127,20 @@ def test_online_over_the_outer_axis_updates_each_lane():
     src = generate_segment(plan, seg).source
     assert "fc_lse_add(acc0[_lane]" in src and "fc_lse_add_n(acc" not in src
     compiles(plan)
+
+
+def test_cpsat_lets_an_online_pair_over_columns_share_a_slot():
+    # a max over a non-innermost axis forbids, in CP-SAT's static rules, the ops that broadcast
+    # its result back from sharing its segment: not the ops an online pair absorbs
+    g = graph(COLUMN_LSE, (3000, 256))
+    fusion_ = g.fusion
+    (max_op,) = [i for i in g.ops if fusion_.ops[i].name == "max"]
+    assert _Rules(g).frontier[max_op] == []
+    # a second use of exp(x - max) keeps it out of the pair: then the sub is the frontier
+    g = graph(COLUMN_LSE.replace("fd.add_output(T9)", "fd.add_output(T9)\nfd.add_output(T6)"),
+              (3000, 256))
+    (sub,) = [i for i in g.ops if fusion_.ops[i].name == "sub"]
+    assert _Rules(g).frontier[max_op] == [sub]
 
 
 def test_softmax_keeps_its_normalization_kernel():
