@@ -9,15 +9,17 @@ the Schedule and relies on each rule below.
   axis at least as long) into the largest written tensor, whose domain the kernel iterates; a
   shorter axis is written where its index is in range. Views and resizes are index maps.
 - reduction: real reductions that all reduce the same axes of one domain P, with a prologue on P
-  and an epilogue on the reduced domain; nothing on P may depend on a reduction's result.
+  and an epilogue on the reduced domain; nothing on P may depend on a reduction's result, except
+  inside an online max/sum-exp pair (one accumulator, ``optimizer.schedulers.online``).
 - normalization: as reduction, but P-domain values that depend on reduction results (reduce,
   broadcast back, combine); the reduced axes must be the trailing axes of P (a row is kept on
   chip) and the row's persistent bytes must fit the profile's budget.
 - inner_outer: normalization plus column reductions over all the other axes of the same P.
 - library: one matmul/linear, through cuBLAS.
 - fallback: one op without a generated kernel, through the torch reference.
-In reduction kinds only axis-preserving ops may appear (no reshape, resize or gather), so every
-tensor's axes land on axes of P (see ``optimizer.analysis.axes``).
+In reduction kinds only axis-preserving ops may appear (no gather, no reshape but one that splits
+or merges axes), so every tensor's axes land on axes of P (see ``optimizer.analysis.axes``); a
+plain reduction may also hold resizes along its kept axes (``optimizer.schedulers.resize``).
 """
 
 from __future__ import annotations
