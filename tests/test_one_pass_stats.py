@@ -269,6 +269,32 @@ def test_rope_bwd_gqa_on_the_cpu_path_equals_torch():
     compiles(plan)
 
 
+def test_rope_written_with_cat_joins_the_group_sum_too():
+    # rotate_half's own form, cat([-x2, x1]), differentiated as Thunder may write it
+    f = fusion("""
+T0 = fd.define_tensor(shape=[-1, -1, -1, -1], dtype=DataType.Float)
+T1 = fd.define_tensor(shape=[-1, -1], dtype=DataType.Float)
+T2 = fd.ops.broadcast_in_dim(T1, shape=T0.shape(), broadcast_dims=[2, 3])
+T3 = fd.ops.mul(T0, T2)
+T4 = fd.ops.slice(T3, start_indices=[0, 0, 0, 0], end_indices=[2, 8, 64, 16], strides=[1, 1, 1, 1])
+T5 = fd.ops.slice(T3, start_indices=[0, 0, 0, 16], end_indices=[2, 8, 64, 32], strides=[1, 1, 1, 1])
+T6 = fd.ops.neg(T4)
+T7 = fd.ops.cat([T5, T6], dim=3)
+T8 = fd.ops.reshape(T7, new_shape=[2, 2, 4, 64, 32])
+T9 = fd.ops.sum(T8, dims=[2], keepdim=False, dtype=DataType.Null)
+fd.add_output(T9)
+""")
+    metas = [tensor_meta((2, 8, 64, 32), DType.float32), tensor_meta((64, 32), DType.float32)]
+    plan = make_plan(f, metas, PLAN)
+    assert ratio(plan) < 1.01 and len(plan.segments) == 1
+    gen = torch.Generator().manual_seed(0)
+    x, s = torch.randn(2, 8, 64, 32, generator=gen), torch.randn(64, 32, generator=gen)
+    h = x * s
+    want = torch.cat([h[..., 16:], -h[..., :16]], dim=-1).reshape(2, 2, 4, 64, 32).sum(2)
+    torch.testing.assert_close(execute_plan(plan, [x, s]).outputs[0], want)
+    compiles(plan)
+
+
 def test_resize_along_the_summed_axis_stays_out_of_the_reduction():
     # a slice of the reduced axis would make the loop walk the wrong extent
     f = fusion("""
