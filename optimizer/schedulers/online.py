@@ -12,7 +12,8 @@ a plain reduction. The code generator's accumulator is in ``codegen.online``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from optimizer.analysis.shapes import Bound
@@ -34,51 +35,55 @@ class OnlinePair:
     absorbed: frozenset[int]  # broadcast(s) of m, x - m, exp: evaluated only inside the pair
 
 
-def online_pairs(bound: Bound, ops: Iterable[int], reductions: Iterable[int],
+def online_pairs(bound: Bound, ops: Sequence[int], reductions: Iterable[int],
                  written: Iterable[str]) -> tuple[OnlinePair, ...]:
-    """The max/sum-exp pairs among a segment's row reductions that one accumulator can compute,
-    in the order of their max ops."""
+    """The max/sum-exp pairs among a segment's row reductions (``ops``: the segment's, sorted)
+    that one accumulator can compute, in the order of their max ops. Looks only at the ops
+    around each sum: no walk over the segment (merging segmenters classify often)."""
     fusion = bound.fusion
-    members = set(ops)
-    written = set(written)
-    producer = {o: i for i in members for o in fusion.ops[i].outputs}
-    consumers: dict[str, list[int]] = {}
-    for i in sorted(members):
-        for n in dict.fromkeys(fusion.ops[i].inputs):
-            consumers.setdefault(n, []).append(i)
     reductions = sorted(reductions)
     maxes = {i for i in reductions if fusion.ops[i].name == "max"}
+    sums = [i for i in reductions if fusion.ops[i].name == "sum"]
+    if not maxes or not sums:
+        return ()
+    written = set(written)
+
+    def member(i: int | None) -> bool:
+        k = bisect_left(ops, i) if i is not None else len(ops)
+        return k < len(ops) and ops[k] == i
+
     pairs: list[OnlinePair] = []
-    taken: set[int] = set()
-    for s in reductions:
-        pair = _match(bound, s, maxes - taken, producer, consumers, written)
+    for s in sums:
+        pair = _match(bound, s, maxes, member, written)
         if pair is not None:
-            taken.add(pair.max_op)
+            maxes.discard(pair.max_op)
             pairs.append(pair)
     return tuple(sorted(pairs, key=lambda p: p.max_op))
 
 
-def _match(bound: Bound, s: int, maxes: set[int], producer: Mapping[str, int],
-           consumers: Mapping[str, list[int]], written: set[str]) -> OnlinePair | None:
+def _match(bound: Bound, s: int, maxes: set[int], member: Callable[[int | None], bool],
+           written: set[str]) -> OnlinePair | None:
     """``s = sum(exp(sub(x, broadcast(max(x)))))`` over the same axes, or None."""
     fusion = bound.fusion
-    ops = fusion.ops
+    ops, producers = fusion.ops, bound.producers
+
+    def producer(t: str) -> int | None:
+        p = producers.get(t)
+        return p if member(p) else None
+
     sum_op = ops[s]
-    if sum_op.name != "sum":
-        return None
-    chain: list[int] = []
-    e = producer.get(sum_op.inputs[0])
+    e = producer(sum_op.inputs[0])
     if e is None or ops[e].name != "exp":
         return None
-    d = producer.get(ops[e].inputs[0])
+    d = producer(ops[e].inputs[0])
     if d is None or ops[d].name != "sub":
         return None
-    chain += [e, d]
+    chain = [e, d]
     x, b = ops[d].inputs[0], ops[d].inputs[1]
-    while b in producer and ops[producer[b]].name in BROADCASTS:
-        chain.append(producer[b])
-        b = ops[producer[b]].inputs[0]
-    m = producer.get(b)
+    while (p := producer(b)) is not None and ops[p].name in BROADCASTS:
+        chain.append(p)
+        b = ops[p].inputs[0]
+    m = producer(b)
     if m is None or m not in maxes or ops[m].inputs[0] != x:
         return None
     if x not in fusion.tensors or any(
@@ -94,6 +99,7 @@ def _match(bound: Bound, s: int, maxes: set[int], producer: Mapping[str, int],
     absorbed = frozenset(chain)
     for i in absorbed:  # evaluated nowhere else in the segment, never stored
         for o in ops[i].outputs:
-            if o in written or any(c not in absorbed and c != s for c in consumers.get(o, ())):
+            if o in written or any(member(c) and c not in absorbed and c != s
+                                   for c in bound.consumers.get(o, ())):
                 return None
     return OnlinePair(m, s, x, absorbed)
