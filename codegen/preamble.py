@@ -31,6 +31,46 @@ class Piece:
     deps: tuple[str, ...] = ()
 
 
+def _lse_text(suffix: str, t: str, exp: str, fma: str, one: str, zero: str, nan: str) -> str:
+    """The online log-sum-exp accumulator ``fc_lse_<suffix>`` over values of type ``t``.
+
+    m: the running maximum; s: the sum of exp(x - m), rescaled when m grows. A value equal to m
+    adds 1 without an exp, which also counts -inf values while m is -inf: they become 0 once a
+    finite maximum rescales them. An infinite final m means torch's exp(inf - inf) (or an all
+    -inf row): the sum reads NaN then (fc_lse_sum). ``fc_lse_add_n`` takes N values at once:
+    their maximum first, so the running sum is rescaled at most once and the exps do not wait
+    on each other."""
+    a = f"fc_lse_{suffix}"
+    return f"""\
+struct {a} {{ {t} m, s; }};
+__device__ __forceinline__ void fc_lse_add({a}& a, {t} x) {{
+  if (x > a.m) {{ a.s = {fma}(a.s, {exp}(a.m - x), {one}); a.m = x; }}
+  else if (x != x) {{ a.m = x; a.s = x; }}
+  else a.s += x == a.m ? {one} : {exp}(x - a.m);
+}}
+template <int N> __device__ __forceinline__ void fc_lse_add_n({a}& a, const {t} (&x)[N]) {{
+  {t} mx = x[0];
+#pragma unroll
+  for (int i = 1; i < N; ++i) mx = fc_max(mx, x[i]);
+  if (mx != mx) {{ a.m = mx; a.s = mx; return; }}
+  if (mx > a.m) {{ a.s *= {exp}(a.m - mx); a.m = mx; }}
+  {t} sum = {zero};
+#pragma unroll
+  for (int i = 0; i < N; ++i) sum += x[i] == a.m ? {one} : {exp}(x[i] - a.m);
+  a.s += sum;
+}}
+__device__ __forceinline__ {a} fc_lse_combine({a} a, {a} b) {{
+  const {t} m = fc_max(a.m, b.m);
+  if (isinf(m)) return {a}{{m, a.s + b.s}};
+  return {a}{{m, a.s * {exp}(a.m - m) + b.s * {exp}(b.m - m)}};
+}}
+__device__ __forceinline__ {t} fc_lse_sum(const {a}& a) {{ return isinf(a.m) ? {nan} : a.s; }}
+__device__ __forceinline__ {a} fc_shfl_any({a} v, int m) {{
+  {a} r; r.m = fc_shfl(v.m, m); r.s = fc_shfl(v.s, m); return r;
+}}
+"""
+
+
 PIECES: tuple[Piece, ...] = (
     Piece("int64", ("int64",), "typedef long long int64;\n"),
     Piece("fc_vec", ("fc_vec",), """\
@@ -213,6 +253,12 @@ __device__ __forceinline__ fc_welford_d fc_shfl_any(fc_welford_d v, int m) {
   r.n = fc_shfl(v.n, m); return r;
 }
 """, ("fc_shfl",)),
+    # ---- online log-sum-exp accumulators (a max and the sum of exp(x - max) in one pass) ----
+    Piece("lse_f", ("fc_lse_f",), _lse_text("f", "float", "expf", "fmaf", "1.0f", "0.0f",
+                                              "__int_as_float(0x7fc00000)"), ("fc_shfl", "fc_max")),
+    Piece("lse_d", ("fc_lse_d",), _lse_text("d", "double", "exp", "fma", "1.0", "0.0",
+                                              "__longlong_as_double(0x7ff8000000000000LL)"),
+          ("fc_shfl", "fc_max")),
     # ---- combine functors and block reductions ----
     Piece("fc_add", ("fc_add",), """\
 struct fc_add { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
@@ -237,6 +283,11 @@ struct fc_minop {
     Piece("fc_welfordop", ("fc_welfordop",), """\
 struct fc_welfordop {
   template <typename W> __device__ __forceinline__ W operator()(W a, W b) const { return fc_welford_combine(a, b); }
+};
+"""),  # noqa: E501
+    Piece("fc_lseop", ("fc_lseop",), """\
+struct fc_lseop {
+  template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return fc_lse_combine(a, b); }
 };
 """),  # noqa: E501
     Piece("fc_shfl_any", ("fc_shfl_any",), """\

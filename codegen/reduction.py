@@ -23,11 +23,11 @@ from codegen.kernel import (
     Workspace,
     assemble,
     indent,
-    reducer,
     signature,
     tensor_params,
 )
 from codegen.layout import decompose, index_type
+from codegen.online import acc_size, add_batched, segment_reducers
 from codegen.regions import LANE, Region, pick_vector
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
@@ -66,7 +66,7 @@ class _Builder:
         self.rows, self.row_len = rows, row_len
         self.domain = list(schedule.domain)
         self.innermost = self.domain[-1] if self.domain else 1
-        self.reducers = [reducer(bound, i) for i in schedule.reductions]
+        self.reducers = segment_reducers(bound, schedule)
         self.itype = index_type(bound, list(schedule.inputs) + list(schedule.outputs),
                                 math.prod(self.domain))
         self.aligned: dict[str, int] = {}
@@ -106,7 +106,8 @@ class _Builder:
         for r in self.reducers:
             x = region.value(r.source)
             x = cuda.convert(x, region.em.dtype(r.source).compute, r.value_dtype)
-            region.em.lines.append(r.add(acc_of(r), x))
+            if not add_batched(region, r, acc_of(r), x):
+                region.em.lines.append(r.add(acc_of(r), x))
         for t in self.loop_outputs:
             region.store(t, region.raw(t))
 
@@ -331,6 +332,8 @@ class _Builder:
 
 
 def _acc_size(r) -> int:
+    if acc_size(r):
+        return acc_size(r)
     if r.welford:
         return 24 if r.acc_type == "fc_welford_d" else 16
     return {"float": 4, "double": 8, "long long": 8, "int": 4, "bool": 1}[r.acc_type]

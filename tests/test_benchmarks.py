@@ -280,6 +280,9 @@ def test_case_order_puts_the_heaviest_last_and_names_are_checked():
     names = corpus_names()
     assert sorted(names) == sorted(p.stem for p in CORPUS_FILES)
     assert names[-2:] == ["many_pointwise_chain", "many_segments_stress"]
+    # issue 18's cases (item 8, and item 3's RoPE backward) are benchmarked against nvFuser
+    assert {"group_norm_fwd", "cross_entropy_fwd", "transpose_add", "bias_dropout_add_layernorm",
+            "rmsnorm_bwd_2d_weight", "rope_bwd_gqa"} <= set(names)
     assert parse_args(["--cases", "softmax_fwd,adam_step"]).case_list == ["softmax_fwd",
                                                                          "adam_step"]
     with pytest.raises(SystemExit):

@@ -154,6 +154,10 @@ class AxisMap:
             self._parent[hi] = lo
             self._ids.clear()
 
+    def tie(self, a: AxisKey, b: AxisKey) -> None:
+        """Tie two axes outside the per-op rules (a fork's, for one classification)."""
+        self._union(a, b)
+
     def is_broadcast(self, key: AxisKey) -> bool:
         return self.bound.broadcast[key[0]][key[1]]
 

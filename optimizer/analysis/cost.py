@@ -11,6 +11,7 @@ from __future__ import annotations
 from optimizer.analysis.opclass import op_cost
 from optimizer.analysis.shapes import Bound
 from optimizer.schedulers.kinds import Kind, Schedule
+from optimizer.schedulers.online import RESCALE_COST
 from optimizer.schedulers.profiles import DeviceProfile
 
 KERNELS_PER_SEGMENT = {Kind.INNER_OUTER: 2}  # the row kernel and the column finisher
@@ -25,7 +26,11 @@ def write_bytes(bound: Bound, schedule: Schedule) -> int:
 
 
 def compute_units(bound: Bound, schedule: Schedule) -> float:
-    return sum(op_cost(bound.fusion.ops[i], bound) for i in schedule.ops)
+    units = sum(op_cost(bound.fusion.ops[i], bound) for i in schedule.ops)
+    # an online log-sum-exp rescales its running sum as the maximum grows
+    units += sum(RESCALE_COST * bound.numel(bound.fusion.ops[m].inputs[0])
+                 for m, _ in schedule.online)
+    return units
 
 
 def segment_time(bound: Bound, schedule: Schedule, profile: DeviceProfile) -> float:

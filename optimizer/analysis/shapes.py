@@ -54,6 +54,15 @@ class Bound:
         return self.fusion.value_dtype(name)
 
     @functools.cached_property
+    def consumers(self) -> dict[str, tuple[int, ...]]:
+        """Value name -> indices of the ops that read it, in program order."""
+        index: dict[str, list[int]] = {}
+        for i, op in enumerate(self.fusion.ops):
+            for n in dict.fromkeys(op.inputs):
+                index.setdefault(n, []).append(i)
+        return {n: tuple(v) for n, v in index.items()}
+
+    @functools.cached_property
     def producers(self) -> dict[str, int]:
         """Value name -> index of the op that defines it (the fusion's ops do not change once
         bound)."""

@@ -9,15 +9,17 @@ the Schedule and relies on each rule below.
   axis at least as long) into the largest written tensor, whose domain the kernel iterates; a
   shorter axis is written where its index is in range. Views and resizes are index maps.
 - reduction: real reductions that all reduce the same axes of one domain P, with a prologue on P
-  and an epilogue on the reduced domain; nothing on P may depend on a reduction's result.
+  and an epilogue on the reduced domain; nothing on P may depend on a reduction's result, except
+  inside an online max/sum-exp pair (one accumulator, ``optimizer.schedulers.online``).
 - normalization: as reduction, but P-domain values that depend on reduction results (reduce,
   broadcast back, combine); the reduced axes must be the trailing axes of P (a row is kept on
   chip) and the row's persistent bytes must fit the profile's budget.
 - inner_outer: normalization plus column reductions over all the other axes of the same P.
 - library: one matmul/linear, through cuBLAS.
 - fallback: one op without a generated kernel, through the torch reference.
-In reduction kinds only axis-preserving ops may appear (no reshape, resize or gather), so every
-tensor's axes land on axes of P (see ``optimizer.analysis.axes``).
+In reduction kinds only axis-preserving ops may appear (no gather, no reshape but one that splits
+or merges axes), so every tensor's axes land on axes of P (see ``optimizer.analysis.axes``); a
+plain reduction may also hold resizes along its kept axes (``optimizer.schedulers.resize``).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from optimizer.analysis.axes import AxisEntry, AxisMap, domain_axes
 from optimizer.analysis.opclass import Role, reindexes, role
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.ops_misc import reduction_axes
+from optimizer.schedulers.online import online_pairs
 from optimizer.schedulers.persistent import Extension, Persistence, analyze_persistence
 from optimizer.schedulers.profiles import DeviceProfile
+from optimizer.schedulers.resize import is_resize, place_through_partner, tie_resizes
 
 
 class Kind(str, Enum):
@@ -74,6 +78,9 @@ class Schedule:
     # analysis, kept for the reduction kind too.
     by_position: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
     analysis: Persistence | None = field(default=None, compare=False, repr=False)
+    # (max op, sum op) pairs computed in one pass by an online log-sum-exp accumulator (see
+    # ``optimizer.schedulers.online``); the ops between them are never evaluated on their own.
+    online: tuple[tuple[int, int], ...] = ()
 
     def __bool__(self) -> bool:
         return True
@@ -231,11 +238,15 @@ def _pointwise(bound: Bound, ops, inputs, outputs, axes: AxisMap) -> Schedule | 
 def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
                facts: SegmentFacts) -> Schedule | Rejection:
     fusion = bound.fusion
+    resizes = [i for i in facts.views if is_resize(fusion.ops[i])]
     for i in facts.views:
-        op = fusion.ops[i]
-        return Rejection(f"{op.name} ({op.outputs[0]}) re-indexes data and cannot join a "
-                         f"reduction segment")
-    axes = facts.axes
+        if i not in resizes:
+            op = fusion.ops[i]
+            return Rejection(f"{op.name} ({op.outputs[0]}) re-indexes data and cannot join a "
+                             f"reduction segment")
+    axes, partner = facts.axes, {}
+    if resizes:  # see optimizer.schedulers.resize
+        axes, partner = tie_resizes(bound, axes, (fusion.ops[i] for i in resizes))
 
     def signature(i: int):
         op = fusion.ops[i]
@@ -293,7 +304,7 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
     row_reductions = tuple(sigs[inner_key])
     col_reductions = tuple(sigs[outer_key]) if outer_key else ()
     base = facts.base if facts.base is not None and facts.base.kind in REDUCTION_KINDS and \
-        facts.consumers is not None and facts.producer is not None else None
+        facts.consumers is not None and facts.producer is not None and not resizes else None
     if base is None:
         tensors = list(dict.fromkeys(list(inputs) + [o for i in ops for o in fusion.ops[i].outputs
                                                      if o in fusion.tensors]))
@@ -314,9 +325,16 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
     in_domain = set(pos)
     by_position = set()
     _complete_by_position(bound, axes, tensors, pos, domain)
+    resized: dict[str, list[int]] = {}  # tensor -> domain axes it reads along at a shift
     for t in tensors:
         ids = axes.ids(t)
         mapped = tuple(_place(axes, x, pos) for x in ids)
+        if partner and any(x is not None and m is None for x, m in zip(ids, mapped)):
+            through = [place_through_partner(x, pos, partner) if x is not None and m is None
+                       else None for x, m in zip(ids, mapped)]
+            mapped = tuple(m if p is None else p for m, p in zip(mapped, through))
+            if any(p is not None for p in through):
+                resized[t] = [p for p in through if p is not None]
         if any(x is not None and m is None for x, m in zip(ids, mapped)):
             return Rejection(f"{t} {list(bound.shapes[t])} does not map onto the reduction "
                              f"domain {list(domain)}")
@@ -326,6 +344,11 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
         axis_map[t] = mapped
         if any(x is not None and x not in in_domain for x in ids):
             by_position.add(t)
+    by_position.update(resized)
+    if resized:
+        why = _resize_misfit(fusion, resized, outputs, row_axes, row_reductions + col_reductions)
+        if why:
+            return Rejection(why)
     extension = None
     if base is not None and base.analysis is not None and base.reduction_axes == row_axes \
             and set(base.reductions) <= set(row_reductions) \
@@ -337,6 +360,12 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
     if isinstance(persistence, str):
         return Rejection(persistence)
     analysis = persistence
+    online = ()
+    if persistence.broadcasts_back and not col_reductions:
+        persistence, online = _online(bound, ops, inputs, outputs, domain, axis_map, row_axes,
+                                      row_reductions, persistence)
+        if online:
+            analysis = None  # an extension would not know the absorbed ops: analyse afresh
     needs_rows = persistence.broadcasts_back or bool(col_reductions)
     if not needs_rows and any(persistence.stage[fusion.ops[i].inputs[0]] > 0
                               for i in row_reductions):
@@ -357,9 +386,47 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
         kind = Kind.INNER_OUTER if col_reductions else Kind.NORMALIZATION
     if math.prod(domain) == 0 and kind is not Kind.REDUCTION:
         return Rejection("an empty domain needs no persistent kernel")
+    if resizes and kind is not Kind.REDUCTION:
+        op = fusion.ops[resizes[0]]
+        return Rejection(f"{op.name} ({op.outputs[0]}) re-indexes data and cannot join a "
+                         f"{kind.value} segment")
+    if resizes:
+        analysis = None  # the resize ties are this classification's: extend none of it
     return Schedule(kind, ops, inputs, outputs, domain, p_ref, axis_map, row_axes, col_axes,
                     row_reductions, col_reductions, persistence, frozenset(by_position),
-                    analysis)
+                    analysis, online)
+
+
+def _online(bound: Bound, ops, inputs, outputs, domain, axis_map, row_axes, row_reductions,
+            persistence: Persistence) -> tuple[Persistence, tuple[tuple[int, int], ...]]:
+    """The analysis of a segment whose max/sum-exp pairs run as online accumulators, and the
+    pairs, where that leaves no value depending on a row reduction (a plain reduction: one pass,
+    nothing kept on chip); else the analysis as it was and no pairs. Each pair's ``exp`` result
+    is analysed as if read at stage 0: the accumulator consumes it in the first pass."""
+    pairs = online_pairs(bound, ops, row_reductions, outputs)
+    if not pairs:
+        return persistence, ()
+    absorbed = {i for p in pairs for i in p.absorbed}
+    fed = tuple(bound.fusion.ops[p.sum_op].inputs[0] for p in pairs)
+    rest = tuple(i for i in ops if i not in absorbed)
+    online = analyze_persistence(bound, rest, tuple(inputs) + fed, outputs, domain, axis_map,
+                                 row_axes, row_reductions, ())
+    if isinstance(online, str) or online.broadcasts_back:
+        return persistence, ()
+    return online, tuple((p.max_op, p.sum_op) for p in pairs)
+
+
+def _resize_misfit(fusion, resized: dict[str, list[int]], outputs, row_axes,
+                   reductions) -> str | None:
+    """Why tensors read at a resize's shift cannot be in this reduction segment, or None."""
+    sources = {fusion.ops[i].inputs[0] for i in reductions}
+    for t, along in resized.items():
+        if any(a in row_axes for a in along):
+            return f"{t} is resized along a reduced axis"
+        if t in outputs or t in sources:
+            return f"{t} is resized: it cannot be {'written' if t in outputs else 'reduced'} " \
+                   f"in a reduction segment"
+    return None
 
 
 def _place(axes: AxisMap, axis_id, pos: dict) -> AxisEntry:

@@ -47,6 +47,8 @@ from optimizer.analysis.opclass import Role, op_cost, reindexes
 from optimizer.ir.ops_misc import reduction_axes
 from optimizer.plan.plan import SolverReport
 from optimizer.schedulers.kinds import Kind
+from optimizer.schedulers.online import OnlinePair, online_pairs
+from optimizer.schedulers.resize import is_resize
 from optimizer.segmenters.graph import SegGraph
 from optimizer.segmenters.mincut import refine
 from optimizer.segmenters.unionfind import DisjointSets
@@ -317,8 +319,11 @@ class _Model:
         sig = {i: self.rules.signature[i] for ops in self.units for i in ops
                if i in self.rules.signature}
         red_units = sorted({self.unit_of[i] for i in sig})
+        # (resizes may join a reduction along kept axes: classify decides, see
+        # optimizer.schedulers.resize)
         view_units = sorted({u for u, ops in enumerate(self.units)
-                             if any(reindexes(fusion.ops[i], graph.bound) for i in ops)})
+                             if any(reindexes(fusion.ops[i], graph.bound)
+                                    and not is_resize(fusion.ops[i]) for i in ops)})
         inner_outer = Kind.INNER_OUTER in graph.kinds
 
         def conflict(ua: int, ub: int) -> None:
@@ -435,21 +440,25 @@ class _Rules:
         axes = AxisMap(graph.bound, (fusion.ops[i] for i in graph.ops))
         self.signature: dict[int, tuple] = {}
         self.frontier: dict[int, list[int]] = {}
-        for i in graph.ops:
-            if graph.roles[i] is Role.REDUCTION:
-                op = fusion.ops[i]
-                ids = axes.ids(op.inputs[0])
-                red = set(reduction_axes(op.attrs, len(ids)))
-                self.signature[i] = (frozenset(x for x in ids if x is not None),
-                                     frozenset(x for a, x in enumerate(ids)
-                                               if x is not None and a in red))
-                self.frontier[i] = _broadcast_back_frontier(graph, axes, i)
+        reductions = [i for i in graph.ops if graph.roles[i] is Role.REDUCTION]
+        online = {p.max_op: p for p in online_pairs(graph.bound, graph.ops, reductions,
+                                                    graph.outputs)}
+        for i in reductions:
+            op = fusion.ops[i]
+            ids = axes.ids(op.inputs[0])
+            red = set(reduction_axes(op.attrs, len(ids)))
+            self.signature[i] = (frozenset(x for x in ids if x is not None),
+                                 frozenset(x for a, x in enumerate(ids)
+                                           if x is not None and a in red))
+            self.frontier[i] = _broadcast_back_frontier(graph, axes, i, online.get(i))
 
 
-def _broadcast_back_frontier(graph: SegGraph, axes: AxisMap, r: int) -> list[int]:
+def _broadcast_back_frontier(graph: SegGraph, axes: AxisMap, r: int,
+                             online: OnlinePair | None = None) -> list[int]:
     """For a reduction that does not reduce the innermost axis of its input (no persistent
     kernel keeps such rows), the first ops downstream that bring its result back onto the reduced
-    axes. Such an op cannot share a segment with the reduction."""
+    axes. Such an op cannot share a segment with the reduction, unless it is part of the online
+    log-sum-exp pair ``online`` that the reduction (a max) anchors."""
     fusion = graph.fusion
     op = fusion.ops[r]
     ids = axes.ids(op.inputs[0])
@@ -468,6 +477,11 @@ def _broadcast_back_frontier(graph: SegGraph, axes: AxisMap, r: int) -> list[int
                 continue
             seen.add(c)
             outs = [o for o in fusion.ops[c].outputs if o in fusion.tensors]
+            if online is not None and c == online.sum_op:
+                continue  # the pair's own sum: one accumulator with the max
+            if online is not None and c in online.absorbed:
+                stack.extend(outs)
+                continue
             if graph.roles[c] is Role.REDUCTION or any(
                     x in reduced for o in outs for x in axes.ids(o)):
                 frontier.append(c)
