@@ -90,9 +90,11 @@ def profile_step(fn, x, extra, grad, profiled: int = 3,
         ops = sorted((e for e in prof.events() if e.device_type.name == "CUDA"),
                      key=lambda e: e.time_range.start)
         per_step = len(ops) // profiled
-        with open(timeline, "w") as f:
-            f.writelines(f"{e.device_time_total / 1e3:8.3f} ms  {e.name[:120]}\n"
-                         for e in ops[-per_step:])
+        last = ops[-per_step:]
+        t0 = last[0].time_range.start if last else 0
+        with open(timeline, "w") as f:  # start (ms into the step), duration, name: gaps show
+            f.writelines(f"{(e.time_range.start - t0) / 1e3:8.3f} {e.device_time_total / 1e3:8.3f}"
+                         f" ms  {e.name[:120]}\n" for e in last)
     kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
     busy = sum(e.self_device_time_total for e in kernels) / 1e3 / profiled
     ops = sum(e.count for e in kernels) / profiled
