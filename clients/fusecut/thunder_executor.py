@@ -688,7 +688,8 @@ def region_reports(jitted: Callable) -> list[RegionReport]:
         for bsym, fn in fusecut_regions(history[-1]):
             ops = [b.sym.name for b in bsym.subsymbols]
             if isinstance(fn, _Fallback) or getattr(fn, "fallback_reason", None):
-                reports.append(RegionReport(fn.name, direction, ops, "", fn.calls,
+                text = repr(fn.first_definition) if isinstance(fn, FusecutRegion) else ""
+                reports.append(RegionReport(fn.name, direction, ops, text, fn.calls,
                                             fallback=fn.fallback_reason))
                 continue
             report = RegionReport(fn.name, direction, ops, repr(fn.first_definition), fn.calls)
