@@ -37,6 +37,7 @@ from runtime.kernels import (
     scalar_value,
 )
 from runtime.reference import run_reference
+from runtime.rng import draw, undo, with_implicit_rng
 from runtime.tensors import TORCH_DTYPE, unshare
 
 # Parameter kinds, as runtime/native/launcher.cpp reads them.
@@ -126,6 +127,9 @@ class Program:
     # outputs that may share memory with an argument (an argument itself, or a torch segment's
     # result, which can be a view): checked on every run; kernels' outputs are fresh buffers
     may_share: tuple[int, ...] = ()
+    # the last arguments when random ops have no seed: a call gives the others and each run
+    # appends fresh draws from torch's generator (runtime.rng)
+    implicit_rng: tuple[str, ...] = ()
 
     # ---- the Python path -----------------------------------------------------------------------
 
@@ -143,6 +147,8 @@ class Program:
              ) -> list[torch.Tensor] | None:
         """The warm call: the outputs, or None when ``args`` do not match the signature.
         ``into``: as for ``run_python``."""
+        if self.implicit_rng and len(args) == self.n_args - len(self.implicit_rng):
+            return self._call_drawing(args, into)
         native = self.native
         if native is not None:
             return native[0](native[1], args, current_stream(self.device.index), into)
@@ -152,9 +158,24 @@ class Program:
             self.native, self.native_ready = _native_program(self), None
         return self.run_python(args, into)
 
+    def _call_drawing(self, args: list[Any], into: list[torch.Tensor | None] | None
+                      ) -> list[torch.Tensor] | None:
+        """``call`` with the caller's arguments only: draw, run, and give the draw back when
+        the arguments did not match after all (the caller then runs another program)."""
+        if self.native is None and \
+                signature(args, self.baked) != self.signature[:len(args)]:
+            return None
+        ops, device = len(self.implicit_rng) - 1, _rng_device(self.device)
+        values, before = draw(ops, device)
+        outs = self.call([*args, *values], into)
+        if outs is None:
+            undo(ops, device, before)
+        return outs
+
     def run(self, args: list[Any], into: list[torch.Tensor | None] | None = None
             ) -> list[torch.Tensor]:
         """Run on arguments known to match (the caller looked the program up by them)."""
+        args = with_implicit_rng(self.implicit_rng, self.n_args, args)  # drawn once
         outs = self.call(args, into)
         return outs if outs is not None else self.run_python(args, into)
 
@@ -233,6 +254,10 @@ class Program:
         return provided
 
 
+def _rng_device(device: torch.device) -> torch.device | None:
+    return device if device.type == "cuda" else None
+
+
 def _numel(shape) -> int:
     n = 1
     for e in shape:
@@ -252,6 +277,11 @@ def build_program(plan: Plan, args: list[Any], sig: tuple | None = None) -> Prog
 
 def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
     fusion, bound = plan.fusion, plan.bound
+    implicit = fusion.implicit_rng
+    if implicit and len(args) == len(fusion.inputs) - len(implicit):
+        # the per-call seed and offsets: placeholders here (int scalars, never in the signature)
+        args = [*args, *(0 for _ in implicit)]
+        sig = None if sig is None else (*sig, *(int for _ in implicit))
     n_args = len(args)
     tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
     device = tensor.device if tensor is not None else \
@@ -354,7 +384,8 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
     baked = baked_positions(fusion)
     program = Program(sig if sig is not None else signature(args, baked), device, n_args,
                       buffers, steps, outputs, aliases, derived, scalar_args, static, baked,
-                      current_context() if device.type == "cuda" else 0)
+                      current_context() if device.type == "cuda" else 0,
+                      implicit_rng=implicit)
     torch_results = {slot for step in steps if isinstance(step, TorchCall)
                      for slot in step.results}
     program.may_share = tuple(k for k, (slot, _, _) in enumerate(outputs)

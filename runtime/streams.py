@@ -20,6 +20,7 @@ from optimizer.hostir.lower import Step
 from optimizer.plan.plan import Plan
 from runtime.executor import Execution, _steps, check_matches_plan, execute_plan, expand_compact
 from runtime.program import program_for, signature
+from runtime.rng import with_implicit_rng
 from runtime.tensors import TORCH_DTYPE, unshare
 
 _pools: dict[int, list[tuple[torch.cuda.Stream, torch.cuda.Event]]] = {}
@@ -60,8 +61,9 @@ class HostCall:
 
 def run_host(plan: Plan, args: list[Any]) -> Execution:
     """Run ``plan``'s host program on ``args``."""
-    scalars = check_matches_plan(plan, args)
     fusion = plan.fusion
+    args = with_implicit_rng(fusion.implicit_rng, len(fusion.inputs), args)
+    scalars = check_matches_plan(plan, args)
     gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     env: dict[str, Any] = dict(zip(fusion.inputs, args))
     for step in plan.host.steps:
