@@ -37,7 +37,7 @@ from runtime.kernels import (
     scalar_value,
 )
 from runtime.reference import run_reference
-from runtime.rng import draw, undo, with_implicit_rng
+from runtime.rng import call_with_draw, with_implicit_rng
 from runtime.tensors import TORCH_DTYPE, unshare
 
 # Parameter kinds, as runtime/native/launcher.cpp reads them.
@@ -165,12 +165,8 @@ class Program:
         if self.native is None and \
                 signature(args, self.baked) != self.signature[:len(args)]:
             return None
-        ops, device = len(self.implicit_rng) - 1, _rng_device(self.device)
-        values, before = draw(ops, device)
-        outs = self.call([*args, *values], into)
-        if outs is None:
-            undo(ops, device, before)
-        return outs
+        return call_with_draw(len(self.implicit_rng) - 1, _rng_device(self.device), args,
+                              lambda full: self.call(full, into))
 
     def run(self, args: list[Any], into: list[torch.Tensor | None] | None = None
             ) -> list[torch.Tensor]:
@@ -467,15 +463,7 @@ def native_capsule(module, program: Program, driver: tuple[int, int, int, int],
     """Describe ``program`` to the C++ launcher. ``driver``: the addresses of cuLaunchKernel,
     cuCtxGetCurrent and cuCtxSetCurrent and the kernels' context (0s: no context handling);
     ``device_type``: c10's, 0 CPU, 1 CUDA."""
-    inputs = []
-    for key in program.signature:
-        if isinstance(key, tuple) and len(key) == 5:
-            shape, strides, dtype, _, align = key
-            inputs.append(("tensor", tuple(shape), tuple(strides), SCALAR_TYPE[dtype], align))
-        elif isinstance(key, tuple):
-            inputs.append(("scalar", key[0], key[1]))
-        else:
-            inputs.append(("scalar", key, None))
+    inputs = input_specs(program.signature)
     buffers = [(shape or (), SCALAR_TYPE.get(dtype, 0)) for shape, dtype in program.buffers]
     launches = []
     for s in program.steps:
@@ -496,6 +484,20 @@ def native_capsule(module, program: Program, driver: tuple[int, int, int, int],
             outputs.append((slot, tuple(shape), expanded_strides(shape, broadcast)))
     index = program.device.index if program.device.index is not None else -1
     return module.make(driver, device_type, index, inputs, buffers, launches, outputs)
+
+
+def input_specs(sig: tuple) -> list[tuple]:
+    """A signature as the launcher's ``make``/``make_host`` take it."""
+    inputs = []
+    for key in sig:
+        if isinstance(key, tuple) and len(key) == 5:
+            shape, strides, dtype, _, align = key
+            inputs.append(("tensor", tuple(shape), tuple(strides), SCALAR_TYPE[dtype], align))
+        elif isinstance(key, tuple):
+            inputs.append(("scalar", key[0], key[1]))
+        else:
+            inputs.append(("scalar", key, None))
+    return inputs
 
 
 def expanded_strides(shape, broadcast) -> tuple[int, ...]:

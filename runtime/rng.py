@@ -19,7 +19,7 @@ which Python cannot; a call reads and advances the offset in two steps).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -78,3 +78,14 @@ def with_implicit_rng(implicit: Sequence[str], n_inputs: int, args: list[Any]) -
     if not implicit or len(args) != n_inputs - len(implicit):
         return args
     return [*args, *draw(len(implicit) - 1, rng_device(args))[0]]
+
+
+def call_with_draw(ops: int, device: torch.device | None, args: list[Any],
+                   run: Callable[[list[Any]], Any]) -> Any:
+    """``run(args + this call's draw)``; the draw is given back when ``run`` answers None (the
+    arguments did not match: another program runs them, and draws)."""
+    values, before = draw(ops, device)
+    result = run([*args, *values])
+    if result is None:
+        undo(ops, device, before)
+    return result
