@@ -26,6 +26,7 @@ from optimizer.plan.plan import Plan
 from runtime.executor import _steps
 from runtime.program import (
     SCALAR_TYPE,
+    Launch,
     Program,
     _native_program,
     baked_positions,
@@ -47,17 +48,17 @@ class HostDescription:
 
 
 def describe(plan: Plan, args: list[Any], used: dict[tuple[int, int], list[Program]],
-             capsule_of: Callable[[Program], Any]) -> HostDescription | None:
+             capsule_of: Callable[[Program], Any]) -> HostDescription | str:
     """The launcher's description of ``plan``'s host program for arguments like ``args``
-    (implicit random seeds included), given the programs each (step, segment) ran; None when
-    the C++ loop cannot run it (see the module's note). ``capsule_of``: a program's launcher
+    (implicit random seeds included), given the programs each (step, segment) ran; or why the
+    C++ loop cannot run it (see the module's note). ``capsule_of``: a program's launcher
     capsule, or None where it cannot run in C++."""
     from runtime.streams import segment_io
 
     fusion = plan.fusion
     position = {name: i for i, name in enumerate(fusion.inputs)}
     if fusion.aliases or any(t in position for t in fusion.outputs):
-        return None
+        return "an output updates or is an argument"
     ids = dict(position)
 
     def value(name: str) -> int:
@@ -72,19 +73,25 @@ def describe(plan: Plan, args: list[Any], used: dict[tuple[int, int], list[Progr
         calls = []
         for j in step.segments:
             programs = used.get((k, j), [])
-            capsule = capsule_of(programs[0]) if len(programs) == 1 else None
+            if len(programs) != 1:
+                return f"segment {j} ran {len(programs)} programs, not one"
+            capsule = capsule_of(programs[0])
             if capsule is None:
-                return None
+                p = programs[0]
+                return (f"segment {j}'s program does not run in C++ (on {p.device}: "
+                        f"{', '.join(sorted({type(s).__name__ for s in p.steps}))}"
+                        f"{', outputs may share an argument' if p.may_share else ''})")
             sources, names = segment_io(plan, j)
             refs = []
             for name, is_tensor in sources:
                 if not is_tensor and name not in position:
-                    return None  # a scalar derived on the host: its value is not an argument
+                    return f"segment {j} reads {name}, a scalar derived on the host"
                 refs.append(_ref(slices, name, value(name)) if is_tensor
                             else (SCALAR, position[name], 0))
             targets = [_ref(slices, t, value(t)) if t in allocated else None for t in names]
             results = [-1 if t in allocated else value(t) for t in names]
-            calls.append((capsule, refs, results, targets))
+            pointers = loop and _pointer_form(plan, programs[0], names, allocated, slices)
+            calls.append((capsule, refs, results, targets, pointers))
         allocs = [(value(t), list(plan.bound.compact_shape(t)),
                    SCALAR_TYPE[TORCH_DTYPE[fusion.tensors[t].dtype]])
                   for t in step.allocations] if loop else []
@@ -99,6 +106,30 @@ def describe(plan: Plan, args: list[Any], used: dict[tuple[int, int], list[Progr
                             list(shape)))
     sig = signature(args, baked_positions(fusion))
     return HostDescription(input_specs(sig), len(ids), steps, outputs)
+
+
+def _pointer_form(plan: Plan, program: Program, names: list[str], allocated: set[str],
+                  slices: dict[str, int | None]) -> bool:
+    """Whether a loop's program can run on addresses alone: kernels only, and each output it
+    writes to a slice of an allocation written there in place (as ``Program._provided`` and the
+    launcher's ``as_target`` decide: the slice dense, of the buffer's dtype and size)."""
+    if not all(isinstance(s, Launch) for s in program.steps):
+        return False
+    kernel_buffers = {b for s in program.steps for b in s.allocs}
+    for t, (slot, _, _) in zip(names, program.outputs):
+        if t not in allocated:
+            continue
+        if slot not in kernel_buffers:
+            return False
+        shape, dtype = program.buffers[slot - program.n_args]
+        whole = torch.empty(plan.bound.compact_shape(t), device="meta",
+                            dtype=TORCH_DTYPE[plan.fusion.tensors[t].dtype])
+        axis = slices.get(t)
+        target = whole if axis is None else whole.narrow(axis, 0, 1)
+        if target.dtype != dtype or not target.is_contiguous() or \
+                target.numel() != torch.Size(shape).numel():
+            return False
+    return True
 
 
 def _ref(slices: dict[str, int | None], name: str, value: int) -> tuple[int, int, int]:
@@ -133,20 +164,20 @@ def _capsule(program: Program) -> Any:
     return program.native[1] if program.native is not None else None
 
 
-def native_host_call(plan: Plan, args: list[Any], used: dict) -> tuple | None:
+def native_host_call(plan: Plan, args: list[Any], used: dict) -> tuple | str:
     """(the launcher's run_host, the host program's capsule, its device) for later calls with
-    arguments like ``args`` (a GPU run's, after it filled ``used``), or None: Python runs it."""
+    arguments like ``args`` (a GPU run's, after it filled ``used``), or why Python runs it."""
     from runtime import launcher
     from runtime.streams import _pool, entry_event
 
     module = launcher.native()
     device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
     if module is None or device is None:
-        return None
+        return "no launcher" if module is None else "no GPU"
     with torch.cuda.device(device):
         description = describe(plan, args, used, _capsule)
-        if description is None:
-            return None
+        if isinstance(description, str):
+            return description
         pool = [(s.cuda_stream, s.stream_id, s.device_index, s.device_type, e.cuda_event)
                 for s, e in _pool(device, plan.host.num_streams)]
         capsule = host_capsule(module, description, event_functions(), device, pool,

@@ -62,6 +62,12 @@ def entry_event(device: torch.device) -> torch.cuda.Event:
         return event
 
 
+# GPU runs of a host program that may hand its loop to C++. More than one: a segment program
+# that became native during the first run left its intermediates in another layout (a library
+# result kept unsqueezed) for part of the iterations, which the second run does not.
+NATIVE_TRIES = 3
+
+
 @dataclass
 class HostCall:
     """A host program as the SDK's warm call sees a compiled program: ``call`` answers None
@@ -72,7 +78,8 @@ class HostCall:
     signature: tuple
     baked: frozenset[int]
     native: Any = None
-    tried_native: bool = False
+    tries: int = 0  # GPU runs that tried to hand the loop to C++
+    python_why: str = ""  # why the loop stays in Python, once tried
 
     def call(self, args: list[Any]) -> list[torch.Tensor] | None:
         if self.native is not None:
@@ -95,8 +102,8 @@ class HostCall:
             if outs is not None:
                 return outs
         used: dict | None = None
-        if not self.tried_native and any(isinstance(a, torch.Tensor) and a.is_cuda
-                                         for a in args):
+        if self.tries < NATIVE_TRIES and any(isinstance(a, torch.Tensor) and a.is_cuda
+                                             for a in args):
             used = {}
         full = with_implicit_rng(self.plan.fusion.implicit_rng, len(self.plan.fusion.inputs),
                                  list(args))
@@ -105,10 +112,13 @@ class HostCall:
             from runtime import launcher
             from runtime.native_host import native_host_call
 
-            self.native = native_host_call(self.plan, full, used)
-            # tried for good unless the launcher is still building (then the next call tries)
-            self.tried_native = self.native is not None or not launcher.enabled() or \
-                launcher.failure() is not None or launcher.native() is not None
+            native = native_host_call(self.plan, full, used)
+            self.native, self.python_why = (None, native) if isinstance(native, str) else \
+                (native, "")
+            # a try unless the launcher is still building (then the next call tries)
+            if not launcher.enabled() or launcher.failure() is not None or \
+                    launcher.native() is not None:
+                self.tries += 1
         return outputs
 
 

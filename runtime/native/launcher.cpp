@@ -274,19 +274,27 @@ at::Tensor as_target(const std::vector<at::Tensor>& targets, int slot, const Buf
 // ``slots`` receives the buffers), scalars as Python objects in ``items`` (by position; null
 // where the argument is a tensor). ``targets``: by slot, a tensor to write that output to
 // (empty: none). Returns the outputs. Throws on a failed launch or conversion.
+// The pointer form (a stream loop's kernel-only programs, whose slices are only addresses):
+// ``addresses`` gives per slot the address a kernel parameter takes, set for the arguments (a
+// slice's address, no slice made) and for buffers written straight into a target; the other
+// buffers are allocated and get theirs here. ``keep``: which outputs to return (null: all).
 std::vector<at::Tensor> execute(const Program& prog, std::vector<at::Tensor>& slots,
                                 PyObject* const* items, void* stream,
-                                const std::vector<at::Tensor>& targets) {
+                                const std::vector<at::Tensor>& targets,
+                                std::vector<uint64_t>* addresses = nullptr,
+                                const std::vector<char>* keep = nullptr) {
   const Py_ssize_t n_args = static_cast<Py_ssize_t>(prog.inputs.size());
   std::vector<uint64_t> values;
   std::vector<void*> pointers;
   for (const Launch& l : prog.launches) {
     for (int b : l.allocs) {
+      if (addresses != nullptr && (*addresses)[b] != 0) continue;  // written into its target
       const BufferSpec& spec = prog.buffers[b - n_args];
       at::Tensor target = as_target(targets, b, spec);
       slots[b] = target.defined() ? target
                                   : at::empty(spec.sizes, at::TensorOptions().dtype(spec.dtype)
                                                               .device(prog.device));
+      if (addresses != nullptr) (*addresses)[b] = reinterpret_cast<uint64_t>(slots[b].data_ptr());
     }
     if (l.library.op != 0) {
       const Library& lib = l.library;
@@ -309,7 +317,8 @@ std::vector<at::Tensor> execute(const Program& prog, std::vector<at::Tensor>& sl
       uint64_t& v = values[k];
       switch (p.kind) {
         case kSlot:
-          v = reinterpret_cast<uint64_t>(slots[p.index].data_ptr());
+          v = addresses != nullptr ? (*addresses)[p.index]
+                                   : reinterpret_cast<uint64_t>(slots[p.index].data_ptr());
           break;
         case kInt:
           v = static_cast<uint64_t>(p.ivalue);
@@ -351,10 +360,11 @@ std::vector<at::Tensor> execute(const Program& prog, std::vector<at::Tensor>& sl
       targets[o.slot].copy_(slots[o.slot].reshape(targets[o.slot].sizes()));
     }
   }
-  std::vector<at::Tensor> outs;
-  outs.reserve(prog.outputs.size());
-  for (const Output& o : prog.outputs) {
-    outs.push_back(o.view ? at::as_strided(slots[o.slot], o.sizes, o.strides) : slots[o.slot]);
+  std::vector<at::Tensor> outs(prog.outputs.size());
+  for (size_t k = 0; k < prog.outputs.size(); ++k) {
+    if (keep != nullptr && !(*keep)[k]) continue;
+    const Output& o = prog.outputs[k];
+    outs[k] = o.view ? at::as_strided(slots[o.slot], o.sizes, o.strides) : slots[o.slot];
   }
   return outs;
 }
@@ -454,6 +464,7 @@ struct ArgRef {
 struct SegmentCall {
   PyObject* capsule = nullptr;  // owned: keeps the program alive
   Program* prog = nullptr;
+  bool pointers = false;  // in a loop: kernels only, every target written in place (by address)
   std::vector<ArgRef> args;     // per program argument
   std::vector<int> results;     // per program output: the value id it becomes (-1: a target's)
   std::vector<ArgRef> targets;  // per program output: kind 1, a slice to write it to; or none
@@ -516,8 +527,9 @@ bool parse_ref(PyObject* item, ArgRef& ref) {
 //           steps, outputs, pool, entry_event) -> capsule
 //   inputs:  as for make
 //   steps:   (extent, allocs, calls); allocs: (value, sizes, dtype);
-//            calls: (program capsule, args, results, targets); args and targets: (kind, index,
-//            axis) or None; results: value ids (-1: written to its target)
+//            calls: (program capsule, args, results, targets, pointers); args and targets:
+//            (kind, index, axis) or None; results: value ids (-1: written to its target);
+//            pointers: run it in pointer form in a loop (see execute)
 //   outputs: (value, view-sizes-or-None, sizes-or-None)
 //   pool:    (stream handle, stream_id, device_index, device_type, done event handle)
 PyObject* make_host(PyObject*, PyObject* args) {
@@ -559,8 +571,10 @@ PyObject* make_host(PyObject*, PyObject* args) {
     for (Py_ssize_t k = 0; ok && k < PyList_Size(calls); ++k) {
       SegmentCall call;
       PyObject *capsule, *refs, *results, *targets;
-      ok = PyArg_ParseTuple(PyList_GetItem(calls, k), "OOOO", &capsule, &refs, &results,
-                            &targets);
+      int pointers = 0;
+      ok = PyArg_ParseTuple(PyList_GetItem(calls, k), "OOOOp", &capsule, &refs, &results,
+                            &targets, &pointers);
+      call.pointers = pointers != 0;
       if (!ok) break;
       call.prog = static_cast<Program*>(PyCapsule_GetPointer(capsule, "fusecut.Program"));
       if (call.prog == nullptr) { ok = false; break; }
@@ -647,6 +661,15 @@ at::Tensor resolve(const ArgRef& ref, const std::vector<at::Tensor>& env, int64_
   return ref.kind == 1 ? value.narrow(ref.axis, i, 1) : value;
 }
 
+// The address ``resolve`` would give its data, without making the slice (a view costs a few
+// microseconds through the dispatcher; an iteration makes several).
+uint64_t address(const ArgRef& ref, const std::vector<at::Tensor>& env, int64_t i) {
+  const at::Tensor& value = env[ref.index];
+  uint64_t base = reinterpret_cast<uint64_t>(value.data_ptr());
+  if (ref.kind != 1) return base;
+  return base + static_cast<uint64_t>(i * value.stride(ref.axis) * value.element_size());
+}
+
 // One segment's program on the host program's values (``i``: the loop's iteration, or -1).
 void run_call(const SegmentCall& call, std::vector<at::Tensor>& env, PyObject* const* items,
               void* stream, int64_t i) {
@@ -658,17 +681,33 @@ void run_call(const SegmentCall& call, std::vector<at::Tensor>& env, PyObject* c
     const ArgRef& ref = call.args[k];
     if (ref.kind == 2) {
       scalars[k] = items[ref.index];
-    } else {
+    } else if (!call.pointers || i < 0) {
       slots[k] = resolve(ref, env, i);
     }
   }
-  std::vector<at::Tensor> targets;
-  for (size_t o = 0; o < call.targets.size(); ++o) {
-    if (call.targets[o].kind < 0) continue;
-    if (targets.empty()) targets.resize(slots.size());
-    targets[prog.outputs[o].slot] = resolve(call.targets[o], env, i);
+  std::vector<at::Tensor> outs;
+  if (call.pointers && i >= 0) {
+    std::vector<uint64_t> addresses(slots.size(), 0);
+    std::vector<char> keep(call.results.size());
+    for (size_t k = 0; k < n; ++k) {
+      if (call.args[k].kind != 2) addresses[k] = address(call.args[k], env, i);
+    }
+    for (size_t o = 0; o < call.targets.size(); ++o) {
+      if (call.targets[o].kind >= 0) {
+        addresses[prog.outputs[o].slot] = address(call.targets[o], env, i);
+      }
+      keep[o] = call.results[o] >= 0;
+    }
+    outs = execute(prog, slots, scalars.data(), stream, {}, &addresses, &keep);
+  } else {
+    std::vector<at::Tensor> targets;
+    for (size_t o = 0; o < call.targets.size(); ++o) {
+      if (call.targets[o].kind < 0) continue;
+      if (targets.empty()) targets.resize(slots.size());
+      targets[prog.outputs[o].slot] = resolve(call.targets[o], env, i);
+    }
+    outs = execute(prog, slots, scalars.data(), stream, targets);
   }
-  std::vector<at::Tensor> outs = execute(prog, slots, scalars.data(), stream, targets);
   for (size_t o = 0; o < outs.size(); ++o) {
     if (call.results[o] >= 0) env[call.results[o]] = std::move(outs[o]);
   }
