@@ -1,7 +1,7 @@
 """Stream lowering benchmark (seed 004): the same fusion run unsplit and as a host program on 1,
 2, 4 and 8 CUDA streams, beside eager torch and torch.compile, in one process.
 
-    python -m benchmarks.streams [--iters 40]
+    python -m benchmarks.streams [--iters 40] [--cases seed_4147_stream_two_ops,...] [--no-compile]
 
 Each time is the median CUDA-event time of a whole ``fd.execute`` call (Python included), taken
 in rotating rounds. Overlap can help where one slice leaves the GPU idle: a matmul per slice too
@@ -100,9 +100,11 @@ def measure_fusecut(name, fusion, inputs, iters: int) -> tuple[dict, dict, int]:
     return calls, replays, split.plan(inputs).json["totals"]["lower_bound_bytes"]
 
 
-def measure_torch(name, inputs, eager, iters: int) -> dict:
+def measure_torch(name, inputs, eager, iters: int, compile_: bool = True) -> dict:
     systems = [("eager", lambda: eager(*inputs))]
     try:
+        if not compile_:
+            raise RuntimeError("left out (--no-compile)")
         compiled = torch.compile(eager)
         compiled(*inputs)
         systems.append(("torch.compile", lambda: compiled(*inputs)))
@@ -147,16 +149,23 @@ COLUMNS = ["case", "floor (us)", "eager", "torch.compile", "fusecut unsplit",
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=40)
+    parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     args = parser.parse_args(argv)
+    chosen = set(filter(None, args.cases.split(",")))
+    from runtime import launcher
+
+    launcher.native(wait=True)  # warm calls are timed on the path users get once it is built
+    print(f"native launcher: {'built' if launcher.native() else launcher.failure()}", flush=True)
     device = torch.cuda.get_device_name()
     bandwidth = copy_bandwidth()
     measured = [(name, inputs, eager, *measure_fusecut(name, fusion, inputs, args.iters))
-                for name, fusion, inputs, eager in cases()]
+                for name, fusion, inputs, eager in cases() if not chosen or name in chosen]
     # torch.compile after every fusecut measurement: once dynamo has run, Python-heavy callers
     # in the same process run slower, which would charge fusecut's host loop for torch.compile
     rows = []
     for name, inputs, eager, calls, replays, lower_bound in measured:
-        calls.update(measure_torch(name, inputs, eager, args.iters))
+        calls.update(measure_torch(name, inputs, eager, args.iters, not args.no_compile))
         rows.append(row_for(name, calls, replays, lower_bound / bandwidth))
         print(" | ".join(rows[-1]), flush=True)
     table = markdown_table(COLUMNS + ["best streams vs unsplit"], rows)

@@ -23,9 +23,9 @@ in two segments (or by two lanes, or at two vector widths) gives the same number
   u2 = w[2p+1] * 2**-32 in [0, 1); float64 outputs take u1 = (x01 + 1) * 2**-53 and
   u2 = x23 * 2**-53 from their block's two 53-bit values. r = sqrt(-2 log u1), t = 2 pi u2;
   even elements get mean + std * r cos t, odd ones mean + std * r sin t.
-- Without rng_seed the seed is 0, without rng_offset the offset is 0: such ops are deterministic,
-  and two of them in one fusion draw the same numbers (pass a seed and offset, as Thunder does,
-  for fresh numbers per call).
+- An op with neither rng_seed nor rng_offset draws both from torch's generator on every call
+  (optimizer.ir.rng makes them per-call scalar inputs, runtime.rng draws them); an op given only
+  one of them takes 0 for the other.
 """
 
 from __future__ import annotations

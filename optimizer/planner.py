@@ -19,6 +19,7 @@ from optimizer.gcpause import gc_paused
 from optimizer.hostir.lower import build_lowered_plan
 from optimizer.ir.fusion import Fusion
 from optimizer.ir.inputs import InputMeta
+from optimizer.ir.rng import seed_implicit_rng
 from optimizer.plan.plan import Baseline, Plan, SolverReport
 from optimizer.schedulers.kinds import Kind
 from optimizer.schedulers.profiles import get_profile
@@ -102,7 +103,7 @@ def _make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions) -> 
     start = time.perf_counter()
     deadline = start + options.time_limit_s
     profile = get_profile(options.device, options.device_overrides)
-    bound = bind(fusion, metas)
+    bound = bind(*seed_implicit_rng(fusion, metas))  # unseeded random ops: per-call inputs
     graph = SegGraph(bound, profile, frozenset(Kind(k) for k in options.kinds))
     greedy_start = time.perf_counter()
     # the greedy segmenter leaves a share of the time for the stages after it: if it is cut

@@ -37,6 +37,7 @@ from runtime.kernels import (
     scalar_value,
 )
 from runtime.reference import run_reference
+from runtime.rng import call_with_draw, with_implicit_rng
 from runtime.tensors import TORCH_DTYPE, unshare
 
 # Parameter kinds, as runtime/native/launcher.cpp reads them.
@@ -126,6 +127,9 @@ class Program:
     # outputs that may share memory with an argument (an argument itself, or a torch segment's
     # result, which can be a view): checked on every run; kernels' outputs are fresh buffers
     may_share: tuple[int, ...] = ()
+    # the last arguments when random ops have no seed: a call gives the others and each run
+    # appends fresh draws from torch's generator (runtime.rng)
+    implicit_rng: tuple[str, ...] = ()
 
     # ---- the Python path -----------------------------------------------------------------------
 
@@ -143,6 +147,8 @@ class Program:
              ) -> list[torch.Tensor] | None:
         """The warm call: the outputs, or None when ``args`` do not match the signature.
         ``into``: as for ``run_python``."""
+        if self.implicit_rng and len(args) == self.n_args - len(self.implicit_rng):
+            return self._call_drawing(args, into)
         native = self.native
         if native is not None:
             return native[0](native[1], args, current_stream(self.device.index), into)
@@ -152,9 +158,20 @@ class Program:
             self.native, self.native_ready = _native_program(self), None
         return self.run_python(args, into)
 
+    def _call_drawing(self, args: list[Any], into: list[torch.Tensor | None] | None
+                      ) -> list[torch.Tensor] | None:
+        """``call`` with the caller's arguments only: draw, run, and give the draw back when
+        the arguments did not match after all (the caller then runs another program)."""
+        if self.native is None and \
+                signature(args, self.baked) != self.signature[:len(args)]:
+            return None
+        return call_with_draw(len(self.implicit_rng) - 1, _rng_device(self.device), args,
+                              lambda full: self.call(full, into))
+
     def run(self, args: list[Any], into: list[torch.Tensor | None] | None = None
             ) -> list[torch.Tensor]:
         """Run on arguments known to match (the caller looked the program up by them)."""
+        args = with_implicit_rng(self.implicit_rng, self.n_args, args)  # drawn once
         outs = self.call(args, into)
         return outs if outs is not None else self.run_python(args, into)
 
@@ -233,6 +250,10 @@ class Program:
         return provided
 
 
+def _rng_device(device: torch.device) -> torch.device | None:
+    return device if device.type == "cuda" else None
+
+
 def _numel(shape) -> int:
     n = 1
     for e in shape:
@@ -252,6 +273,11 @@ def build_program(plan: Plan, args: list[Any], sig: tuple | None = None) -> Prog
 
 def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
     fusion, bound = plan.fusion, plan.bound
+    implicit = fusion.implicit_rng
+    if implicit and len(args) == len(fusion.inputs) - len(implicit):
+        # the per-call seed and offsets: placeholders here (int scalars, never in the signature)
+        args = [*args, *(0 for _ in implicit)]
+        sig = None if sig is None else (*sig, *(int for _ in implicit))
     n_args = len(args)
     tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
     device = tensor.device if tensor is not None else \
@@ -354,7 +380,8 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
     baked = baked_positions(fusion)
     program = Program(sig if sig is not None else signature(args, baked), device, n_args,
                       buffers, steps, outputs, aliases, derived, scalar_args, static, baked,
-                      current_context() if device.type == "cuda" else 0)
+                      current_context() if device.type == "cuda" else 0,
+                      implicit_rng=implicit)
     torch_results = {slot for step in steps if isinstance(step, TorchCall)
                      for slot in step.results}
     program.may_share = tuple(k for k, (slot, _, _) in enumerate(outputs)
@@ -436,15 +463,7 @@ def native_capsule(module, program: Program, driver: tuple[int, int, int, int],
     """Describe ``program`` to the C++ launcher. ``driver``: the addresses of cuLaunchKernel,
     cuCtxGetCurrent and cuCtxSetCurrent and the kernels' context (0s: no context handling);
     ``device_type``: c10's, 0 CPU, 1 CUDA."""
-    inputs = []
-    for key in program.signature:
-        if isinstance(key, tuple) and len(key) == 5:
-            shape, strides, dtype, _, align = key
-            inputs.append(("tensor", tuple(shape), tuple(strides), SCALAR_TYPE[dtype], align))
-        elif isinstance(key, tuple):
-            inputs.append(("scalar", key[0], key[1]))
-        else:
-            inputs.append(("scalar", key, None))
+    inputs = input_specs(program.signature)
     buffers = [(shape or (), SCALAR_TYPE.get(dtype, 0)) for shape, dtype in program.buffers]
     launches = []
     for s in program.steps:
@@ -465,6 +484,20 @@ def native_capsule(module, program: Program, driver: tuple[int, int, int, int],
             outputs.append((slot, tuple(shape), expanded_strides(shape, broadcast)))
     index = program.device.index if program.device.index is not None else -1
     return module.make(driver, device_type, index, inputs, buffers, launches, outputs)
+
+
+def input_specs(sig: tuple) -> list[tuple]:
+    """A signature as the launcher's ``make``/``make_host`` take it."""
+    inputs = []
+    for key in sig:
+        if isinstance(key, tuple) and len(key) == 5:
+            shape, strides, dtype, _, align = key
+            inputs.append(("tensor", tuple(shape), tuple(strides), SCALAR_TYPE[dtype], align))
+        elif isinstance(key, tuple):
+            inputs.append(("scalar", key[0], key[1]))
+        else:
+            inputs.append(("scalar", key, None))
+    return inputs
 
 
 def expanded_strides(shape, broadcast) -> tuple[int, ...]:

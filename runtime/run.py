@@ -23,6 +23,7 @@ from runtime.executor import (
     time_call,
 )
 from runtime.program import Program, baked_positions, build_program, program_for, signature
+from runtime.rng import with_implicit_rng
 from runtime.streams import HostCall, run_host
 
 
@@ -49,7 +50,9 @@ def compile_plan(plan: Plan, args: list[Any], sig: tuple | None = None) -> Progr
 
 
 def run_plan(plan: Plan, args: list[Any], *, timed: bool = False) -> Execution:
-    """Run ``plan`` on ``args``; with ``timed``, per-segment times (which synchronise)."""
+    """Run ``plan`` on ``args``; with ``timed``, per-segment times (which synchronise).
+    Unseeded random ops draw this call's seed and offsets here (``runtime.rng``)."""
+    args = with_implicit_rng(plan.fusion.implicit_rng, len(plan.fusion.inputs), list(args))
     if plan.host is not None:
         return _run_host(plan, list(args), timed)
     runner, backend = runner_for(args)

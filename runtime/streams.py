@@ -6,6 +6,11 @@ A loop records an event on the caller's stream once; iteration ``i`` runs on str
 launches the loop's segments on slice ``i`` of its operands and allocations (views), and the
 caller's stream waits for it. Waits are stream-to-stream (``cudaStreamWaitEvent``), never a
 device or host synchronisation. On the CPU the same loop runs in order, through the reference.
+
+The first GPU call runs this loop in Python and notes the compiled program each segment ran;
+when one program served every iteration and each runs in C++, later calls run the whole host
+program in the C++ launcher (``runtime.native_host``): about 28 us of Python per iteration
+become a few of C++.
 """
 
 from __future__ import annotations
@@ -19,10 +24,13 @@ import torch
 from optimizer.hostir.lower import Step
 from optimizer.plan.plan import Plan
 from runtime.executor import Execution, _steps, check_matches_plan, execute_plan, expand_compact
+from runtime.kernels import current_stream
 from runtime.program import program_for, signature
+from runtime.rng import call_with_draw, with_implicit_rng
 from runtime.tensors import TORCH_DTYPE, unshare
 
 _pools: dict[int, list[tuple[torch.cuda.Stream, torch.cuda.Event]]] = {}
+_entries: dict[int, torch.cuda.Event] = {}
 _pool_lock = threading.Lock()
 
 
@@ -32,44 +40,106 @@ def stream_pool(device: torch.device, count: int) -> list[torch.cuda.Stream]:
 
 
 def _pool(device: torch.device, count: int) -> list[tuple[torch.cuda.Stream, torch.cuda.Event]]:
-    """The pool's streams, each with an event that marks its latest iteration's end."""
+    """The pool's streams, each with an event that marks its latest iteration's end (recorded
+    once when made, so that its driver handle exists for the C++ loop)."""
     with _pool_lock:
         pool = _pools.setdefault(device.index, [])
         while len(pool) < count:
-            pool.append((torch.cuda.Stream(device), torch.cuda.Event()))
+            stream, done = torch.cuda.Stream(device), torch.cuda.Event()
+            done.record(stream)
+            pool.append((stream, done))
         return pool[:count]
+
+
+def entry_event(device: torch.device) -> torch.cuda.Event:
+    """The device's event that C++ loops record on the caller's stream before their first
+    iteration (the GIL orders its uses: the launcher holds it throughout a call)."""
+    with _pool_lock:
+        event = _entries.get(device.index)
+        if event is None:
+            event = _entries[device.index] = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+        return event
+
+
+# GPU runs of a host program that may hand its loop to C++. More than one: a segment program
+# that became native during the first run left its intermediates in another layout (a library
+# result kept unsqueezed) for part of the iterations, which the second run does not.
+NATIVE_TRIES = 3
 
 
 @dataclass
 class HostCall:
     """A host program as the SDK's warm call sees a compiled program: ``call`` answers None
-    for arguments unlike the ones it was built for."""
+    for arguments unlike the ones it was built for. After its first GPU run it runs in C++ when
+    the launcher can (``native``: the launcher's run function and the host program's capsule)."""
 
     plan: Plan
     signature: tuple
     baked: frozenset[int]
+    native: Any = None
+    tries: int = 0  # GPU runs that tried to hand the loop to C++
+    python_why: str = ""  # why the loop stays in Python, once tried
 
     def call(self, args: list[Any]) -> list[torch.Tensor] | None:
+        if self.native is not None:
+            return self._call_native(args)
         if signature(args, self.baked) != self.signature:
             return None
         return self.run(args)
 
+    def _call_native(self, args: list[Any]) -> list[torch.Tensor] | None:
+        fusion = self.plan.fusion
+        run, capsule, device = self.native
+        if fusion.implicit_rng and len(args) == len(fusion.inputs) - len(fusion.implicit_rng):
+            return call_with_draw(len(fusion.implicit_rng) - 1, device, args,
+                                  lambda full: run(capsule, full, current_stream(device.index)))
+        return run(capsule, args, current_stream(device.index))
+
     def run(self, args: list[Any]) -> list[torch.Tensor]:
-        return run_host(self.plan, list(args)).outputs
+        if self.native is not None:
+            outs = self._call_native(list(args))
+            if outs is not None:
+                return outs
+        used: dict | None = None
+        if self.tries < NATIVE_TRIES and any(isinstance(a, torch.Tensor) and a.is_cuda
+                                             for a in args):
+            used = {}
+        full = with_implicit_rng(self.plan.fusion.implicit_rng, len(self.plan.fusion.inputs),
+                                 list(args))
+        outputs = run_host(self.plan, full, used).outputs
+        if used is not None:
+            from runtime import launcher
+            from runtime.native_host import native_host_call
+
+            native = native_host_call(self.plan, full, used)
+            self.native, self.python_why = (None, native) if isinstance(native, str) else \
+                (native, "")
+            # a try unless the launcher is still building (then the next call tries)
+            if not launcher.enabled() or launcher.failure() is not None or \
+                    launcher.native() is not None:
+                self.tries += 1
+        return outputs
 
 
-def run_host(plan: Plan, args: list[Any]) -> Execution:
-    """Run ``plan``'s host program on ``args``."""
-    scalars = check_matches_plan(plan, args)
+def run_host(plan: Plan, args: list[Any], used: dict | None = None,
+             gpu: bool | None = None) -> Execution:
+    """Run ``plan``'s host program on ``args``. ``used``: filled with the programs each
+    segment ran, by (step, segment), on the GPU. ``gpu``: compiled programs on streams rather
+    than the reference (default: whether a tensor is on a GPU)."""
     fusion = plan.fusion
-    gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    args = with_implicit_rng(fusion.implicit_rng, len(fusion.inputs), args)
+    scalars = check_matches_plan(plan, args)
+    if gpu is None:
+        gpu = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     env: dict[str, Any] = dict(zip(fusion.inputs, args))
-    for step in plan.host.steps:
+    for k, step in enumerate(plan.host.steps):
+        programs = _Programs(k, used)
         if step.is_loop:
-            _run_loop(plan, step, env, scalars, gpu)
+            _run_loop(plan, step, env, scalars, gpu, programs)
         else:
             for j in step.segments:
-                env.update(_run_segment(plan, step, j, env, scalars, gpu, {}, {}))
+                env.update(_run_segment(plan, step, j, env, scalars, gpu, {}, programs))
     outputs = []
     for t, how in zip(fusion.outputs, _steps(plan).expand):
         outputs.append(env[t] if how is None else expand_compact(env[t], how[1], how[2]))
@@ -79,13 +149,27 @@ def run_host(plan: Plan, args: list[Any]) -> Execution:
     return Execution(outputs, [], "cuda" if gpu else "reference")
 
 
+class _Programs(dict):
+    """The program each segment of a step ran last (iterations differ only in addresses), and
+    in ``used`` every program each one ran."""
+
+    def __init__(self, step: int, used: dict | None):
+        super().__init__()
+        self.step, self.used = step, used
+
+    def ran(self, j: int, program: Any) -> None:
+        if self.used is not None:
+            seen = self.used.setdefault((self.step, j), [])
+            if not any(p is program for p in seen):
+                seen.append(program)
+
+
 def _run_segment(plan: Plan, step: Step, j: int, env: dict[str, Any], scalars: dict[str, Any],
-                 gpu: bool, into: dict[str, torch.Tensor], programs: dict[int, Any]
+                 gpu: bool, into: dict[str, torch.Tensor], programs: _Programs
                  ) -> dict[str, torch.Tensor]:
     """Run segment ``j`` (as planned for this step) on the values in ``env``; outputs named in
-    ``into`` are written there. Returns the segment's outputs by tensor. ``programs``: the
-    program each segment ran last in this loop (iterations differ only in addresses)."""
-    sources, names = _segment_io(plan, j)
+    ``into`` are written there. Returns the segment's outputs by tensor."""
+    sources, names = segment_io(plan, j)
     args = [env[s] if is_tensor else scalars[s] for s, is_tensor in sources]
     targets = [into.get(t) for t in names] if into else None
     if gpu:
@@ -94,6 +178,7 @@ def _run_segment(plan: Plan, step: Step, j: int, env: dict[str, Any], scalars: d
         if outs is None:
             program = programs[j] = program_for(step.plans[j], args)
             outs = program.run(args, targets)
+        programs.ran(j, program)
     else:
         outs = execute_plan(step.plans[j], args).outputs
         for value, target in zip(outs, targets or ()):
@@ -102,7 +187,7 @@ def _run_segment(plan: Plan, step: Step, j: int, env: dict[str, Any], scalars: d
     return {t: into.get(t, value) for t, value in zip(names, outs)}
 
 
-def _segment_io(plan: Plan, j: int) -> tuple[list[tuple[str, bool]], list[str]]:
+def segment_io(plan: Plan, j: int) -> tuple[list[tuple[str, bool]], list[str]]:
     """Segment ``j``'s arguments (original names, whether a tensor) and results, once."""
     cache = plan.__dict__.setdefault("_segment_io", {})
     io = cache.get(j)
@@ -114,14 +199,14 @@ def _segment_io(plan: Plan, j: int) -> tuple[list[tuple[str, bool]], list[str]]:
     return io
 
 
+
 def _run_loop(plan: Plan, step: Step, env: dict[str, Any], scalars: dict[str, Any],
-              gpu: bool) -> None:
+              gpu: bool, programs: _Programs) -> None:
     bound = plan.bound
     device = next((v.device for v in env.values() if isinstance(v, torch.Tensor)), None)
     for t in step.allocations:  # ALLOCATE: whole, before the loop, on the caller's stream
         env[t] = torch.empty(bound.compact_shape(t), dtype=TORCH_DTYPE[plan.fusion.tensors[
             t].dtype], device=device)
-    programs: dict[int, Any] = {}
     if not gpu:
         for i in range(step.stage.extent):
             _run_iteration(plan, step, env, scalars, i, False, programs)
@@ -144,7 +229,7 @@ def _run_loop(plan: Plan, step: Step, env: dict[str, Any], scalars: dict[str, An
 
 
 def _run_iteration(plan: Plan, step: Step, env: dict[str, Any], scalars: dict[str, Any],
-                   i: int, gpu: bool, programs: dict[int, Any]) -> None:
+                   i: int, gpu: bool, programs: _Programs) -> None:
     """One iteration: HirAliasSelect of every slice, then the loop's segments on them."""
     local = {t: env[t] if axis is None else env[t].narrow(axis, i, 1)
              for t, axis in step.slices.items()}

@@ -257,3 +257,53 @@ def test_outputs_are_written_to_their_targets(path, native, fake_kernels):
         assert (out.data_ptr() == target.data_ptr()) == in_place
         bits = [t.reshape(-1).contiguous().view(torch.uint8) for t in (out, target)]
         assert torch.equal(*bits)  # bit for bit: the fake kernels leave whatever was there
+
+
+def test_unseeded_random_ops_take_each_call_s_draw_in_both_paths(native, fake_kernels,
+                                                                  monkeypatch):
+    """A call gives only its tensor; the program appends the seed and per-op offsets it draws
+    (issue 18, item 6), as kernel parameters: the C++ launcher gets them like any scalar."""
+    parsed = parse_text(
+        "from nvfuser import FusionDefinition, DataType\n"
+        "def f(fd):\n"
+        "    T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)\n"
+        "    T1 = fd.ops.uniform(0.0, 1.0, shape=T0.shape(), dtype=DataType.Float)\n"
+        "    T2 = fd.ops.normal(0.0, 1.0, shape=T0.shape(), dtype=DataType.Float)\n"
+        "    fd.add_output(fd.ops.mul(T0, T1))\n"
+        "    fd.add_output(T2)\n")
+    from runtime.tensors import meta_of
+
+    x = torch.randn(4, 8)
+    plan = make_plan(parsed.fusion, [meta_of(x)])
+    program = programs.build_program(plan, [x])
+    assert program.n_args == 4 and len(program.implicit_rng) == 3
+    kinds = [(k, i) for step in kernel_steps(program) for k, i, _, _ in step.params
+             if k >= programs.SCALAR_INT]
+    assert {i for _, i in kinds} == {1, 2, 3}  # seed and two offsets, argument positions
+
+    def drawn(seed):  # what the CPU generator gives a call after manual_seed(seed)
+        torch.manual_seed(seed)
+        return [int(torch.randint(-(1 << 63), (1 << 63) - 1, (), dtype=torch.int64)), 0, 1]
+
+    def scalar_params(values_by_launch):
+        return [v for values, step in values_by_launch for v, (k, _, _, _) in
+                zip(values, step.params) if k >= programs.SCALAR_INT]
+
+    torch.manual_seed(11)
+    program.run([x])  # the Python path
+    python = scalar_params(zip([v for _, v in fake_kernels], kernel_steps(program)))
+    want = drawn(11)
+    assert sorted(set(python)) == sorted(set(want))
+    outputs, recorded, capsule = run_native(native, program, [x, *want])
+    assert outputs is not None
+    native_params = scalar_params(zip([r for *_, r in recorded], kernel_steps(program)))
+    assert [v & ((1 << 64) - 1) for v in python] == native_params
+    # the warm call with the caller's argument only: the launcher runs this call's draw
+    monkeypatch.setattr(programs, "current_stream", lambda index: 0)
+    program.native = (native.run, capsule)
+    recorded.clear()
+    torch.manual_seed(12)
+    assert program.call([x]) is not None
+    warm = scalar_params(zip([r for *_, r in recorded], kernel_steps(program)))
+    assert sorted(set(warm)) == sorted(v & ((1 << 64) - 1) for v in drawn(12))
+    assert program.call([torch.randn(5, 8)]) is None  # another signature: nothing launched

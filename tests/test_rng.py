@@ -260,3 +260,122 @@ def test_fp8_casts_and_math_run_in_generated_kernels():
     for got, want in zip(run_plan(plan, args).outputs, run_reference(f, args), strict=True):
         assert got.dtype == want.dtype
         torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=0)
+
+
+# ---- unseeded random ops draw from torch's generator (issue 18, item 6) -----------------------
+
+UNSEEDED = """
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+T1 = fd.ops.uniform(0.0, 1.0, shape=T0.shape(), dtype=DataType.Float)
+T2 = fd.ops.normal(0.0, 1.0, shape=T0.shape(), dtype=DataType.Float)
+T3 = fd.ops.add(T0, T1)
+fd.add_output(T3)
+fd.add_output(T2)
+"""
+
+# Both seeded by hand: what an unseeded pair becomes for one call's (seed, offsets 0 and 1).
+SEEDED_BY_HAND = """
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+S1 = fd.define_scalar(None, dtype=DataType.Int)
+S2 = fd.define_scalar(None, dtype=DataType.Int)
+S3 = fd.define_scalar(None, dtype=DataType.Int)
+T1 = fd.ops.uniform(0.0, 1.0, shape=T0.shape(), dtype=DataType.Float, rng_seed=S1, rng_offset=S2)
+T2 = fd.ops.normal(0.0, 1.0, shape=T0.shape(), dtype=DataType.Float, rng_seed=S1, rng_offset=S3)
+T3 = fd.ops.add(T0, T1)
+fd.add_output(T3)
+fd.add_output(T2)
+"""
+
+
+def _definition(body: str):
+    from fusecut import FusionDefinition
+
+    return FusionDefinition.from_fusion(fusion(body))
+
+
+def _cpu_seed_after(seed: int) -> int:
+    """The 64-bit seed a call draws from the CPU generator right after ``manual_seed(seed)``."""
+    torch.manual_seed(seed)
+    return int(torch.randint(-(1 << 63), (1 << 63) - 1, (), dtype=torch.int64))
+
+
+def test_unseeded_random_ops_differ_on_every_call():
+    fd = _definition(UNSEEDED)
+    x = torch.zeros(16, 64)
+    first, second = fd.execute([x]), fd.execute([x])
+    for a, b in zip(first, second):
+        assert not torch.equal(a, b)
+    assert not torch.equal(first[0], first[1])  # two ops: two offsets, two streams
+    assert 0.0 <= float(first[0].min()) and float(first[0].max()) < 1.0
+
+
+def test_manual_seed_reproduces_unseeded_draws():
+    fd = _definition(UNSEEDED)
+    x = torch.zeros(16, 64)
+    torch.manual_seed(1234)
+    run = [fd.execute([x]) for _ in range(2)]
+    torch.manual_seed(1234)
+    again = [fd.execute([x]) for _ in range(2)]
+    for outs, outs_again in zip(run, again):
+        assert all(torch.equal(a, b) for a, b in zip(outs, outs_again))
+    torch.manual_seed(1235)
+    other = fd.execute([x])
+    assert not torch.equal(other[0], run[0][0])
+
+
+def test_each_call_takes_one_seed_from_the_cpu_generator_and_one_offset_per_op():
+    """The values are exactly those of the hand-seeded fusion with the seed the generator gives
+    and offsets 0, 1; the generator moves on by that one draw."""
+    fd = _definition(UNSEEDED)
+    x = torch.randn(5, 33)
+    seed = _cpu_seed_after(7)
+    next_draw = int(torch.randint(-(1 << 63), (1 << 63) - 1, (), dtype=torch.int64))
+    torch.manual_seed(7)
+    state = torch.get_rng_state()
+    got = fd.execute([x])
+    assert not torch.equal(torch.get_rng_state(), state)  # the generator advanced
+    want = run_reference(fusion(SEEDED_BY_HAND), [x, seed, 0, 1])
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert int(torch.randint(-(1 << 63), (1 << 63) - 1, (), dtype=torch.int64)) == next_draw
+
+
+def test_explicit_seeds_keep_giving_the_same_numbers():
+    fd = _definition(SEEDED_BY_HAND)
+    x = torch.zeros(8, 16)
+    state = torch.get_rng_state()
+    a, b = fd.execute([x, 11, 3, 4]), fd.execute([x, 11, 3, 4])
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+    assert torch.equal(torch.get_rng_state(), state)  # nothing drawn from the generator
+    c = fd.execute([x, 11, 5, 4])
+    assert not torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
+
+
+def test_unseeded_ops_become_run_time_inputs_of_one_plan():
+    from optimizer.ir.rng import seed_implicit_rng
+    from runtime.program import baked_positions
+
+    f = fusion(UNSEEDED)
+    metas = [tensor_meta((4, 8), DType.float32)]
+    plan = make_plan(f, metas, PlanOptions(time_limit_s=2))
+    hidden = plan.fusion.implicit_rng
+    assert len(hidden) == 3 and plan.fusion.inputs == [*f.inputs, *hidden]  # seed, 2 offsets
+    assert not baked_positions(plan.fusion)  # no value of theirs is in a program's signature
+    assert seed_implicit_rng(f, metas)[0].inputs == plan.fusion.inputs  # deterministic
+    assert f.implicit_rng == () and len(f.inputs) == 1  # the caller's fusion is unchanged
+    seeded = fusion(SEEDED_BY_HAND)
+    assert seed_implicit_rng(seeded, [metas[0]] + [ScalarMeta(DType.int64)] * 3)[0] is seeded
+
+
+def test_an_unseeded_uniform_recomputed_in_two_segments_draws_once():
+    body = RECOMPUTED.replace("rng_seed=S1, rng_offset=5", "").replace(
+        "dtype=DataType.Float, )", "dtype=DataType.Float)")
+    f = fusion(body.replace("S1 = fd.define_scalar(None, dtype=DataType.Int)\n", ""))
+    x = torch.randn(6, 40)
+    plan = make_plan(f, [tensor_meta((6, 40), DType.float32)], PlanOptions(time_limit_s=2))
+    assert len(plan.segments) == 2 and all(
+        any(plan.fusion.ops[i].name == "uniform" for i in s.schedule.ops) for s in plan.segments)
+    seed = _cpu_seed_after(3)
+    torch.manual_seed(3)
+    (got,) = run_plan(plan, [x]).outputs
+    (want,) = run_reference(plan.fusion, [x, seed, 0])
+    assert torch.equal(got, want)  # (x + u) * u with one u: both segments drew the same numbers

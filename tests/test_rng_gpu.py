@@ -210,3 +210,37 @@ def test_double_to_fp8_goes_through_float_as_torch_does():
     want = x.cpu().to(torch.float8_e5m2).view(torch.uint8).to(DEV)
     finite = ~x.isnan()
     assert torch.equal(got[finite], want[finite])
+
+
+# ---- unseeded random ops draw from torch's CUDA generator (issue 18, item 6) ------------------
+
+
+def test_unseeded_random_ops_draw_from_the_cuda_generator():
+    """Consecutive calls differ, manual_seed reproduces, the generator's Philox offset moves by
+    4 per op (nvFuser's increment), and the numbers are the hand-seeded fusion's with the
+    generator's seed and offsets ``offset / 4 + j`` - on the planned path and the warm one."""
+    from fusecut import FusionDefinition
+    from tests.test_rng import SEEDED_BY_HAND, UNSEEDED
+
+    fd = FusionDefinition.from_fusion(fusion(UNSEEDED))
+    x = torch.randn(64, 1000, device=DEV)
+    gen = torch.cuda.default_generators[x.device.index]
+    torch.manual_seed(99)
+    seed, start = gen.initial_seed(), gen.get_offset()
+    calls = [fd.execute([x]) for _ in range(4)]  # the first plans; the others are warm calls
+    assert gen.get_offset() == start + 4 * 2 * len(calls)
+    for k, outs in enumerate(calls):
+        offset = start + 8 * k
+        want = run_reference(fusion(SEEDED_BY_HAND), [x, seed, offset // 4, offset // 4 + 1])
+        assert torch.equal(outs[0], want[0])
+        assert torch.allclose(outs[1], want[1], rtol=0, atol=1e-5)
+    assert not torch.equal(calls[1][0], calls[2][0])
+    torch.manual_seed(99)
+    again = fd.execute([x])
+    assert torch.equal(again[0], calls[0][0]) and torch.equal(again[1], calls[0][1])
+    torch.cuda.manual_seed(7)
+    torch.randn(1000, device=DEV)  # torch's own draws move the same offset
+    before = gen.get_offset()
+    assert before > 0
+    fd.execute([x])
+    assert gen.get_offset() == before + 8

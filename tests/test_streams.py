@@ -321,3 +321,203 @@ def test_gpu_iterations_run_on_the_pools_streams(monkeypatch):
     assert caller not in used and len(set(used)) == 4
     assert torch.cuda.current_stream().cuda_stream == caller  # the caller's stream is back
     assert torch.equal(out, args[0])
+
+
+# ---- the stream loop in the C++ launcher (issue 18, item 7) -----------------------------------
+
+
+class _Trace:
+    """Stand-ins for the driver's streams and events, recording what each path asks of them in
+    one vocabulary: ("record", event, stream), ("wait", stream, event), ("launch", ...)."""
+
+    CALLER, ENTRY = 7, 11
+
+    def __init__(self):
+        self.ops: list[tuple] = []
+
+    def stream(self, handle: int):
+        trace = self
+
+        class Stream:
+            stream_id, device_index, device_type, cuda_stream = handle, -1, 0, handle
+
+            def record_event(self):
+                event = trace.event(_Trace.ENTRY)
+                event.record(self)
+                return event
+
+            def wait_event(self, event):
+                trace.ops.append(("wait", handle, event.cuda_event))
+
+        return Stream()
+
+    def event(self, handle: int):
+        trace = self
+
+        class Event:
+            cuda_event = handle
+
+            def record(self, stream):
+                trace.ops.append(("record", handle, stream.cuda_stream))
+
+            def wait(self, stream):
+                trace.ops.append(("wait", stream.cuda_stream, handle))
+
+        return Event()
+
+
+def _raw(value, ctype) -> int:
+    import ctypes
+    import struct
+
+    if ctype is ctypes.c_double:
+        return struct.unpack("<Q", struct.pack("<d", value))[0]
+    return int(value) & ((1 << 64) - 1)
+
+
+def _name_pointers(ops, regions):
+    """Launch parameters that point into an argument or an output as (which, byte offset); other
+    buffers by order of first appearance in their iteration (the two paths allocate them at
+    other addresses, and free them at other times)."""
+    import ctypes
+
+    others: dict[int, str] = {}
+    out = []
+    for op in ops:
+        if op[0] != "launch":
+            if op[0] == "wait" and op[2] == _Trace.ENTRY:  # an iteration starts
+                others = {}
+            out.append(op)
+            continue
+        _, function, values, types = op
+        named = []
+        for v, t in zip(values, types):
+            if t is not ctypes.c_void_p:
+                named.append(v)
+                continue
+            hit = next(((name, v - base) for name, base, size in regions
+                        if base <= v < base + max(size, 1)), None)
+            named.append(hit or others.setdefault(v, f"buffer{len(others)}"))
+        out.append(("launch", function, tuple(named)))
+    return out
+
+
+@pytest.mark.parametrize("case", ["seed_4147_stream_two_ops", "three_set_ops",
+                                  "seed_4147_stream_set", "linear_relu_sum"])
+def test_the_cpp_loop_does_what_the_python_loop_does(case, monkeypatch):
+    """Both loops, run here with stand-ins for kernels, streams and events: the same launches
+    with the same parameters (slices of the same arguments and outputs), on stream i % 3 in
+    iteration i, between the same event records and stream waits; outputs of the same layout."""
+    import ctypes
+    import itertools
+
+    from runtime import kernels, launcher, native_host, streams
+    from runtime import program as programs
+
+    module = launcher.build()
+    make, shapes, _ = CASES[case]
+    plan = plan_for(make(), shapes, num_streams=3)
+    args = [torch.randn(s) for s in shapes]
+    handles = itertools.count(0x1000, 0x10)
+    monkeypatch.setattr(kernels, "_functions", lambda k: [next(handles) for _ in k.kernels])
+    types: dict[int, tuple] = {}
+    python, native = _Trace(), _Trace()
+
+    def python_launch(launch, values, stream):
+        types[launch.address] = launch.ctypes
+        python.ops.append(("launch", launch.address,
+                           [_raw(v, t) for v, t in zip(values, launch.ctypes)], launch.ctypes))
+
+    monkeypatch.setattr(programs, "launch_kernel", python_launch)
+    pool = [(python.stream(100 + k), python.event(200 + k)) for k in range(3)]
+    monkeypatch.setattr(streams, "_pool", lambda device, count: pool[:count])
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: python.stream(7))
+    monkeypatch.setattr(torch._C, "_cuda_setStream", lambda *a: None, raising=False)
+    used: dict = {}
+    want = streams.run_host(plan, list(args), used, gpu=True).outputs
+
+    def native_launch(fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        t = types[fn]
+        raw = [ctypes.cast(params[k], ctypes.POINTER(ctypes.c_uint64))[0] for k in range(len(t))]
+        masks = [(1 << (8 * ctypes.sizeof(x))) - 1 for x in t]
+        native.ops.append(("launch", fn, [r & m for r, m in zip(raw, masks)], t, stream))
+        return 0
+
+    record = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(
+        lambda event, stream: native.ops.append(("record", event, stream or 0)) or 0)
+    wait = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint)(
+        lambda stream, event, flags: native.ops.append(("wait", stream or 0, event)) or 0)
+    from tests.test_program import LAUNCH
+
+    launch = LAUNCH(native_launch)
+    launch_address = ctypes.cast(launch, ctypes.c_void_p).value
+    description = native_host.describe(
+        plan, args, used,
+        lambda p: programs.native_capsule(module, p, (launch_address, 0, 0, 0), 0))
+    assert not isinstance(description, str), description
+    forms = [call[4] for extent, _, calls in description.steps if extent for call in calls]
+    # kernel-only loop programs run on addresses (no slices made); a library call takes tensors
+    assert forms == [case != "linear_relu_sum" or k > 0 for k in range(len(forms))], forms
+    capsule = native_host.host_capsule(
+        module, description, tuple(ctypes.cast(f, ctypes.c_void_p).value for f in (record, wait)),
+        torch.device("cpu"), [(100 + k, 100 + k, -1, 0, 200 + k) for k in range(3)],
+        _Trace.ENTRY)
+    got = module.run_host(capsule, args, _Trace.CALLER)
+    assert got is not None and len(got) == len(want)
+    for g, w in zip(got, want):
+        assert (g.shape, g.stride(), g.dtype) == (w.shape, w.stride(), w.dtype)
+    # every launch of iteration i on stream 100 + i % 3 (the Python path's CPU programs launch
+    # on stream 0: the stream is checked on the C++ side only)
+    loop_streams = [op[4] for op in native.ops if op[0] == "launch"]
+    assert set(loop_streams) <= {_Trace.CALLER, 100, 101, 102}
+    stream_now = _Trace.CALLER
+    for op in native.ops:
+        if op[0] == "wait" and op[2] == _Trace.ENTRY:
+            stream_now = op[1]
+        elif op[0] == "wait":
+            stream_now = _Trace.CALLER
+        elif op[0] == "launch":
+            assert op[4] == stream_now
+    native.ops = [op[:4] if op[0] == "launch" else op for op in native.ops]
+
+    def regions(outputs):
+        return [(f"arg{k}", a.data_ptr(), a.numel() * a.element_size())
+                for k, a in enumerate(args)] + \
+            [(f"out{k}", o.data_ptr(), o.untyped_storage().nbytes())
+             for k, o in enumerate(outputs)]
+
+    assert _name_pointers(native.ops, regions(got)) == _name_pointers(python.ops, regions(want))
+    extent = plan.host.steps[0].stage.extent
+    waits = [op for op in native.ops if op[0] == "wait" and op[2] == _Trace.ENTRY]
+    assert [op[1] for op in waits][:extent] == [100 + i % 3 for i in range(extent)]
+    assert native_host.describe(plan, args, {}, lambda p: None) == \
+        f"segment {plan.host.steps[0].segments[0]} ran 0 programs, not one"
+    del launch, record, wait
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gpu_cpp_loop_equals_the_python_loop(case):
+    """The SDK's warm call of a host program: the first runs the loop in Python and hands it
+    to the C++ launcher; later calls run there and give the Python loop's outputs."""
+    from runtime import launcher
+    from runtime.run import compile_plan
+    from runtime.streams import run_host
+
+    assert launcher.native(wait=True) is not None, launcher.failure()
+    make, _, _ = CASES[case]
+    shapes = GPU_SHAPES[case]
+    plan = plan_for(make(), shapes, num_streams=4)
+    args = gpu_inputs(shapes, exact=True)
+    host = compile_plan(plan, args)
+    first = host.run(args)
+    if host.native is None:  # programs made before the launcher was built: a second run
+        assert host.run(args) is not None and host.tries == 2, case
+    assert host.native is not None, (case, host.python_why)
+    again = host.call(args)
+    python = run_host(plan, list(args)).outputs
+    torch.cuda.synchronize()
+    for a, b, c in zip(first, again, python, strict=True):
+        assert torch.equal(a, c) and torch.equal(b, c), case
+    other = [torch.randn(s[0] + 1, *s[1:], device="cuda") for s in shapes]
+    assert host.call(other) is None  # another signature: the caller plans again

@@ -84,6 +84,9 @@ class Fusion:
     stream_axes: list[tuple[str, int]] = field(default_factory=list)
     # output -> input it updates in place (nvFuser's ``fd.add_output(out, alias_input=inp)``)
     aliases: dict[str, str] = field(default_factory=dict)
+    # the last inputs when random ops had no seed: drawn from torch's generator on every call,
+    # never given by the caller (optimizer.ir.rng)
+    implicit_rng: tuple[str, ...] = ()
 
     def is_tensor(self, name: str) -> bool:
         return name in self.tensors

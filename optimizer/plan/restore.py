@@ -14,6 +14,7 @@ from optimizer.errors import PlanError
 from optimizer.hostir.lower import build_lowered_plan
 from optimizer.ir.fusion import Fusion
 from optimizer.ir.inputs import InputMeta
+from optimizer.ir.rng import seed_implicit_rng
 from optimizer.ir.wire import fusion_id
 from optimizer.plan.plan import Baseline, Plan, SolverReport
 from optimizer.schedulers.kinds import Kind
@@ -23,6 +24,7 @@ from optimizer.segmenters.graph import SegGraph
 
 def restore_plan(fusion: Fusion, metas: list[InputMeta], data: dict[str, Any]) -> Plan:
     """The Plan that ``data`` (a plan's JSON) describes for ``fusion`` and these inputs."""
+    fusion, metas = seed_implicit_rng(fusion, metas)  # as make_plan planned it
     if data.get("fusion_id") != fusion_id(fusion):
         raise PlanError(f"plan {data.get('plan_id')!r} was made for fusion "
                         f"{str(data.get('fusion_id'))[:16]}..., not this one")
