@@ -51,9 +51,9 @@ from codegen.reduction import _acc_size
 from codegen.regions import LANE, Region, at_lane_zero, lane_loop, pick_vector
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
+from optimizer.profiles import DeviceProfile
 from optimizer.schedulers.kinds import Schedule
 from optimizer.schedulers.persistent import COLUMN, is_row_tensor
-from optimizer.schedulers.profiles import DeviceProfile
 
 # Normalization blocks: vectors per thread per row, rows per block (see _Persistent.__init__).
 # Measured on H100 (32768 x 4096 bf16): 2 vectors of 8 per thread (256-thread rows) beat 4 by

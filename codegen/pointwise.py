@@ -42,8 +42,8 @@ from codegen.layout import (
 from codegen.precision import fast_math_tensors
 from codegen.transpose import generate_transpose
 from optimizer.analysis.shapes import Bound
+from optimizer.profiles import DeviceProfile
 from optimizer.schedulers.kinds import Schedule
-from optimizer.schedulers.profiles import DeviceProfile
 
 THREADS = 256
 LANE = "_lane"

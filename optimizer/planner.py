@@ -12,19 +12,19 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from optimizer.analysis.cost import read_bytes, segment_time, write_bytes
 from optimizer.analysis.shapes import bind
 from optimizer.errors import PlanError
 from optimizer.gcpause import gc_paused
-from optimizer.hostir.lower import build_lowered_plan
 from optimizer.ir.fusion import Fusion
 from optimizer.ir.inputs import InputMeta
-from optimizer.plan.plan import Baseline, Plan, SolverReport
+from optimizer.plan.build import build_plan
+from optimizer.plan.plan import Baseline, Plan
+from optimizer.profiles import get_profile
 from optimizer.schedulers.kinds import Kind
-from optimizer.schedulers.profiles import get_profile
 from optimizer.segmenters.graph import SegGraph
 from optimizer.segmenters.greedy import greedy_groups
 from optimizer.segmenters.levels import level_groups
+from optimizer.segmenters.result import Group, SolverReport, plan_bytes, plan_cost
 
 SEGMENTERS = ("cpsat", "greedy", "mincut")
 
@@ -135,7 +135,7 @@ def _make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions) -> 
     elif options.segmenter == "mincut":
         groups, report = _load_segmenter("mincut").refine(graph, greedy_plan, options,
                                                            solver_deadline)
-    return build_lowered_plan(graph, groups, options.segmenter, report, baseline, options.to_json())
+    return build_plan(graph, groups, options.segmenter, report, baseline, options.to_json())
 
 
 MAX_STREAMS = 64
@@ -154,9 +154,5 @@ LEVELS_MESSAGE = ("time limit reached in the greedy segmenter: its {} groups so 
 NO_TIME_MESSAGE = "time limit reached before the solver could start: the greedy plan stands"
 
 
-def _baseline(graph: SegGraph, groups) -> Baseline:
-    schedules = [graph.classify(ops, written) for ops, written in groups]
-    bound, profile = graph.bound, graph.profile
-    io = sum(read_bytes(bound, s) + write_bytes(bound, s) for s in schedules)
-    return Baseline("greedy", io, len(schedules),
-                    sum(segment_time(bound, s, profile) for s in schedules))
+def _baseline(graph: SegGraph, groups: list[Group]) -> Baseline:
+    return Baseline("greedy", plan_bytes(graph, groups), len(groups), plan_cost(graph, groups))

@@ -16,8 +16,7 @@ from typing import Any
 
 import torch
 
-from optimizer.hostir.lower import Step
-from optimizer.plan.plan import Plan
+from optimizer.plan.plan import Plan, Step
 from runtime.executor import Execution, _steps, check_matches_plan, execute_plan, expand_compact
 from runtime.program import program_for, signature
 from runtime.tensors import TORCH_DTYPE, unshare

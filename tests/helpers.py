@@ -5,7 +5,7 @@ from __future__ import annotations
 from optimizer.analysis.shapes import bind
 from optimizer.ir import parse_text
 from optimizer.ir.inputs import tensor_meta
-from optimizer.schedulers.profiles import get_profile
+from optimizer.profiles import get_profile
 from optimizer.segmenters.graph import SegGraph
 
 

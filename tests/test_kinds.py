@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from optimizer.profiles import get_profile
 from optimizer.schedulers.kinds import Kind
-from optimizer.schedulers.profiles import get_profile
 from tests.helpers import graph
 
 F = "dtype=DataType.Float"

@@ -102,7 +102,7 @@ def test_forwarding_recomputes_full_on_both_sides_of_segment_set():
 def test_input_forwarding_of_casts():
     p = parse_text((CORPUS / "layernorm_bwd.py").read_text())
     bound = bind(p.fusion, p.inputs)
-    from optimizer.schedulers.profiles import get_profile
+    from optimizer.profiles import get_profile
     from optimizer.segmenters.graph import SegGraph
 
     g = SegGraph(bound, get_profile())
@@ -321,8 +321,8 @@ def test_the_time_limit_covers_every_planning_stage(segmenter):
 def test_the_level_grouping_is_a_valid_plan_that_runs_to_the_same_outputs():
     # what a greedy segmenter cut short by the time limit falls back to
     from optimizer.analysis.opclass import Role
+    from optimizer.profiles import get_profile
     from optimizer.schedulers.kinds import Kind
-    from optimizer.schedulers.profiles import get_profile
     from optimizer.segmenters.graph import SegGraph
     from optimizer.segmenters.levels import level_groups
 
@@ -365,8 +365,8 @@ def test_a_20000_op_fusion_plans_and_serializes_within_its_limit_plus_1_s(segmen
 
 
 def _greedy_plan(text: str):
+    from optimizer.profiles import get_profile
     from optimizer.schedulers.kinds import Kind
-    from optimizer.schedulers.profiles import get_profile
     from optimizer.segmenters.graph import SegGraph
     from optimizer.segmenters.greedy import greedy_groups
 
@@ -388,7 +388,7 @@ def test_mincut_refines_the_scale_case_in_linear_time_and_keeps_to_its_deadline(
     refined, report = refine(graph, plan, PlanOptions(time_limit_s=600))
     assert time.process_time() - start < 1.0
     assert "min-cut refined" in report.message and "time limit" not in report.message
-    from optimizer.segmenters.cpsat import plan_cost
+    from optimizer.segmenters.result import plan_cost
 
     assert plan_cost(graph, refined) < plan_cost(graph, plan)
     start = time.process_time()

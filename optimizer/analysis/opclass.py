@@ -78,15 +78,3 @@ def reindexes(op: Op, bound: Bound) -> bool:
     if op.name != "reshape":
         return True
     return reshape_spans(bound.shapes[op.inputs[0]], bound.shapes[op.outputs[0]]) is None
-
-
-def op_cost(op: Op, bound: Bound) -> float:
-    """Arithmetic of one evaluation of ``op`` over its output, in simple-op units."""
-    spec = get_spec(op.name)
-    out = op.outputs[0]
-    if spec.op_class is OpClass.REDUCTION:
-        return spec.cost * bound.numel(op.inputs[0])
-    if spec.op_class is OpClass.LIBRARY:
-        a, b = bound.shapes[op.inputs[0]], bound.shapes[op.inputs[1]]
-        return 2.0 * bound.numel(out) * (a[-1] if a else 1) if b else 0.0
-    return spec.cost * bound.numel(out)

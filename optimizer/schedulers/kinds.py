@@ -31,8 +31,8 @@ from optimizer.analysis.axes import AxisEntry, AxisMap, domain_axes
 from optimizer.analysis.opclass import Role, reindexes, role
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.ops_misc import reduction_axes
+from optimizer.profiles import DeviceProfile
 from optimizer.schedulers.persistent import Extension, Persistence, analyze_persistence
-from optimizer.schedulers.profiles import DeviceProfile
 
 
 class Kind(str, Enum):
@@ -77,6 +77,16 @@ class Schedule:
 
     def __bool__(self) -> bool:
         return True
+
+    @property
+    def kernels(self) -> int:
+        """Kernels the segment launches: inner_outer adds a column finisher to its row kernel."""
+        return 2 if self.kind is Kind.INNER_OUTER else 1
+
+    @property
+    def on_tensor_cores(self) -> bool:
+        """A library call (matmul/linear): its arithmetic runs on tensor cores."""
+        return self.kind is Kind.LIBRARY
 
 
 REDUCTION_KINDS = frozenset({Kind.REDUCTION, Kind.NORMALIZATION, Kind.INNER_OUTER})

@@ -14,8 +14,9 @@ from collections.abc import Iterable
 from optimizer.analysis.cost import segment_time
 from optimizer.analysis.opclass import Role, is_view, role
 from optimizer.analysis.shapes import Bound
-from optimizer.hostir.streams import stage_of_ops
+from optimizer.analysis.streams import stage_of_ops
 from optimizer.ir.opspec import OpClass, get_spec
+from optimizer.profiles import DeviceProfile
 from optimizer.schedulers.kinds import (
     ALL_KINDS,
     Kind,
@@ -24,7 +25,6 @@ from optimizer.schedulers.kinds import (
     classify,
     segment_facts,
 )
-from optimizer.schedulers.profiles import DeviceProfile
 
 
 class SegGraph:

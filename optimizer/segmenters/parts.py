@@ -34,7 +34,7 @@ class Part:
     segment_sets: tuple[int, ...]
     reductions: tuple[int, ...]
     views: tuple[int, ...]
-    stages: frozenset[int]  # stream stages of its ops (see ``hostir.streams``)
+    stages: frozenset[int]  # stream stages of its ops (see ``analysis.streams``)
     axes: AxisMap
     schedule: Schedule | None = None  # its classification, once it has one
     base: Schedule | None = None  # a merged part's: the larger part's, which classify extends
