@@ -108,8 +108,9 @@ class _Steps:
     expand: list[tuple[int, tuple[int, ...], tuple[bool, ...]] | None]
 
 
-def _steps(plan: Plan) -> _Steps:
-    cached = getattr(plan, "_steps", None)
+def plan_steps(plan: Plan) -> _Steps:
+    """What running ``plan`` needs, derived once per plan."""
+    cached = plan.runtime_memo.get("steps")
     if cached is not None:
         return cached
     fusion, bound = plan.fusion, plan.bound
@@ -133,7 +134,7 @@ def _steps(plan: Plan) -> _Steps:
             tuple(bound.compact_shape(t)) != tuple(bound.shapes[t])
         expand.append((0, bound.shapes[t], bound.broadcast[t]) if compact else None)
     steps = _Steps(segments, expand)
-    plan._steps = steps  # type: ignore[attr-defined]
+    plan.runtime_memo["steps"] = steps
     return steps
 
 
@@ -157,7 +158,7 @@ def execute_plan(plan: Plan, args: list[Any], runner: SegmentRunner = reference_
     which synchronises after each segment)."""
     scalars = check_matches_plan(plan, args)
     fusion = plan.fusion
-    steps = _steps(plan)
+    steps = plan_steps(plan)
     env: dict[str, Any] = dict(zip(fusion.inputs, args))
     timings = []
     cuda = timed and any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)

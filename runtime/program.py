@@ -377,9 +377,9 @@ MAX_PROGRAMS = 256
 def program_for(plan: Plan, args: list[Any]) -> Program:
     """The compiled program of ``plan`` for arguments like these, from a process-wide cache
     (built on first use)."""
-    baked = getattr(plan, "_baked", None)
+    baked = plan.runtime_memo.get("baked")
     if baked is None:
-        baked = plan._baked = baked_positions(plan.fusion)  # type: ignore[attr-defined]
+        baked = plan.runtime_memo["baked"] = baked_positions(plan.fusion)
     sig = signature(args, baked)
     key = (plan.plan_id, sig)
     with _lock:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from optimizer.plan.plan import Plan, Step
-from runtime.executor import Execution, _steps, check_matches_plan, execute_plan, expand_compact
+from runtime.executor import Execution, check_matches_plan, execute_plan, expand_compact, plan_steps
 from runtime.program import program_for, signature
 from runtime.tensors import TORCH_DTYPE, unshare
 
@@ -70,7 +70,7 @@ def run_host(plan: Plan, args: list[Any]) -> Execution:
             for j in step.segments:
                 env.update(_run_segment(plan, step, j, env, scalars, gpu, {}, {}))
     outputs = []
-    for t, how in zip(fusion.outputs, _steps(plan).expand):
+    for t, how in zip(fusion.outputs, plan_steps(plan).expand):
         outputs.append(env[t] if how is None else expand_compact(env[t], how[1], how[2]))
     for out, inp in fusion.aliases.items():
         env[inp].copy_(outputs[fusion.outputs.index(out)])

@@ -115,6 +115,10 @@ class Plan:
     baseline: Baseline | None
     options: dict[str, Any] = field(default_factory=dict)
     host: HostProgram | None = None
+    # what the runtime derives from the plan once and reuses on every run (its step list, the
+    # scalar positions its kernels bake in), by name
+    runtime_memo: dict[str, Any] = field(default_factory=dict, init=False, repr=False,
+                                         compare=False)
 
     @property
     def host_program(self) -> str | None:
