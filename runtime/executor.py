@@ -21,6 +21,7 @@ from optimizer.analysis.shapes import Bound, bind
 from optimizer.errors import InputError
 from optimizer.ir.inputs import TensorMeta
 from optimizer.plan.plan import Plan, Segment
+from runtime.lru import BoundedCache
 from runtime.reference import run_reference
 from runtime.tensors import TORCH_DTYPE, meta_of, unshare
 
@@ -48,7 +49,8 @@ class Execution:
         return sum(t.seconds for t in self.timings)
 
 
-_bounds: dict[tuple[str, int], Bound] = {}
+MAX_SEGMENT_BOUNDS = 1024
+_bounds: BoundedCache[tuple[str, int], Bound] = BoundedCache(MAX_SEGMENT_BOUNDS)
 
 
 def segment_bound(plan: Plan, segment: Segment) -> Bound | None:
@@ -59,7 +61,8 @@ def segment_bound(plan: Plan, segment: Segment) -> Bound | None:
     key = (plan.plan_id, segment.index)
     bound = _bounds.get(key)
     if bound is None:
-        bound = _bounds[key] = bind(segment.sub.fusion, segment.sub.inputs)
+        bound = bind(segment.sub.fusion, segment.sub.inputs)
+        _bounds.put(key, bound)
     return bound
 
 

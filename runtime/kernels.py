@@ -27,6 +27,7 @@ from optimizer.plan.plan import Plan, Segment
 from optimizer.schedulers.kinds import Kind
 from runtime.compile import compile_cubin
 from runtime.executor import reference_runner
+from runtime.lru import BoundedCache
 from runtime.tensors import TORCH_DTYPE
 
 
@@ -83,7 +84,8 @@ class SegmentCode:
 
 _lock = threading.Lock()
 _modules: dict[str, Any] = {}  # cubin hash -> CUmodule (per process, current device)
-_code: dict[tuple, SegmentCode] = {}
+MAX_SEGMENT_CODES = 1024
+_code: BoundedCache[tuple, SegmentCode] = BoundedCache(MAX_SEGMENT_CODES)
 
 
 def _module(cubin: bytes):
@@ -154,8 +156,7 @@ def segment_code(plan: Plan, segment: Segment, vector: int | None = None,
         tuple((arg_of[t], a) for t, a in kernels.vector_aligned.items() if t in arg_of),
         tuple(i for i, name in enumerate(originals)
               if name in bound.fusion.tensors and name not in bound.inputs))
-    with _lock:
-        _code[key] = code
+    _code.put(key, code)
     return code
 
 

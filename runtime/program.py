@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +34,7 @@ from runtime.kernels import (
     launch_kernel,
     scalar_value,
 )
+from runtime.lru import BoundedCache
 from runtime.reference import run_reference
 from runtime.tensors import TORCH_DTYPE, unshare
 
@@ -369,9 +368,8 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
     return program
 
 
-_programs: OrderedDict[tuple, Program] = OrderedDict()
-_lock = threading.Lock()
 MAX_PROGRAMS = 256
+_programs: BoundedCache[tuple, Program] = BoundedCache(MAX_PROGRAMS)
 
 
 def program_for(plan: Plan, args: list[Any]) -> Program:
@@ -382,16 +380,10 @@ def program_for(plan: Plan, args: list[Any]) -> Program:
         baked = plan.runtime_memo["baked"] = baked_positions(plan.fusion)
     sig = signature(args, baked)
     key = (plan.plan_id, sig)
-    with _lock:
-        program = _programs.get(key)
-        if program is not None:
-            _programs.move_to_end(key)
-            return program
-    program = build_program(plan, args, sig)
-    with _lock:
-        _programs[key] = program
-        while len(_programs) > MAX_PROGRAMS:
-            _programs.popitem(last=False)
+    program = _programs.get(key)
+    if program is None:
+        program = build_program(plan, args, sig)
+        _programs.put(key, program)
     return program
 
 
