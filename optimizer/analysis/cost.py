@@ -58,10 +58,12 @@ def compute_units(bound: Bound, ops: Iterable[int]) -> float:
 
 
 def read_bytes(bound: Bound, segment: PricedSegment) -> int:
+    """Bytes a segment reads from global memory: each input once, compact."""
     return sum(bound.nbytes(t) for t in segment.inputs)
 
 
 def write_bytes(bound: Bound, segment: PricedSegment) -> int:
+    """Bytes a segment writes to global memory: each output once, compact."""
     return sum(bound.nbytes(t) for t in segment.outputs)
 
 

@@ -28,6 +28,12 @@ from optimizer.schedulers.kinds import (
 
 
 class SegGraph:
+    """A bound fusion as the segmenters see it, for one device and the kinds a plan may use:
+    the live tensor ops, each tensor's producer and consumers, each op's role, the forwarded ops
+    (recomputed wherever needed, never placed) and the ops segmenters place, and the stream stage
+    of each op. It classifies candidate segments (``classify``) and prices them
+    (``segment_time``), remembering both: the solvers ask again for the segments they keep."""
+
     def __init__(self, bound: Bound, profile: DeviceProfile,
                  kinds: frozenset[Kind] = ALL_KINDS):
         self.bound = bound
