@@ -24,7 +24,7 @@ from optimizer.schedulers.kinds import Kind
 from optimizer.segmenters.graph import SegGraph
 from optimizer.segmenters.greedy import greedy_groups
 from optimizer.segmenters.levels import level_groups
-from optimizer.segmenters.result import Group, SolverReport, plan_bytes, plan_cost
+from optimizer.segmenters.result import Group, SolverOptions, SolverReport, plan_bytes, plan_cost
 
 SEGMENTERS = ("cpsat", "greedy", "mincut")
 
@@ -61,6 +61,12 @@ class PlanOptions:
         for name in ("launch_weight", "compute_weight"):
             if getattr(self, name) < 0:
                 raise PlanError(f"{name} must be >= 0")
+
+    @property
+    def solver(self) -> SolverOptions:
+        """What the solvers take from these options."""
+        return SolverOptions(self.time_limit_s, self.launch_weight, self.compute_weight,
+                             self.seed)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -130,10 +136,10 @@ def _make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions) -> 
             report = SolverReport("FALLBACK_TO_GREEDY", wall_s=report.wall_s,
                                   message=message or NO_TIME_MESSAGE)
     elif options.segmenter == "cpsat":
-        groups, report = _load_segmenter("cpsat").solve(graph, greedy_plan, options,
+        groups, report = _load_segmenter("cpsat").solve(graph, greedy_plan, options.solver,
                                                          solver_deadline)
     elif options.segmenter == "mincut":
-        groups, report = _load_segmenter("mincut").refine(graph, greedy_plan, options,
+        groups, report = _load_segmenter("mincut").refine(graph, greedy_plan, options.solver,
                                                            solver_deadline)
     return build_plan(graph, groups, options.segmenter, report, baseline, options.to_json())
 

@@ -371,17 +371,18 @@ def test_mincut_refines_the_scale_case_in_linear_time_and_keeps_to_its_deadline(
     # segments whatever the deadline (which was checked only between segments)
     from benchmarks.fusiongen import scale_case
     from optimizer.segmenters.mincut import refine
+    from optimizer.segmenters.result import SolverOptions
 
     graph, plan = _greedy_plan(scale_case())
     start = time.process_time()
-    refined, report = refine(graph, plan, PlanOptions(time_limit_s=600))
+    refined, report = refine(graph, plan, SolverOptions(time_limit_s=600))
     assert time.process_time() - start < 1.0
     assert "min-cut refined" in report.message and "time limit" not in report.message
     from optimizer.segmenters.result import plan_cost
 
     assert plan_cost(graph, refined) < plan_cost(graph, plan)
     start = time.process_time()
-    late, report = refine(graph, plan, PlanOptions(), deadline=time.perf_counter())
+    late, report = refine(graph, plan, SolverOptions(), deadline=time.perf_counter())
     assert time.process_time() - start < 0.3
     assert "time limit reached" in report.message
     assert plan_cost(graph, late) <= plan_cost(graph, plan)
@@ -392,11 +393,20 @@ def test_mincut_refines_410_segments_of_20000_ops_in_seconds():
     # before: each segment's network took every fusible ancestor of what it read, back to the
     # fusion's inputs (the generated chains never break): 21 s of CPU for these 410 segments
     from optimizer.segmenters.mincut import refine
+    from optimizer.segmenters.result import SolverOptions
 
     graph, plan = _greedy_plan(generate(19_990, seed=3))
     assert len(plan) > 400
     start = time.process_time()
-    refined, report = refine(graph, plan, PlanOptions(time_limit_s=600))
+    refined, report = refine(graph, plan, SolverOptions(time_limit_s=600))
     assert time.process_time() - start < 6.0
     assert "time limit" not in report.message
     assert len(refined) <= len(plan)
+
+
+def test_the_solvers_take_typed_options_from_the_plan_options():
+    from optimizer.segmenters.result import SolverOptions
+
+    options = PlanOptions(time_limit_s=3, launch_weight=2, compute_weight=0.5, seed=7)
+    assert options.solver == SolverOptions(time_limit_s=3, launch_weight=2, compute_weight=0.5,
+                                           seed=7)

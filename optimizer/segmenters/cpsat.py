@@ -48,7 +48,7 @@ from optimizer.schedulers.kinds import Kind
 from optimizer.segmenters.graph import SegGraph
 from optimizer.segmenters.greedy import greedy_groups
 from optimizer.segmenters.mincut import refine
-from optimizer.segmenters.result import Group, SolverReport, plan_bytes, plan_cost
+from optimizer.segmenters.result import Group, SolverOptions, SolverReport, plan_bytes, plan_cost
 from optimizer.segmenters.unionfind import DisjointSets
 
 WINDOW = 4  # segments optimised together
@@ -89,8 +89,8 @@ class _Effort:
         self.used_s += CUT_OVERHEAD_S * slots
 
 
-def solve(graph: SegGraph, greedy: list[Group], options, deadline: float | None = None
-          ) -> tuple[list[Group], SolverReport]:
+def solve(graph: SegGraph, greedy: list[Group], options: SolverOptions,
+          deadline: float | None = None) -> tuple[list[Group], SolverReport]:
     """``deadline``: a ``time.perf_counter()`` value, by default ``time_limit_s`` from now."""
     start = time.perf_counter()
     deadline = start + options.time_limit_s if deadline is None else deadline
@@ -146,7 +146,7 @@ def _per_solve(planned_s: float, solves: int) -> float:
 
 
 def _optimize_window(graph: SegGraph, rules: _Rules, plan: list[Group], a: int, b: int,
-                     deadline: float, effort: _Effort, options, stats: dict
+                     deadline: float, effort: _Effort, options: SolverOptions, stats: dict
                      ) -> tuple[list[Group], str, float | None, float | None]:
     """Re-segment plan[a:b] with the rest fixed; return the best valid plan found."""
     stats["windows"] += 1
@@ -214,7 +214,7 @@ def _repair(graph: SegGraph, groups: list[Group], bad: list[int]) -> list[Group]
 
 class _Model:
     def __init__(self, graph: SegGraph, rules: _Rules, window: list[Group], available: set[str],
-                 must_write: set[str], options):
+                 must_write: set[str], options: SolverOptions):
         self.graph = graph
         self.rules = rules
         fusion, bound = graph.fusion, graph.bound

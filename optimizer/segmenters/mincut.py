@@ -22,13 +22,13 @@ from ortools.graph.python import max_flow
 from optimizer.analysis.cost import CUT_INFINITY, cut_capacity
 from optimizer.analysis.opclass import Role, is_view
 from optimizer.segmenters.graph import SegGraph
-from optimizer.segmenters.result import Group, SolverReport, plan_cost
+from optimizer.segmenters.result import Group, SolverOptions, SolverReport, plan_cost
 
 DEPTH = 64  # producers back from a segment's reads that it may recompute
 
 
-def refine(graph: SegGraph, groups: list[Group], options, deadline: float | None = None
-           ) -> tuple[list[Group], SolverReport]:
+def refine(graph: SegGraph, groups: list[Group], options: SolverOptions,
+           deadline: float | None = None) -> tuple[list[Group], SolverReport]:
     """``deadline``: a ``time.perf_counter()`` value, by default ``time_limit_s`` from now. Each
     segment's refinement costs time in proportion to the values it could recompute; what the
     segments before and after it compute and read is kept up to date as the sweep moves, never

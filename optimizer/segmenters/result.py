@@ -27,6 +27,17 @@ class SolverReport:
     message: str = ""
 
 
+@dataclass(frozen=True)
+class SolverOptions:
+    """What the solvers (CP-SAT, min-cut) take from a request's options: the time limit, the
+    objective's weights (per-kernel launch cost, recomputed arithmetic) and CP-SAT's seed."""
+
+    time_limit_s: float = 5.0
+    launch_weight: float = 1.0
+    compute_weight: float = 1.0
+    seed: int = 0
+
+
 def plan_cost(graph: SegGraph, groups: list[Group]) -> float:
     """Estimated seconds of a segmentation (the planner's objective, in time units)."""
     return sum(graph.segment_time(ops, w) for ops, w in groups)
