@@ -734,8 +734,6 @@ class _Persistent:
 
     def buffer_load(self, t: str, reg: Region, slot_pre: list[str], lane_first: list[str]):
         """Read input t's row positions into its register buffer (a vector where possible)."""
-        from codegen.layout import address, tensor_strides
-
         d = self.fusion.tensors[t].dtype
         idx = reg.index_of(t)
         strides = tensor_strides(self.bound, t)

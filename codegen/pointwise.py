@@ -42,6 +42,7 @@ from codegen.layout import (
 from codegen.precision import fast_math_tensors
 from codegen.transpose import generate_transpose
 from optimizer.analysis.shapes import Bound
+from optimizer.ir.opspec import get_spec
 from optimizer.profiles import DeviceProfile
 from optimizer.schedulers.kinds import Schedule
 
@@ -52,8 +53,6 @@ LANE = "_lane"
 def unroll_for(bound: Bound, schedule: Schedule) -> int:
     """Vectors per thread per step: four for light arithmetic (memory-level parallelism),
     fewer for long chains, whose registers the extra vectors would spill."""
-    from optimizer.ir.opspec import get_spec
-
     work = sum(get_spec(bound.fusion.ops[i].name).cost for i in schedule.ops)
     return 4 if work <= 24 else 2 if work <= 64 else 1
 

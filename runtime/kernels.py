@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from cuda.bindings import driver
 
 from codegen import SegmentKernels, generate_segment
 from optimizer.plan.plan import Plan, Segment
@@ -38,8 +39,6 @@ class LaunchError(RuntimeError):
 def check(result):
     err = result[0]
     if int(err) != 0:
-        from cuda.bindings import driver
-
         _, name = driver.cuGetErrorName(err)
         raise LaunchError(f"CUDA driver error {int(err)} ({name.decode() if name else '?'})")
     return result[1] if len(result) == 2 else result[1:]
@@ -89,8 +88,6 @@ _code: BoundedCache[tuple, SegmentCode] = BoundedCache(MAX_SEGMENT_CODES)
 
 
 def _module(cubin: bytes):
-    from cuda.bindings import driver
-
     key = hashlib.sha256(cubin).hexdigest()
     with _lock:
         mod = _modules.get(key)
@@ -101,8 +98,6 @@ def _module(cubin: bytes):
 
 
 def _functions(kernels: SegmentKernels) -> list[Any]:
-    from cuda.bindings import driver
-
     if not kernels.kernels:
         return []
     mod = _module(compile_cubin(kernels.source, arch_of_current_device(), kernels.kernels[0].name))
@@ -196,8 +191,6 @@ def arg_buffer(launch: KernelLaunch) -> ArgBuffer:
 
 def launch_kernel(launch: KernelLaunch, values: list[Any], stream: int) -> None:
     """Launch with parameter ``values`` (ints for pointers and integers, floats, bools)."""
-    from cuda.bindings import driver
-
     buf = arg_buffer(launch)
     with ArgBuffer.lock:  # the argument buffers are shared by every caller of this kernel
         for slot, value in zip(buf.values, values):

@@ -22,7 +22,6 @@ class DeviceOverrides(_Strict):
     bandwidth: float | None = Field(None, ge=1e9, le=1e15, description="bytes/s")
     sm_count: int | None = Field(None, ge=1, le=10_000)
     smem_per_block: int | None = Field(None, ge=1024, le=2**24, description="bytes")
-    regs_per_block: int | None = Field(None, ge=1024, le=2**24)
     launch_overhead_s: float | None = Field(None, ge=1e-8, le=1e-1)
     persistent_budget: int | None = Field(None, ge=1024, le=2**24, description="bytes")
     compute_rate: float | None = Field(None, ge=1e9, le=1e17, description="fp32 ops/s")

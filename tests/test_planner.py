@@ -410,3 +410,10 @@ def test_the_solvers_take_typed_options_from_the_plan_options():
     options = PlanOptions(time_limit_s=3, launch_weight=2, compute_weight=0.5, seed=7)
     assert options.solver == SolverOptions(time_limit_s=3, launch_weight=2, compute_weight=0.5,
                                            seed=7)
+
+
+def test_a_device_profile_has_only_the_fields_the_planner_uses():
+    from optimizer.profiles import get_profile
+
+    with pytest.raises(PlanError, match="unknown device profile fields.*regs_per_block"):
+        get_profile("H100", {"regs_per_block": 65536})  # never read by the planner: removed

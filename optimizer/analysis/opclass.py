@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from enum import Enum
 
+from optimizer.analysis.axes import reshape_spans
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.fusion import Op
 from optimizer.ir.ops_library import LIBRARY_CALLS
@@ -71,8 +72,6 @@ def reindexes(op: Op, bound: Bound) -> bool:
     """A view that moves elements to other axis positions, so that it cannot join a reduction
     segment: every view but a reshape that only splits or merges axes (see
     ``optimizer.analysis.axes.reshape_spans``), whose axes land on runs of the domain's."""
-    from optimizer.analysis.axes import reshape_spans
-
     if not is_view(op):
         return False
     if op.name != "reshape":

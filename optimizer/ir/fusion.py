@@ -45,10 +45,6 @@ class ScalarValue:
     dtype: DType
     value: bool | int | float | None = None  # a constant's value; None for inputs and derived
 
-    @property
-    def is_constant(self) -> bool:
-        return self.value is not None
-
 
 @dataclass
 class Op:

@@ -22,7 +22,7 @@ from typing import Any
 
 from optimizer.errors import DefinitionError, InputError
 from optimizer.ir.dtypes import DType
-from optimizer.ir.fusion import Ref, ScalarValue, TensorValue
+from optimizer.ir.fusion import ScalarValue, TensorValue
 
 
 class OpClass(str, Enum):
@@ -194,6 +194,3 @@ def broadcast_shapes(shapes: list[tuple[int, ...]], names: list[str]) -> tuple[i
 def eval_shape_list(shape: list[Any], ev: Callable[[Any], Any], what: str) -> list[int]:
     return [check_extent(ev(x), f"{what}[{i}]") for i, x in enumerate(shape)]
 
-
-def is_ref_or_int(x: Any) -> bool:
-    return isinstance(x, Ref) or (isinstance(x, int) and not isinstance(x, bool))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from optimizer.analysis.cost import lower_bound_bytes, read_bytes, segment_time, write_bytes
+from optimizer.analysis.opclass import Role, role
 from optimizer.analysis.shapes import Bound
 from optimizer.analysis.streams import Stage
 from optimizer.errors import PlanError
@@ -288,8 +289,6 @@ def _crossing_reasons(plan: Plan):
 
 
 def _why_crossing(plan: Plan, producer, forced: bool) -> str:
-    from optimizer.analysis.opclass import Role, role
-
     if forced:
         return "forced by segment_set"
     kind = role(producer, plan.bound)
