@@ -39,7 +39,7 @@ class PlanOptions:
     compute_weight: float = 1.0  # scales the recomputation term in the objective
     seed: int = 0
     kinds: tuple[str, ...] = tuple(k.value for k in Kind)  # segment kinds the plan may use
-    num_streams: int = 4  # CUDA streams a stream-parallel loop cycles through (seed 004)
+    num_streams: int = 4  # CUDA streams a stream-parallel loop cycles through
 
     def __post_init__(self):
         unknown = set(self.kinds) - {k.value for k in Kind}

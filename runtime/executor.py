@@ -1,10 +1,11 @@
 """Run a Plan on real tensors, segment by segment, in plan order.
 
-The original fusion acts as argument manager (seed 001): each segment receives its inputs (fusion
-inputs as given, boundary tensors in the compact form the producing segment wrote), runs, and its
-compact outputs are kept until their last reader; fusion outputs are returned as views with
-stride 0 along their broadcast axes. A segment runs through a ``SegmentRunner``: generated CUDA
-kernels on a GPU, the torch reference (its CPU path, and library/fallback segments everywhere).
+The original fusion acts as argument manager of the standalone segment fusions: each segment
+receives its inputs (fusion inputs as given, boundary tensors in the compact form the producing
+segment wrote), runs, and its compact outputs are kept until their last reader; fusion outputs
+are returned as views with stride 0 along their broadcast axes. A segment runs through a
+``SegmentRunner``: generated CUDA kernels on a GPU, the torch reference (its CPU path, and
+library/fallback segments everywhere).
 """
 
 from __future__ import annotations

@@ -174,7 +174,8 @@ class Program:
     def run_python(self, args: list[Any], into: list[torch.Tensor | None] | None = None
                    ) -> list[torch.Tensor]:
         """Run in Python; ``into``: per output, a tensor to write it to (a slice of a whole
-        output, seed 004): kernels write there directly when it is dense, else it is copied."""
+        output, in a stream loop): kernels write there directly when it is dense, else it is
+        copied."""
         slots: list[Any] = list(args) + [None] * len(self.buffers)
         provided = self._provided(into) if into is not None else {}
         scalars = self.scalars(args)

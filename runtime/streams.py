@@ -1,4 +1,4 @@
-"""Run a host program (seed 004): its stages in order, each stream loop's iterations on CUDA
+"""Run a stream-lowered host program: its stages in order, each stream loop's iterations on CUDA
 streams from a per-device pool.
 
 A loop records an event on the caller's stream once; iteration ``i`` runs on stream

@@ -39,7 +39,7 @@ class PlanOptionsModel(_Strict):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="solver random seed (int32)")
     kinds: list[str] | None = Field(None, description="segment kinds the plan may use")
     num_streams: int = Field(4, ge=1, le=64, description="CUDA streams a stream-parallel loop "
-                                                         "cycles through (seed 004)")
+                                                         "cycles through (stream lowering)")
 
 
 Definition = Annotated[str, Field(min_length=1)] | FusionJSON

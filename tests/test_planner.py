@@ -65,7 +65,8 @@ fd.add_output(T4)""")
 
 
 def test_boundary_tensors_are_stored_compact():
-    # seed 002: a broadcast value forced across a boundary is stored without its broadcast axis
+    # compact storage: a broadcast value forced across a boundary is stored without its
+    # broadcast axis
     f = fusion("""
 T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)
 T1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
@@ -86,7 +87,7 @@ fd.add_output(T6)""")
 
 
 def test_forwarding_recomputes_full_on_both_sides_of_segment_set():
-    # seed 003: the full() is in both segments; only the segment_set tensor crosses
+    # forwarding: the full() is in both segments; only the segment_set tensor crosses
     p = parse_text((CORPUS / "seed_4269_forward_full.py").read_text())
     j = plan_json(p.fusion, p.inputs)
     full = [i for i, op in enumerate(p.fusion.ops) if op.name == "full"][0]

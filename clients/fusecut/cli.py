@@ -268,7 +268,7 @@ def print_plan(result: dict) -> None:
     out.print(f"io_ratio {tot['io_ratio']:.3f}; saved {human_bytes(base['saved_bytes'])} against "
               f"greedy; solver {result['solver']['status']} in {result['solver']['wall_s']:.2f} s"
               f" ({result['solver']['message']})")
-    if result.get("host_program"):  # stream-parallel axes (seed 004): the host program
+    if result.get("host_program"):  # stream-parallel axes: the host program
         out.print("host program:")
         out.print(result["host_program"], markup=False, highlight=False, soft_wrap=True)
 

@@ -136,7 +136,7 @@ class FusionDefinition:
         return self._local_state().plan(inputs, **options)
 
     def segment(self, inputs: list[Any], **options: Any) -> list[SegmentDefinition]:
-        """The plan's segments as standalone definitions with maps to this one (seed 001)."""
+        """The plan's segments as standalone definitions with maps to this one."""
         planned = self.plan(inputs, **options)
         internal = planned._internal
         if internal is None:  # planned by a service: rebuild it here from its JSON

@@ -1,4 +1,5 @@
-"""Stream-parallel axes (seed 004): check each annotation and group the ops into stages.
+"""Stream-parallel axes (stream lowering, nvFuser #4147): check each annotation and group the
+ops into stages.
 
 ``fd.sched.parallelize(T, axis, ParallelType.stream)`` says: compute T one slice ``T[..., i, ...]``
 at a time, each slice on its own CUDA stream. That is sound when every slice of T needs only the

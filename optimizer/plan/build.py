@@ -1,5 +1,5 @@
 """Build a Plan, complete: its segments and boundaries, and its host program when axes are
-stream-parallel (seed 004)."""
+stream-parallel."""
 
 from __future__ import annotations
 

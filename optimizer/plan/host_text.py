@@ -1,4 +1,4 @@
-"""Print a host program in the style of nvFuser's ``NVFUSER_DUMP=host_ir`` (seed 004).
+"""Print a host program in the style of nvFuser's ``NVFUSER_DUMP=host_ir``.
 
     %HostIrContainer { (T0_g_float[iS0{8}, iS1{4096}]) -> (T1_g_float[iStreamIdx2{8}, ...]) :
       T1_g_float[...] = ALLOCATE(buffer=T1_g_float[...], mem_type=global, size=( 8 * 4096 ), ...)

@@ -1,4 +1,4 @@
-"""Lower a plan's segments with stream-parallel axes to a host program (seed 004).
+"""Lower a plan's segments with stream-parallel axes to a host program.
 
 The host program runs the plan's stages in order. A stage that is not stream-parallel runs its
 segments once, on whole tensors. A stream loop allocates what it writes for later stages and the

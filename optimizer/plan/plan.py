@@ -1,5 +1,5 @@
 """The Plan: segments in execution order, the tensors that cross between them, their bytes, and
-the host program that runs them when axes are stream-parallel (seed 004).
+the host program that runs them when axes are stream-parallel.
 
 ``assemble`` turns an ordered segmentation (placed ops and written tensors per segment) into
 segments and boundaries, checking what every consumer of a plan relies on: each segment classifies
@@ -34,7 +34,7 @@ from optimizer.segmenters.result import Group, SolverReport
 class Segment:
     """One kernel (or library call) of a plan: its schedule (kind, ops, tensors read and
     written), the ops it recomputes that another segment also computes, its bytes and estimated
-    time (``optimizer.analysis.cost``), and its sub-fusion (seed 001)."""
+    time (``optimizer.analysis.cost``), and its sub-fusion (a standalone fusion definition)."""
 
     index: int
     schedule: Schedule
@@ -123,7 +123,7 @@ class Plan:
 
     @property
     def host_program(self) -> str | None:
-        """The host program as text, in the style of nvFuser's host IR dumps (seed 004)."""
+        """The host program as text, in the style of nvFuser's host IR dumps."""
         return self.host.text if self.host is not None else None
 
     @property

@@ -1,10 +1,11 @@
 """The graph segmenters work on: tensor ops, who produces and consumes what, and forwarding.
 
-Forwarding (seeds 000 and 003): a cheap unary op whose operand is a fusion input (or another
-forwarded value), and a factory (full, iota), is recomputed in every segment that uses it instead
-of being passed through global memory, unless it is a fusion output. Reading the root input must
-cost no more than reading the forwarded value, so a narrowing cast is not forwarded. Segmenters
-place only the other ops; ``closure`` adds the forwarded ops a segment needs.
+Forwarding, as nvFuser forwards inputs and factories: a cheap unary op whose operand is a fusion
+input (or another forwarded value), and a factory (full, iota), is recomputed in every segment
+that uses it instead of being passed through global memory, unless it is a fusion output.
+Reading the root input must cost no more than reading the forwarded value, so a narrowing cast
+is not forwarded. Segmenters place only the other ops; ``closure`` adds the forwarded ops a
+segment needs.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class SegGraph:
         self.roles = {i: role(fusion.ops[i], bound) for i in self.ops}
         self.outputs = set(fusion.outputs)
         self.inputs = set(fusion.tensor_inputs())
-        # op -> stream stage (seed 004); segments never mix stages ({}: no stream axes)
+        # op -> its stream-loop stage; segments never mix stages ({}: no stream axes)
         self.stage_of: dict[int, int] = stage_of_ops(bound)
         self.forwarded: frozenset[int] = self._forwarding()
         self.placed: list[int] = [i for i in self.ops if i not in self.forwarded]
