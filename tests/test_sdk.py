@@ -84,7 +84,7 @@ def test_make_input_respects_strides_and_kind():
 
 
 def test_plan_and_segment_from_the_sdk():
-    from fusecut.plan import Plan
+    from fusecut.plan import PlanView
 
     text = (CORPUS / "seed_4269_forward_full.py").read_text()
     namespace: dict = {}
@@ -92,7 +92,7 @@ def test_plan_and_segment_from_the_sdk():
         "inputs = [")[0], "seed", "exec"), namespace)
     fd = namespace["fd"]
     plan = fd.plan([{"shape": [1024], "dtype": "float32"}])
-    assert isinstance(plan, Plan) and len(plan.segments) == 2
+    assert isinstance(plan, PlanView) and len(plan.segments) == 2
     assert plan is fd.plan([torch.randn(1024)])  # cached per input metadata
     segments = fd.segment([torch.randn(1024)])
     assert [s.kind for s in segments] == ["pointwise", "pointwise"]
