@@ -37,7 +37,7 @@ from codegen import cuda
 from codegen.emit import Names
 from codegen.kernel import (
     Kernel,
-    Param,
+    KernelParam,
     SegmentKernels,
     Workspace,
     assemble,
@@ -518,7 +518,7 @@ class _Persistent:
                 self.params.append(p)
         out_main = [t for t in sched.outputs if pers.stage[t] < COLUMN]
         ps = tensor_params(self.bound, sched.inputs, out_main, self.params)
-        ps += [Param("ws", f"c{k}", f"{r.acc_type}* __restrict__")
+        ps += [KernelParam("ws", f"c{k}", f"{r.acc_type}* __restrict__")
                for k, r in enumerate(self.col_reducers)]
         row_blocks = -(-self.rows // self.rows_per_block)
         if self.groups:  # resident blocks striding over the rows (and, inner-outer, one
@@ -810,7 +810,7 @@ class _Persistent:
         lines += indent(epilogue, 2) + ["}"]
         kname = f"{self.name}_columns"
         ps = tensor_params(self.bound, sched.inputs, col_outputs, params)
-        ps += [Param("ws", f"c{k}", f"const {r.acc_type}* __restrict__") for k, r in reducers]
+        ps += [KernelParam("ws", f"c{k}", f"const {r.acc_type}* __restrict__") for k, r in reducers]
         blocks = max(1, -(-self.row_len // 32))
         code = [f"// segment {self.index}: combine {parts} blocks' partial column sums",
                 signature(kname, ps, 1024) + " {"] + indent(lines, 2) + ["}"]

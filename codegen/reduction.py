@@ -18,7 +18,7 @@ from codegen import cuda
 from codegen.emit import Names
 from codegen.kernel import (
     Kernel,
-    Param,
+    KernelParam,
     SegmentKernels,
     Workspace,
     assemble,
@@ -138,7 +138,7 @@ class _Builder:
         body_lines = decompose("o", keep_ext, names, "index_t") + lines + region.finish()
         kname = f"{self.name}_finish"
         ps = tensor_params(self.bound, self.schedule.inputs, self.epilogue_outputs, params)
-        ps += [Param("ws", f"r{k}", f"const {r.acc_type}* __restrict__")
+        ps += [KernelParam("ws", f"r{k}", f"const {r.acc_type}* __restrict__")
                for k, r in enumerate(self.reducers)]
         threads = 256
         blocks = max(1, min(-(-self.rows // threads), self.profile.sm_count * 8))
@@ -222,7 +222,7 @@ class _Builder:
         body += indent(inner, 2) + ["}"]
         ps = tensor_params(self.bound, sched.inputs, out_params, params)
         if split > 1:
-            ps += [Param("ws", f"r{k}", f"{r.acc_type}* __restrict__")
+            ps += [KernelParam("ws", f"r{k}", f"{r.acc_type}* __restrict__")
                    for k, r in enumerate(self.reducers)]
         blocks = max(1, min(row_blocks, profile.sm_count * (2048 // threads)))
         how = "a warp" if warp_rows else f"{per_row} threads"
@@ -305,7 +305,7 @@ class _Builder:
         body += indent(comb, 2) + ["}"]
         ps = tensor_params(self.bound, sched.inputs, out_params, params)
         if split > 1:
-            ps += [Param("ws", f"r{k}", f"{r.acc_type}* __restrict__")
+            ps += [KernelParam("ws", f"r{k}", f"{r.acc_type}* __restrict__")
                    for k, r in enumerate(self.reducers)]
         code = [f"// segment {self.index}: reduce {rows_r} rows for each of {cols} columns "
                 f"(domain {self.domain}, reduced axes {self.red_axes}); {vec} columns per "

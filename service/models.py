@@ -10,13 +10,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from optimizer.ir.wire import FusionJSON, InputMetaJSON
 
 
-class _Strict(BaseModel):
+class _FiniteStrict(BaseModel):
     # Finite numbers only: NaN and Infinity would make plans that are not JSON, and pydantic
     # writes both as null, which made them share a cache key.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class DeviceOverrides(_Strict):
+class DeviceOverrides(_FiniteStrict):
     """Fields of the device profile to replace, each within what a real GPU could have."""
 
     bandwidth: float | None = Field(None, ge=1e9, le=1e15, description="bytes/s")
@@ -28,7 +28,7 @@ class DeviceOverrides(_Strict):
     arch: str | None = Field(None, pattern=r"^sm_[0-9]{2,3}a?$")
 
 
-class PlanOptionsModel(_Strict):
+class PlanOptionsModel(_FiniteStrict):
     segmenter: Literal["cpsat", "greedy", "mincut"] = "cpsat"
     time_limit_s: float | None = Field(None, gt=0, le=3600, description="solver seconds")
     device: str = Field("H100", max_length=32,
@@ -50,7 +50,7 @@ def _no_default(schema: dict[str, Any]) -> None:
     schema.pop("default", None)
 
 
-class PlanRequest(_Strict):
+class PlanRequest(_FiniteStrict):
     definition: Definition = Field(description="nvFuser Python text or wire JSON v1")
     inputs: list[InputMetaJSON] | None = Field(
         None, description="metadata of each fusion input; taken from the text's `inputs = "
@@ -58,7 +58,7 @@ class PlanRequest(_Strict):
     options: PlanOptionsModel = Field(default_factory=PlanOptionsModel)
 
 
-class JSONTensor(_Strict):
+class JSONTensor(_FiniteStrict):
     """A tensor in the KServe-v2 style: row-major data."""
 
     name: str
@@ -67,7 +67,7 @@ class JSONTensor(_Strict):
     data: list[Any]
 
 
-class ExecuteRequest(_Strict):
+class ExecuteRequest(_FiniteStrict):
     # a definition or a plan id, not both
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["definition"]},
                                                            {"required": ["plan_id"]}]})
