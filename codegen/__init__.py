@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from codegen.kernel import Kernel, KernelParam, SegmentKernels, Workspace
+from optimizer.kinds.rules import Kind
 from optimizer.plan.plan import Plan, Segment
-from optimizer.schedulers.kinds import Kind
 
 GENERATED_KINDS = (Kind.POINTWISE, Kind.REDUCTION, Kind.NORMALIZATION, Kind.INNER_OUTER)
 

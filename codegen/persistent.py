@@ -1,7 +1,7 @@
 """Persistent segments: normalization and inner-outer.
 
 One block (or one warp, for short rows) owns a row at a time and walks it in the stages of
-``optimizer.schedulers.persistent``: stage s evaluates what it needs at each of the thread's row
+``optimizer.kinds.persistent``: stage s evaluates what it needs at each of the thread's row
 positions (``E`` vectors of ``VEC`` elements, kept in registers), accumulates the row reductions
 of stage s, and the block combines them; their results are broadcast to every thread and later
 stages use them. Values that do not vary along the row (row statistics, per-row inputs) are
@@ -51,9 +51,9 @@ from codegen.reduction import _acc_size
 from codegen.regions import LANE, Region, at_lane_zero, lane_loop, pick_vector
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
+from optimizer.kinds.persistent import COLUMN, is_row_tensor
+from optimizer.kinds.rules import Schedule
 from optimizer.profiles import DeviceProfile
-from optimizer.schedulers.kinds import Schedule
-from optimizer.schedulers.persistent import COLUMN, is_row_tensor
 
 # Normalization blocks: vectors per thread per row, rows per block (see _Persistent.__init__).
 # Measured on H100 (32768 x 4096 bf16): 2 vectors of 8 per thread (256-thread rows) beat 4 by

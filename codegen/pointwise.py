@@ -43,8 +43,8 @@ from codegen.precision import fast_math_tensors
 from codegen.transpose import generate_transpose
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.opspec import get_spec
+from optimizer.kinds.rules import Schedule
 from optimizer.profiles import DeviceProfile
-from optimizer.schedulers.kinds import Schedule
 
 THREADS = 256
 LANE = "_lane"

@@ -31,8 +31,8 @@ from codegen.layout import decompose, index_type
 from codegen.regions import LANE, Region, pick_vector
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
+from optimizer.kinds.rules import Schedule
 from optimizer.profiles import DeviceProfile
-from optimizer.schedulers.kinds import Schedule
 
 
 def _varies_along(schedule: Schedule, tensor: str, axes) -> bool:

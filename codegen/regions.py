@@ -17,7 +17,7 @@ from codegen.layout import address, compact_strides, tensor_strides
 from codegen.precision import fast_math_tensors
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
-from optimizer.schedulers.kinds import Schedule
+from optimizer.kinds.rules import Schedule
 
 LANE = "_lane"
 

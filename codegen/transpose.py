@@ -43,8 +43,8 @@ from codegen.layout import (
 from codegen.precision import fast_math_tensors
 from codegen.regions import LANE, lane_loop
 from optimizer.analysis.shapes import Bound
+from optimizer.kinds.rules import Schedule
 from optimizer.profiles import DeviceProfile
-from optimizer.schedulers.kinds import Schedule
 
 THREADS = 256
 MIN_EXTENT = 16  # both tile axes at least this long, or tiles would be mostly empty

@@ -17,10 +17,10 @@ from optimizer.errors import PlanError
 from optimizer.gcpause import gc_paused
 from optimizer.ir.fusion import Fusion
 from optimizer.ir.inputs import InputMeta
+from optimizer.kinds.rules import Kind
 from optimizer.plan.build import build_plan
 from optimizer.plan.plan import Baseline, Plan
 from optimizer.profiles import get_profile
-from optimizer.schedulers.kinds import Kind
 from optimizer.segmenters.graph import SegGraph
 from optimizer.segmenters.greedy import greedy_groups
 from optimizer.segmenters.levels import level_groups

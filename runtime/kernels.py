@@ -24,8 +24,8 @@ import torch
 from cuda.bindings import driver
 
 from codegen import SegmentKernels, generate_segment
+from optimizer.kinds.rules import Kind
 from optimizer.plan.plan import Plan, Segment
-from optimizer.schedulers.kinds import Kind
 from runtime.compile import compile_cubin
 from runtime.executor import reference_runner
 from runtime.lru import BoundedCache

@@ -24,8 +24,8 @@ from cuda.bindings import driver
 
 from codegen.emit import dynamic_scalars
 from optimizer.analysis.scalars import baked_scalar_inputs, eval_scalar_op
+from optimizer.kinds.rules import Kind
 from optimizer.plan.plan import Plan
-from optimizer.schedulers.kinds import Kind
 from runtime.executor import expand_compact, segment_bound
 from runtime.kernels import (
     KernelLaunch,

@@ -311,8 +311,8 @@ def test_the_time_limit_covers_every_planning_stage(segmenter):
 def test_the_level_grouping_is_a_valid_plan_that_runs_to_the_same_outputs():
     # what a greedy segmenter cut short by the time limit falls back to
     from optimizer.analysis.opclass import Role
+    from optimizer.kinds.rules import Kind
     from optimizer.profiles import get_profile
-    from optimizer.schedulers.kinds import Kind
     from optimizer.segmenters.graph import SegGraph
     from optimizer.segmenters.levels import level_groups
 
@@ -355,8 +355,8 @@ def test_a_20000_op_fusion_plans_and_serializes_within_its_limit_plus_1_s(segmen
 
 
 def _greedy_plan(text: str):
+    from optimizer.kinds.rules import Kind
     from optimizer.profiles import get_profile
-    from optimizer.schedulers.kinds import Kind
     from optimizer.segmenters.graph import SegGraph
     from optimizer.segmenters.greedy import greedy_groups
 

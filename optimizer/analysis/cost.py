@@ -27,7 +27,7 @@ CUT_INFINITY = 1 << 50  # a min-cut capacity that no finite cut reaches
 
 
 class PricedSegment(Protocol):
-    """What the cost model reads off a segment (``optimizer.schedulers.kinds.Schedule``)."""
+    """What the cost model reads off a segment (``optimizer.kinds.rules.Schedule``)."""
 
     ops: tuple[int, ...]
     inputs: tuple[str, ...]

@@ -17,9 +17,9 @@ from optimizer.analysis.shapes import Bound, bind
 from optimizer.analysis.streams import stream_stages
 from optimizer.errors import PlanError
 from optimizer.ir.inputs import TensorMeta, contiguous_strides
+from optimizer.kinds.rules import Kind
 from optimizer.plan.host_text import print_host_program
 from optimizer.plan.plan import HostProgram, Plan, Segment, Step, assemble
-from optimizer.schedulers.kinds import Kind
 from optimizer.segmenters.graph import SegGraph
 from optimizer.segmenters.greedy import greedy_groups
 from optimizer.segmenters.result import SolverReport

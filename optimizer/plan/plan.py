@@ -23,9 +23,9 @@ from optimizer.errors import PlanError
 from optimizer.gcpause import gc_paused
 from optimizer.ir.printer import print_fusion
 from optimizer.ir.wire import fusion_id, fusion_to_json, meta_to_json
+from optimizer.kinds.rules import Schedule
 from optimizer.plan.subfusion import SubFusion, translate
 from optimizer.profiles import DeviceProfile
-from optimizer.schedulers.kinds import Schedule
 from optimizer.segmenters.graph import SegGraph
 from optimizer.segmenters.result import Group, SolverReport
 

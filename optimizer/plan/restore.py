@@ -14,10 +14,10 @@ from optimizer.errors import PlanError
 from optimizer.ir.fusion import Fusion
 from optimizer.ir.inputs import InputMeta
 from optimizer.ir.wire import fusion_id
+from optimizer.kinds.rules import Kind
 from optimizer.plan.build import build_plan
 from optimizer.plan.plan import Baseline, Plan
 from optimizer.profiles import get_profile
-from optimizer.schedulers.kinds import Kind
 from optimizer.segmenters.graph import SegGraph
 from optimizer.segmenters.result import SolverReport
 

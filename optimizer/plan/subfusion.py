@@ -16,7 +16,7 @@ from optimizer.analysis.shapes import Bound
 from optimizer.ir.builder import FusionBuilder, ScalarHandle, TensorHandle
 from optimizer.ir.fusion import Fusion, Ref
 from optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta, contiguous_strides
-from optimizer.schedulers.kinds import Schedule
+from optimizer.kinds.rules import Schedule
 
 
 @dataclass

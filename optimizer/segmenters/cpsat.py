@@ -44,7 +44,7 @@ from optimizer.analysis.axes import AxisMap
 from optimizer.analysis.cost import KIB, launch_kib, lower_bound_bytes, objective_kib, recompute_kib
 from optimizer.analysis.opclass import Role, reindexes
 from optimizer.ir.ops_misc import reduction_axes
-from optimizer.schedulers.kinds import Kind
+from optimizer.kinds.rules import Kind
 from optimizer.segmenters.graph import SegGraph
 from optimizer.segmenters.greedy import greedy_groups
 from optimizer.segmenters.mincut import refine

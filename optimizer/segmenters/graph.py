@@ -17,8 +17,7 @@ from optimizer.analysis.opclass import Role, is_view, role
 from optimizer.analysis.shapes import Bound
 from optimizer.analysis.streams import stage_of_ops
 from optimizer.ir.opspec import OpClass, get_spec
-from optimizer.profiles import DeviceProfile
-from optimizer.schedulers.kinds import (
+from optimizer.kinds.rules import (
     ALL_KINDS,
     Kind,
     Rejection,
@@ -26,6 +25,7 @@ from optimizer.schedulers.kinds import (
     classify,
     segment_facts,
 )
+from optimizer.profiles import DeviceProfile
 
 
 class SegGraph:

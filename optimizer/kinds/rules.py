@@ -31,8 +31,8 @@ from optimizer.analysis.axes import AxisEntry, AxisMap, domain_axes
 from optimizer.analysis.opclass import Role, reindexes, role
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.ops_misc import reduction_axes
+from optimizer.kinds.persistent import Extension, Persistence, analyze_persistence
 from optimizer.profiles import DeviceProfile
-from optimizer.schedulers.persistent import Extension, Persistence, analyze_persistence
 
 
 class Kind(str, Enum):
