@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from cuda.bindings import driver
 
 from codegen import SegmentKernels, generate_segment
 from optimizer.kinds.rules import Kind
@@ -39,6 +38,8 @@ class LaunchError(RuntimeError):
 def check(result):
     err = result[0]
     if int(err) != 0:
+        from cuda.bindings import driver
+
         _, name = driver.cuGetErrorName(err)
         raise LaunchError(f"CUDA driver error {int(err)} ({name.decode() if name else '?'})")
     return result[1] if len(result) == 2 else result[1:]
@@ -81,6 +82,8 @@ class SegmentCode:
     dense: tuple[int, ...]  # argument positions that must be dense (boundary tensors)
 
 
+# ``cuda.bindings`` is imported inside the functions that call the driver: the CPU image has no
+# cuda-python, and this module loads there (the program builder imports it) without launching.
 _lock = threading.Lock()
 _modules: dict[str, Any] = {}  # cubin hash -> CUmodule (per process, current device)
 MAX_SEGMENT_CODES = 1024
@@ -88,6 +91,8 @@ _code: BoundedCache[tuple, SegmentCode] = BoundedCache(MAX_SEGMENT_CODES)
 
 
 def _module(cubin: bytes):
+    from cuda.bindings import driver
+
     key = hashlib.sha256(cubin).hexdigest()
     with _lock:
         mod = _modules.get(key)
@@ -98,6 +103,8 @@ def _module(cubin: bytes):
 
 
 def _functions(kernels: SegmentKernels) -> list[Any]:
+    from cuda.bindings import driver
+
     if not kernels.kernels:
         return []
     mod = _module(compile_cubin(kernels.source, arch_of_current_device(), kernels.kernels[0].name))
@@ -191,6 +198,8 @@ def arg_buffer(launch: KernelLaunch) -> ArgBuffer:
 
 def launch_kernel(launch: KernelLaunch, values: list[Any], stream: int) -> None:
     """Launch with parameter ``values`` (ints for pointers and integers, floats, bools)."""
+    from cuda.bindings import driver
+
     buf = arg_buffer(launch)
     with ArgBuffer.lock:  # the argument buffers are shared by every caller of this kernel
         for slot, value in zip(buf.values, values):

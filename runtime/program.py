@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from cuda.bindings import driver
 
 from codegen.emit import dynamic_scalars
 from optimizer.analysis.scalars import baked_scalar_inputs, eval_scalar_op
@@ -481,10 +480,14 @@ def driver_functions(context: int) -> tuple[int, int, int, int]:
 
 def current_context() -> int:
     """The driver context current in this thread (torch's primary context after it ran)."""
+    from cuda.bindings import driver
+
     return int(check(driver.cuCtxGetCurrent()))
 
 
 def ensure_context(context: int) -> None:
     """Make the kernels' context current in a thread that has none (or another)."""
+    from cuda.bindings import driver
+
     if int(check(driver.cuCtxGetCurrent())) != context:
         check(driver.cuCtxSetCurrent(driver.CUcontext(context)))
