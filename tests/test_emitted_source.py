@@ -14,13 +14,12 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-
 from codegen import generate_segment
 from optimizer.ir import parse_text
+from optimizer.ir.inputs import tensor_meta
 from optimizer.planner import PlanOptions, make_plan
 from tests.conftest import CORPUS
-from tests.helpers import small_metas
+from tests.helpers import fusion, small_metas
 
 PINS = Path(__file__).parent / "data" / "emitted_sources.json"
 # one or more of each generated kind: pointwise, transpose, reduction, normalization,
@@ -29,6 +28,14 @@ CASES = ("gelu_tanh_fwd", "adam_step", "transpose_add", "seed_3334_reduction_bro
          "layernorm_fwd", "rmsnorm_fwd", "layernorm_bwd", "seed_2146_rmsnorm_bwd",
          "bias_dropout_add_layernorm", "group_norm_fwd")
 GREEDY = PlanOptions(segmenter="greedy", time_limit_s=30)
+# row sums: short rows (a warp per row), long rows split across blocks, and a pointwise kernel
+# past 2**31 elements (64-bit indexing); sizes as metadata, nothing is allocated
+ROW_SUM = ("T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Half)\n"
+           "T1 = fd.ops.sum(T0, dims=[1])\nT2 = fd.ops.exp(T1)\nfd.add_output(T2)")
+BIG_POINTWISE = ("T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], "
+                 "dtype=DataType.Float)\nT1 = fd.ops.mul(T0, T0)\nfd.add_output(T1)")
+SIZED = {"row_sum_short": (ROW_SUM, (8192, 96)), "row_sum_long_split": (ROW_SUM, (4, 1 << 20)),
+         "pointwise_int64": (BIG_POINTWISE, (1 << 16, 1 << 16))}
 
 
 def _digest(kernels) -> str:
@@ -42,18 +49,26 @@ def _digest(kernels) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def emitted() -> dict[str, str]:
-    out: dict[str, str] = {}
+def plans():
+    """(name, plan) of every pinned case."""
     for name in CASES:
         parsed = parse_text((CORPUS / f"{name}.py").read_text())
         for size, metas in (("small", small_metas(parsed, 1 << 14)), ("full", parsed.inputs)):
-            plan = make_plan(parsed.fusion, metas, GREEDY)
-            for seg in plan.segments:
-                for vector in (None, 1):  # the vectorised kernels and their scalar fallback
-                    kernels = generate_segment(plan, seg, vector)
-                    if kernels.source:
-                        key = f"{name}/{size}/segment{seg.index}/vector={vector}"
-                        out[key] = _digest(kernels)
+            yield f"{name}/{size}", make_plan(parsed.fusion, metas, GREEDY)
+    for name, (body, shape) in SIZED.items():
+        f = fusion(body)
+        dtype = f.tensors[f.inputs[0]].dtype
+        yield name, make_plan(f, [tensor_meta(shape, dtype)], GREEDY)
+
+
+def emitted() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, plan in plans():
+        for seg in plan.segments:
+            for vector in (None, 1):  # the vectorised kernels and their scalar fallback
+                kernels = generate_segment(plan, seg, vector)
+                if kernels.source:
+                    out[f"{name}/segment{seg.index}/vector={vector}"] = _digest(kernels)
     return out
 
 
@@ -67,10 +82,14 @@ def test_the_emitted_cuda_of_the_pinned_fusions_is_unchanged():
     assert not changed, f"emitted CUDA changed for {changed}"
 
 
-@pytest.mark.parametrize("kind", ["pointwise", "reduction", "normalization", "inner_outer"])
-def test_the_pins_cover_every_generated_kind(kind):
-    kinds = set()
-    for name in CASES:
-        parsed = parse_text((CORPUS / f"{name}.py").read_text())
-        kinds |= {s.kind.value for s in make_plan(parsed.fusion, parsed.inputs, GREEDY).segments}
-    assert kind in kinds
+def test_the_pins_cover_every_generated_kind_and_launch_shape():
+    seen = set()
+    for _, plan in plans():
+        for seg in plan.segments:
+            notes = generate_segment(plan, seg).notes
+            seen |= {seg.kind.value, notes.get("layout"), notes.get("index_type")}
+            seen |= {"split"} if notes.get("split", 1) > 1 else set()
+            seen |= {"tiled"} if "written_through_tiles" in notes else set()
+            seen |= {"prefetch"} if notes.get("prefetch_stages") else set()
+    assert {"pointwise", "reduction", "normalization", "inner_outer", "inner", "outer", "int",
+            "int64", "split", "tiled", "prefetch"} <= seen
