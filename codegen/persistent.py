@@ -46,9 +46,10 @@ from codegen.kernel import (
     signature,
     tensor_params,
 )
-from codegen.layout import address, covering_grid, decompose, index_type, tensor_strides
+from codegen.launch import segment_index_type, vector_width
+from codegen.layout import address, covering_grid, decompose, tensor_strides
 from codegen.reduction import _acc_size
-from codegen.regions import LANE, Region, at_lane_zero, lane_loop, pick_vector
+from codegen.regions import LANE, Region, at_lane_zero, lane_loop
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
 from optimizer.kinds.persistent import COLUMN, is_row_tensor
@@ -164,14 +165,13 @@ class _Persistent:
         self.pers = schedule.persistence
         self.kind = schedule.kind
         self.names = Names(recomputed)
-        self.itype = index_type(bound, list(schedule.inputs) + list(schedule.outputs),
-                                math.prod(self.domain))
+        self.itype = segment_index_type(bound, schedule)
         self.aligned: dict[str, int] = {}
         self.params: list[str] = []
         self.name = f"fusecut_segment{index}_{schedule.kind.value}"
         row_inputs = [t for t in schedule.inputs if self.is_row(t)]
-        self.vec = pick_vector(bound, row_inputs or list(schedule.inputs), self.domain[-1],
-                               max_vector)
+        self.vec = vector_width(bound, row_inputs or list(schedule.inputs), self.domain[-1],
+                                max_vector)
         row_vecs = -(-self.row_len // self.vec)
         columns = bool(schedule.outer_reductions)
         streamed = not columns and self.streams_rows()
@@ -648,7 +648,7 @@ class _Persistent:
                 return None
             return row_region.em.value(tensor, row_region.index_of(tensor))
 
-        reg.em.delegate = per_row
+        reg.em.delegate_to(per_row)
         slot_pre: list[str] = []
         lane_first: list[str] = []
         for t in persisted:
