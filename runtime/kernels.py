@@ -253,3 +253,27 @@ def cuda_runner(plan: Plan, segment: Segment, args: list[Any],
                 values.append(pools[source][key].data_ptr())
         launch_kernel(launch, values, stream)
     return [outputs[i] for i in code.returned]
+
+
+def driver_functions(context: int) -> tuple[int, int, int, int]:
+    """cuLaunchKernel, cuCtxGetCurrent and cuCtxSetCurrent in the driver library that cuda-python
+    uses, and the kernels' context."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    address = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+               for name in ("cuLaunchKernel", "cuCtxGetCurrent", "cuCtxSetCurrent")]
+    return (*address, context)
+
+
+def current_context() -> int:
+    """The driver context current in this thread (torch's primary context after it ran)."""
+    from cuda.bindings import driver
+
+    return int(check(driver.cuCtxGetCurrent()))
+
+
+def ensure_context(context: int) -> None:
+    """Make the kernels' context current in a thread that has none (or another)."""
+    from cuda.bindings import driver
+
+    if int(check(driver.cuCtxGetCurrent())) != context:
+        check(driver.cuCtxSetCurrent(driver.CUcontext(context)))

@@ -28,9 +28,11 @@ from optimizer.plan.plan import Plan
 from runtime.executor import expand_compact, segment_bound
 from runtime.kernels import (
     KernelLaunch,
-    check,
     code_for_alignment,
+    current_context,
     current_stream,
+    driver_functions,
+    ensure_context,
     launch_kernel,
     scalar_value,
 )
@@ -467,27 +469,3 @@ def expanded_strides(shape, broadcast) -> tuple[int, ...]:
         strides.append(0 if b else acc)
         acc *= 1 if b else extent
     return tuple(reversed(strides))
-
-
-def driver_functions(context: int) -> tuple[int, int, int, int]:
-    """cuLaunchKernel, cuCtxGetCurrent and cuCtxSetCurrent in the driver library that cuda-python
-    uses, and the kernels' context."""
-    lib = ctypes.CDLL("libcuda.so.1")
-    address = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-               for name in ("cuLaunchKernel", "cuCtxGetCurrent", "cuCtxSetCurrent")]
-    return (*address, context)
-
-
-def current_context() -> int:
-    """The driver context current in this thread (torch's primary context after it ran)."""
-    from cuda.bindings import driver
-
-    return int(check(driver.cuCtxGetCurrent()))
-
-
-def ensure_context(context: int) -> None:
-    """Make the kernels' context current in a thread that has none (or another)."""
-    from cuda.bindings import driver
-
-    if int(check(driver.cuCtxGetCurrent())) != context:
-        check(driver.cuCtxSetCurrent(driver.CUcontext(context)))
