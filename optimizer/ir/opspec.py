@@ -97,10 +97,6 @@ def register(spec: OpSpec) -> OpSpec:
 
 def get_spec(name: str) -> OpSpec:
     spec = REGISTRY.get(name)
-    if spec is not None:  # the registry is loaded (a lookup is most of the planner's calls)
-        return spec
-    _ensure_loaded()
-    spec = REGISTRY.get(name)
     if spec is None:
         raise DefinitionError(f"unknown op '{name}' (fusecut supports: "
                               f"{', '.join(sorted(REGISTRY))})")
@@ -108,13 +104,7 @@ def get_spec(name: str) -> OpSpec:
 
 
 def all_specs() -> dict[str, OpSpec]:
-    _ensure_loaded()
     return REGISTRY
-
-
-def _ensure_loaded() -> None:
-    # The families register on import; importing here (not at module top) avoids a cycle.
-    from optimizer.ir import ops_library, ops_misc, ops_pointwise, ops_shape  # noqa: F401
 
 
 def bind_arguments(spec: OpSpec, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
