@@ -1,4 +1,4 @@
-"""Stream lowering benchmark (seed 004): the same fusion run unsplit and as a host program on 1,
+"""Stream lowering benchmark: the same fusion run unsplit and as a host program on 1,
 2, 4 and 8 CUDA streams, beside eager torch and torch.compile, in one process.
 
     python -m benchmarks.streams [--iters 40] [--cases seed_4147_stream_two_ops,...] [--no-compile]
@@ -6,8 +6,9 @@
 Each time is the median CUDA-event time of a whole ``fd.execute`` call (Python included), taken
 in rotating rounds. Overlap can help where one slice leaves the GPU idle: a matmul per slice too
 small to fill the SMs, followed by pointwise work. Where each slice is already a full wave of
-memory-bound work (seed 004's own cases), streams can only add launch overhead; those rows show
-its cost. The floor is the plan's lower-bound bytes over measured copy bandwidth.
+memory-bound work (the stream-lowering issue's own cases), streams can only add launch overhead;
+those rows show its cost. The floor is the plan's lower-bound bytes over measured copy
+bandwidth.
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     notes = (f"Median microseconds per `fd.execute` call (Python included), CUDA events, "
              f"{args.iters} calls in rotating rounds; in parentheses the same call captured in a "
              "CUDA graph and replayed (kernels, library calls and stream waits alone). Copy "
-             f"bandwidth {bandwidth / 1e9:.0f} GB/s. Streams: the host program (seed 004) with "
+             f"bandwidth {bandwidth / 1e9:.0f} GB/s. Streams: the stream-lowered host program with "
              "`num_streams` = 1, 2, 4, 8; unsplit: the same fusion without its stream axes.")
     print(table)
     print(write_result("streams", device, "Stream lowering: host program on 1-8 streams",

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from codegen.kernel import Kernel, Param, SegmentKernels, Workspace
+from codegen.kernel import Kernel, KernelParam, SegmentKernels, Workspace
+from optimizer.kinds.rules import Kind
 from optimizer.plan.plan import Plan, Segment
-from optimizer.schedulers.kinds import Kind
 
 GENERATED_KINDS = (Kind.POINTWISE, Kind.REDUCTION, Kind.NORMALIZATION, Kind.INNER_OUTER)
 
-__all__ = ["GENERATED_KINDS", "Kernel", "Param", "SegmentKernels", "Workspace",
+__all__ = ["GENERATED_KINDS", "Kernel", "KernelParam", "SegmentKernels", "Workspace",
            "generate_segment"]
 
 

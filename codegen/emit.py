@@ -95,9 +95,19 @@ class _Unrounded(str):
     described = False
 
 
+FlatIndex = Callable[[str, Index], "tuple[str, str] | None"]
+
+
 class Emitter:
+    """Emits the statements that compute tensors of a segment at symbolic indices. ``load``
+    reads an input; ``fast``: tensors whose op may use fast math; ``flat_index``: a kernel that
+    knows the row-major position of an index in its domain cheaply (the pointwise loop's flat
+    counter) supplies it, flat_index(tensor, idx) -> (base, lane) expressions or None (random
+    numbers need the linear index of each element)."""
+
     def __init__(self, bound: Bound, ops: tuple[int, ...], inputs: set[str],
-                 load: Callable[[str, Index], str], itype: str, names: Names | None = None):
+                 load: Callable[[str, Index], str], itype: str, names: Names | None = None,
+                 fast: frozenset[str] = frozenset(), flat_index: FlatIndex | None = None):
         self.bound = bound
         self.fusion = bound.fusion
         self.producer = {o: i for i in ops for o in self.fusion.ops[i].outputs}
@@ -109,21 +119,22 @@ class Emitter:
         self.dynamic = dynamic_scalars(bound)
         self.params: list[str] = []  # dynamic scalars used, in first-use order
         # Where values that do not vary within a loop are computed (e.g. once per row):
-        # delegate(tensor, idx) returns an expression, or None to compute here.
+        # delegate(tensor, idx) returns an expression, or None to compute here (delegate_to).
         self.delegate: Callable[[str, Index], str | None] | None = None
         # 16-bit results are computed in float; consumers get them rounded, stores take the
         # unrounded value (storing rounds it the same way): one conversion instead of three
         self._raw: dict[tuple[str, Index], str] = {}
-        self.fast: frozenset[str] = frozenset()  # tensors whose op may use fast math
-        # A kernel that knows the row-major position of an index in its domain cheaply (the
-        # pointwise loop's flat counter) may supply it: flat_index(tensor, idx) -> (base, lane)
-        # expressions or None (random numbers need the linear index of each element).
-        self.flat_index: Callable[[str, Index], tuple[str, str] | None] | None = None
+        self.fast = fast
+        self.flat_index = flat_index
         self.names = names if names is not None else Names()
         self._depth = 0  # producers the current pull has gone through
         # joined index expression and extents -> the parts (see join)
         self.joined: dict[tuple[str, tuple[int, ...]], Index] = {}
         self.joined_from: dict[tuple[Index, tuple[int, ...]], str] = {}  # the reverse of split
+
+    def delegate_to(self, delegate: Callable[[str, Index], str | None]) -> None:
+        """Compute what ``delegate`` answers for elsewhere (see ``self.delegate``)."""
+        self.delegate = delegate
 
     # ---- helpers ------------------------------------------------------------------------------
 

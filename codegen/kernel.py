@@ -16,7 +16,7 @@ from optimizer.ir.fusion import Op
 
 
 @dataclass(frozen=True)
-class Param:
+class KernelParam:
     kind: str  # "in" (a tensor read), "out" (a tensor written), "ws" (workspace), "scalar"
     name: str  # tensor, workspace or scalar name
     ctype: str
@@ -25,7 +25,7 @@ class Param:
 @dataclass
 class Kernel:
     name: str
-    params: list[Param]
+    params: list[KernelParam]
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     smem: int = 0
@@ -170,7 +170,7 @@ def indent(lines: list[str], n: int) -> list[str]:
     return [pad + line if line else line for line in lines]
 
 
-def signature(name: str, params: list[Param], threads: int, min_blocks: int = 0) -> str:
+def signature(name: str, params: list[KernelParam], threads: int, min_blocks: int = 0) -> str:
     """The kernel's declaration; ``min_blocks`` (blocks per SM the registers must allow) lets
     ptxas use up to its share of the register file instead of its own smaller default."""
     args = ",\n    ".join(f"{p.ctype} {_param_name(p)}" for p in params)
@@ -178,18 +178,18 @@ def signature(name: str, params: list[Param], threads: int, min_blocks: int = 0)
     return (f'extern "C" __global__ void __launch_bounds__({bounds}) {name}(\n    {args})')
 
 
-def _param_name(p: Param) -> str:
+def _param_name(p: KernelParam) -> str:
     return {"in": f"in_{p.name}", "out": f"out_{p.name}", "ws": f"ws_{p.name}",
             "scalar": f"s_{p.name}"}[p.kind]
 
 
-def tensor_params(bound: Bound, inputs, outputs, scalars) -> list[Param]:
+def tensor_params(bound: Bound, inputs, outputs, scalars) -> list[KernelParam]:
     fusion = bound.fusion
-    params = [Param("in", t, f"const {cuda.storage(fusion.tensors[t].dtype)}* __restrict__")
+    params = [KernelParam("in", t, f"const {cuda.storage(fusion.tensors[t].dtype)}* __restrict__")
               for t in inputs]
-    params += [Param("out", t, f"{cuda.storage(fusion.tensors[t].dtype)}* __restrict__")
+    params += [KernelParam("out", t, f"{cuda.storage(fusion.tensors[t].dtype)}* __restrict__")
                for t in outputs]
-    params += [Param("scalar", s, _scalar_ctype(fusion.scalars[s].dtype)) for s in scalars]
+    params += [KernelParam("scalar", s, _scalar_ctype(fusion.scalars[s].dtype)) for s in scalars]
     return params
 
 

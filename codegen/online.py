@@ -1,5 +1,5 @@
 """The accumulators of a reduction segment, with each online max/sum-exp pair of its schedule
-(``Schedule.online``, see ``optimizer.schedulers.online``) as one log-sum-exp accumulator
+(``Schedule.online``, see ``optimizer.kinds.online``) as one log-sum-exp accumulator
 (``fc_lse_f``/``fc_lse_d`` in ``codegen.preamble``): it reads x once and yields both the
 maximum and the sum of exp(x - maximum)."""
 
@@ -14,7 +14,7 @@ from codegen.regions import LANE
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.dtypes import DType
 from optimizer.ir.fusion import Op
-from optimizer.schedulers.kinds import Schedule
+from optimizer.kinds.rules import Schedule
 
 
 @dataclass

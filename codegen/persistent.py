@@ -1,7 +1,7 @@
 """Persistent segments: normalization and inner-outer.
 
 One block (or one warp, for short rows) owns a row at a time and walks it in the stages of
-``optimizer.schedulers.persistent``: stage s evaluates what it needs at each of the thread's row
+``optimizer.kinds.persistent``: stage s evaluates what it needs at each of the thread's row
 positions (``E`` vectors of ``VEC`` elements, kept in registers), accumulates the row reductions
 of stage s, and the block combines them; their results are broadcast to every thread and later
 stages use them. Values that do not vary along the row (row statistics, per-row inputs) are
@@ -37,7 +37,7 @@ from codegen import cuda
 from codegen.emit import Names
 from codegen.kernel import (
     Kernel,
-    Param,
+    KernelParam,
     SegmentKernels,
     Workspace,
     assemble,
@@ -46,14 +46,15 @@ from codegen.kernel import (
     signature,
     tensor_params,
 )
-from codegen.layout import address, covering_grid, decompose, index_type, tensor_strides
+from codegen.launch import segment_index_type, vector_width
+from codegen.layout import address, covering_grid, decompose, tensor_strides
 from codegen.reduction import _acc_size
-from codegen.regions import LANE, Region, at_lane_zero, lane_loop, pick_vector
+from codegen.regions import LANE, Region, at_lane_zero, lane_loop
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
-from optimizer.schedulers.kinds import Schedule
-from optimizer.schedulers.persistent import COLUMN, is_row_tensor
-from optimizer.schedulers.profiles import DeviceProfile
+from optimizer.kinds.persistent import COLUMN, is_row_tensor
+from optimizer.kinds.rules import Schedule
+from optimizer.profiles import DeviceProfile
 
 # Normalization blocks: vectors per thread per row, rows per block (see _Persistent.__init__).
 # Measured on H100 (32768 x 4096 bf16): 2 vectors of 8 per thread (256-thread rows) beat 4 by
@@ -164,14 +165,13 @@ class _Persistent:
         self.pers = schedule.persistence
         self.kind = schedule.kind
         self.names = Names(recomputed)
-        self.itype = index_type(bound, list(schedule.inputs) + list(schedule.outputs),
-                                math.prod(self.domain))
+        self.itype = segment_index_type(bound, schedule)
         self.aligned: dict[str, int] = {}
         self.params: list[str] = []
         self.name = f"fusecut_segment{index}_{schedule.kind.value}"
         row_inputs = [t for t in schedule.inputs if self.is_row(t)]
-        self.vec = pick_vector(bound, row_inputs or list(schedule.inputs), self.domain[-1],
-                               max_vector)
+        self.vec = vector_width(bound, row_inputs or list(schedule.inputs), self.domain[-1],
+                                max_vector)
         row_vecs = -(-self.row_len // self.vec)
         columns = bool(schedule.outer_reductions)
         streamed = not columns and self.streams_rows()
@@ -518,7 +518,7 @@ class _Persistent:
                 self.params.append(p)
         out_main = [t for t in sched.outputs if pers.stage[t] < COLUMN]
         ps = tensor_params(self.bound, sched.inputs, out_main, self.params)
-        ps += [Param("ws", f"c{k}", f"{r.acc_type}* __restrict__")
+        ps += [KernelParam("ws", f"c{k}", f"{r.acc_type}* __restrict__")
                for k, r in enumerate(self.col_reducers)]
         row_blocks = -(-self.rows // self.rows_per_block)
         if self.groups:  # resident blocks striding over the rows (and, inner-outer, one
@@ -648,7 +648,7 @@ class _Persistent:
                 return None
             return row_region.em.value(tensor, row_region.index_of(tensor))
 
-        reg.em.delegate = per_row
+        reg.em.delegate_to(per_row)
         slot_pre: list[str] = []
         lane_first: list[str] = []
         for t in persisted:
@@ -734,8 +734,6 @@ class _Persistent:
 
     def buffer_load(self, t: str, reg: Region, slot_pre: list[str], lane_first: list[str]):
         """Read input t's row positions into its register buffer (a vector where possible)."""
-        from codegen.layout import address, tensor_strides
-
         d = self.fusion.tensors[t].dtype
         idx = reg.index_of(t)
         strides = tensor_strides(self.bound, t)
@@ -812,7 +810,7 @@ class _Persistent:
         lines += indent(epilogue, 2) + ["}"]
         kname = f"{self.name}_columns"
         ps = tensor_params(self.bound, sched.inputs, col_outputs, params)
-        ps += [Param("ws", f"c{k}", f"const {r.acc_type}* __restrict__") for k, r in reducers]
+        ps += [KernelParam("ws", f"c{k}", f"const {r.acc_type}* __restrict__") for k, r in reducers]
         blocks = max(1, -(-self.row_len // 32))
         code = [f"// segment {self.index}: combine {parts} blocks' partial column sums",
                 signature(kname, ps, 1024) + " {"] + indent(lines, 2) + ["}"]

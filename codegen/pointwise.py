@@ -29,12 +29,12 @@ from codegen.kernel import (
     signature,
     tensor_params,
 )
+from codegen.launch import pointwise_launch
 from codegen.layout import (
     address,
     compact_strides,
     covering_grid,
     decompose,
-    index_type,
     merge_axes,
     numel,
     tensor_strides,
@@ -42,29 +42,11 @@ from codegen.layout import (
 from codegen.precision import fast_math_tensors
 from codegen.transpose import generate_transpose
 from optimizer.analysis.shapes import Bound
-from optimizer.schedulers.kinds import Schedule
-from optimizer.schedulers.profiles import DeviceProfile
+from optimizer.kinds.rules import Schedule
+from optimizer.profiles import DeviceProfile
 
 THREADS = 256
 LANE = "_lane"
-
-
-def unroll_for(bound: Bound, schedule: Schedule) -> int:
-    """Vectors per thread per step: four for light arithmetic (memory-level parallelism),
-    fewer for long chains, whose registers the extra vectors would spill."""
-    from optimizer.ir.opspec import get_spec
-
-    work = sum(get_spec(bound.fusion.ops[i].name).cost for i in schedule.ops)
-    return 4 if work <= 24 else 2 if work <= 64 else 1
-
-
-def vector_width(bound: Bound, schedule: Schedule, innermost: int) -> int:
-    tensors = list(schedule.inputs) + list(schedule.outputs)
-    smallest = min(bound.fusion.tensors[t].dtype.itemsize for t in tensors)
-    v = max(1, min(8, 16 // smallest))
-    while v > 1 and innermost % v:
-        v //= 2
-    return v
 
 
 class _Unmergeable(Exception):
@@ -113,9 +95,9 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
     # the emitter indexes the domain per axis (x0, x1, ...); accesses are rewritten per run
     xs = [f"x{a}" for a in range(rank)]
     run_names = [xs[a] if a == b else f"x{a}_{b}" for a, b in runs]
-    vec = vector or vector_width(bound, schedule, extents[-1] if rank and domain[-1] > 1 else 1)
-    unroll = unroll_for(bound, schedule)
-    itype = index_type(bound, list(schedule.inputs) + list(schedule.outputs), total)
+    launch = pointwise_launch(bound, schedule, extents[-1] if rank and domain[-1] > 1 else 1,
+                              vector)
+    vec, unroll, itype = launch.vector, launch.unroll, launch.index_type
     lane_expr = f"({xs[-1]} + {LANE})" if rank and vec > 1 else (xs[-1] if rank else "0")
     run_lane = f"({run_names[-1]} + {LANE})" if rank and vec > 1 else lane_expr
     domain_idx = tuple(xs[:-1] + [lane_expr]) if rank else ()
@@ -184,8 +166,7 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
             return cuda.to_compute(f"{vec_loads[key]}[u].v[{LANE}]", d)
         return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
 
-    em = Emitter(bound, schedule.ops, set(schedule.inputs), load, itype, Names(recomputed))
-    em.fast = fast_math_tensors(bound, schedule)
+    flat_index = None
     if rank:
         flat_lane = ("(unsigned long long)flat", f"(unsigned int){LANE}" if vec > 1 else "0u")
 
@@ -195,7 +176,8 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
             return flat_lane if idx == domain_idx and tuple(bound.shapes[t]) == tuple(domain) \
                 else None
 
-        em.flat_index = flat_index
+    em = Emitter(bound, schedule.ops, set(schedule.inputs), load, itype, Names(recomputed),
+                 fast_math_tensors(bound, schedule), flat_index)
     stores_after: list[str] = []
     vec_outputs: list[str] = []
     for t in schedule.outputs:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.dtypes import DType
-from optimizer.schedulers.kinds import Schedule
+from optimizer.kinds.rules import Schedule
 
 FAST_OPS = {"exp", "tanh", "sigmoid", "silu", "log", "div", "truediv", "reciprocal"}
 DISCRETE = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",

@@ -18,7 +18,7 @@ from codegen import cuda
 from codegen.emit import Names
 from codegen.kernel import (
     Kernel,
-    Param,
+    KernelParam,
     SegmentKernels,
     Workspace,
     assemble,
@@ -26,13 +26,23 @@ from codegen.kernel import (
     signature,
     tensor_params,
 )
-from codegen.layout import decompose, index_type
+from codegen.launch import (
+    FINISH_THREADS,
+    MAX_VECTOR,
+    ColumnReductionLaunch,
+    RowReductionLaunch,
+    column_reduction_launch,
+    finish_blocks,
+    row_reduction_launch,
+    segment_index_type,
+)
+from codegen.layout import decompose
 from codegen.online import acc_size, add_batched, segment_reducers
-from codegen.regions import LANE, Region, pick_vector
+from codegen.regions import LANE, Region
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
-from optimizer.schedulers.kinds import Schedule
-from optimizer.schedulers.profiles import DeviceProfile
+from optimizer.kinds.rules import Schedule
+from optimizer.profiles import DeviceProfile
 
 
 def _varies_along(schedule: Schedule, tensor: str, axes) -> bool:
@@ -54,8 +64,13 @@ def generate_reduction(bound: Bound, schedule: Schedule, profile: DeviceProfile,
     inner = rank == 0 or (rank - 1) in red_axes
     builder = _Builder(bound, schedule, profile, index, keep_axes, red_axes, rows, row_len,
                        Names(recomputed))
-    builder.max_vector = vector or 8
-    return builder.build_inner() if inner else builder.build_outer()
+    max_vector = vector or MAX_VECTOR
+    if inner:
+        loaded = [t for t in schedule.inputs if _varies_along(schedule, t, red_axes)]
+        return builder.build_inner(row_reduction_launch(
+            bound, schedule, profile, rows, row_len, loaded or schedule.inputs, max_vector))
+    return builder.build_outer(column_reduction_launch(bound, schedule, profile, rows, row_len,
+                                                       max_vector))
 
 
 class _Builder:
@@ -65,10 +80,8 @@ class _Builder:
         self.keep_axes, self.red_axes = keep_axes, red_axes
         self.rows, self.row_len = rows, row_len
         self.domain = list(schedule.domain)
-        self.innermost = self.domain[-1] if self.domain else 1
         self.reducers = segment_reducers(bound, schedule)
-        self.itype = index_type(bound, list(schedule.inputs) + list(schedule.outputs),
-                                math.prod(self.domain))
+        self.itype = segment_index_type(bound, schedule)
         self.aligned: dict[str, int] = {}
         self.loop_outputs = [t for t in schedule.outputs
                              if _varies_along(schedule, t, red_axes)]
@@ -138,11 +151,9 @@ class _Builder:
         self.epilogue(region, lambda r: f"acc{ids[id(r)]}")
         body_lines = decompose("o", keep_ext, names, "index_t") + lines + region.finish()
         kname = f"{self.name}_finish"
-        ps = tensor_params(self.bound, self.schedule.inputs, self.epilogue_outputs, params)
-        ps += [Param("ws", f"r{k}", f"const {r.acc_type}* __restrict__")
-               for k, r in enumerate(self.reducers)]
-        threads = 256
-        blocks = max(1, min(-(-self.rows // threads), self.profile.sm_count * 8))
+        ps = self.kernel_params(self.epilogue_outputs, params, "const ")
+        threads = FINISH_THREADS
+        blocks = finish_blocks(self.rows, self.profile)
         code = [f"// segment {self.index}: combine {parts} partial results per output element",
                 signature(kname, ps, threads) + " {",
                 f"  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < "
@@ -150,29 +161,27 @@ class _Builder:
         code += indent(body_lines, 4) + ["  }", "}"]
         return code, Kernel(kname, ps, (blocks, 1, 1), (threads, 1, 1))
 
+    def kernel_params(self, outputs: list[str], params: list[str], workspaces: str | None
+                      ) -> list[KernelParam]:
+        """The tensors, scalars and (``workspaces``: their pointee qualifier, None for none) the
+        partial accumulators a kernel of the segment takes."""
+        ps = tensor_params(self.bound, self.schedule.inputs, outputs, params)
+        if workspaces is not None:
+            ps += [KernelParam("ws", f"r{k}", f"{workspaces}{r.acc_type}* __restrict__")
+                   for k, r in enumerate(self.reducers)]
+        return ps
+
     def workspaces(self, parts: int) -> list[Workspace]:
         return [Workspace(f"r{k}", parts * self.rows * _acc_size(r))
                 for k, r in enumerate(self.reducers)]
 
     # ---- inner layout -------------------------------------------------------------------------
 
-    def build_inner(self) -> SegmentKernels:
-        sched, profile = self.schedule, self.profile
-        loaded = [t for t in sched.inputs if _varies_along(sched, t, self.red_axes)]
-        vec = pick_vector(self.bound, loaded or sched.inputs, self.innermost, self.max_vector)
-        row_vecs = -(-self.row_len // vec)
-        warp_rows = row_vecs <= 128
-        threads = 256
-        per_row = 32 if warp_rows else (512 if row_vecs >= 2048 else 256)
-        rows_per_block = threads // per_row if warp_rows else 1
-        if not warp_rows:
-            threads = per_row
-        row_blocks = -(-self.rows // rows_per_block)
-        split = 1
-        if not warp_rows and row_blocks < 2 * profile.sm_count and row_vecs >= 4 * per_row:
-            split = min(-(-2 * profile.sm_count // row_blocks), row_vecs // (2 * per_row))
-            split = max(split, 1)
-        chunk = -(-row_vecs // split) * vec
+    def build_inner(self, launch: RowReductionLaunch) -> SegmentKernels:
+        sched = self.schedule
+        vec, warp_rows, per_row = launch.vector, launch.warp_rows, launch.per_row
+        rows_per_block, threads, split = launch.rows_per_block, launch.threads, launch.split
+        chunk = launch.chunk
         keep_names = self.keep_names
         loop_lines, params = self.accumulation_loop(
             vec, lambda r: f"acc{self.reducers.index(r)}", "c")
@@ -221,11 +230,8 @@ class _Builder:
             inner.append("}")
             out_params = list(sched.outputs)
         body += indent(inner, 2) + ["}"]
-        ps = tensor_params(self.bound, sched.inputs, out_params, params)
-        if split > 1:
-            ps += [Param("ws", f"r{k}", f"{r.acc_type}* __restrict__")
-                   for k, r in enumerate(self.reducers)]
-        blocks = max(1, min(row_blocks, profile.sm_count * (2048 // threads)))
+        ps = self.kernel_params(out_params, params, "" if split > 1 else None)
+        blocks = launch.blocks
         how = "a warp" if warp_rows else f"{per_row} threads"
         note = f", split in {split} chunks" if split > 1 else ""
         head = [f"// segment {self.index}: reduce {self.row_len} elements per row over "
@@ -247,25 +253,11 @@ class _Builder:
 
     # ---- outer layout -------------------------------------------------------------------------
 
-    def build_outer(self) -> SegmentKernels:
-        sched, profile = self.schedule, self.profile
-        vec = pick_vector(self.bound, sched.inputs, self.innermost, min(4, self.max_vector))
+    def build_outer(self, launch: ColumnReductionLaunch) -> SegmentKernels:
+        sched = self.schedule
         cols, rows_r = self.rows, self.row_len  # kept ("columns") and reduced extents
-        col_vecs = -(-cols // vec)
-        bx = 32
-        while bx > 1 and bx // 2 >= col_vecs:
-            bx //= 2
-        by = 256 // bx
-        while by > 1 and by // 2 >= rows_r and bx * 2 <= col_vecs:
-            # A short reduction (the 2 query heads of a GQA group) leaves rows of the block
-            # idle: take fewer rows at a time and more columns.
-            by //= 2
-            bx *= 2
-        grid_x = -(-col_vecs // bx)
-        split = 1
-        if grid_x < 2 * profile.sm_count and rows_r >= 64 * by:
-            split = min(-(-4 * profile.sm_count // grid_x), rows_r // (16 * by))
-            split = max(split, 1)
+        vec, bx, by, grid_x, split = launch.vector, launch.bx, launch.by, launch.grid_x, \
+            launch.split
         keep_ext = [self.domain[a] for a in self.keep_axes]
         keep_names = self.keep_names
         loop_lines, params = self.accumulation_loop(
@@ -309,10 +301,7 @@ class _Builder:
             comb += epi.lane_block([])
             out_params = list(sched.outputs)
         body += indent(comb, 2) + ["}"]
-        ps = tensor_params(self.bound, sched.inputs, out_params, params)
-        if split > 1:
-            ps += [Param("ws", f"r{k}", f"{r.acc_type}* __restrict__")
-                   for k, r in enumerate(self.reducers)]
+        ps = self.kernel_params(out_params, params, "" if split > 1 else None)
         code = [f"// segment {self.index}: reduce {rows_r} rows for each of {cols} columns "
                 f"(domain {self.domain}, reduced axes {self.red_axes}); {vec} columns per "
                 f"thread, {by} rows at a time per block" + (f", {split} blocks per column"

@@ -17,7 +17,7 @@ from codegen.layout import address, compact_strides, tensor_strides
 from codegen.precision import fast_math_tensors
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
-from optimizer.schedulers.kinds import Schedule
+from optimizer.kinds.rules import Schedule
 
 LANE = "_lane"
 
@@ -39,8 +39,8 @@ class Region:
         self.decls: list[str] = []  # registers of vectorised stores (before the lane loop)
         self.post: list[str] = []  # the vector stores (after the lane loop)
         self._vec_loads: dict[tuple, str] = {}
-        self.em = Emitter(bound, schedule.ops, set(schedule.inputs), self._load, itype, names)
-        self.em.fast = fast_math_tensors(bound, schedule)
+        self.em = Emitter(bound, schedule.ops, set(schedule.inputs), self._load, itype, names,
+                          fast_math_tensors(bound, schedule))
 
     def index_of(self, tensor: str) -> tuple[str, ...]:
         """The tensor's index in this region, through its axis map onto the domain (an axis on
@@ -153,11 +153,3 @@ def lane_loop(vec: int, lines: list[str]) -> list[str]:
         return [f"const int {LANE} = 0;", *lines] if any(LANE in x for x in lines) else lines
     return ["#pragma unroll", f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) {{",
             *["  " + x for x in lines], "}"]
-
-
-def pick_vector(bound: Bound, tensors, innermost: int, cap: int = 8) -> int:
-    smallest = min((bound.fusion.tensors[t].dtype.itemsize for t in tensors), default=4)
-    v = max(1, min(cap, 16 // smallest))
-    while v > 1 and innermost % v:
-        v //= 2
-    return v

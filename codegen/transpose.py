@@ -32,19 +32,19 @@ from dataclasses import dataclass
 from codegen import cuda
 from codegen.emit import Emitter, Names
 from codegen.kernel import Kernel, SegmentKernels, assemble, indent, signature, tensor_params
+from codegen.launch import segment_index_type, vector_width
 from codegen.layout import (
     address,
     compact_strides,
     covering_grid,
     decompose,
-    index_type,
     tensor_strides,
 )
 from codegen.precision import fast_math_tensors
 from codegen.regions import LANE, lane_loop
 from optimizer.analysis.shapes import Bound
-from optimizer.schedulers.kinds import Schedule
-from optimizer.schedulers.profiles import DeviceProfile
+from optimizer.kinds.rules import Schedule
+from optimizer.profiles import DeviceProfile
 
 THREADS = 256
 MIN_EXTENT = 16  # both tile axes at least this long, or tiles would be mostly empty
@@ -145,12 +145,12 @@ class _Tiled:
         self.rank = len(self.domain)
         self.recomputed = recomputed
         self.vector = vector
-        self.itype = index_type(bound, list(schedule.inputs) + list(schedule.outputs),
-                                math.prod(self.domain))
+        self.itype = segment_index_type(bound, schedule)
         # the innermost axis that moves: the compute phase's lanes walk it
         self.a = max(k for k, e in enumerate(self.domain) if e > 1)
         self.xs = ["0" if e == 1 else f"x{k}" for k, e in enumerate(self.domain)]
-        self.vec = self.compute_vector()
+        self.vec = vector or vector_width(bound, list(schedule.inputs) + list(schedule.outputs),
+                                          self.domain[self.a])
         self.lane_of = f"({self.xs[self.a]} + {LANE})" if self.vec > 1 else ""
         self.domain_idx = tuple(self.lane_of if k == self.a and self.vec > 1 else x
                                 for k, x in enumerate(self.xs))
@@ -159,15 +159,6 @@ class _Tiled:
         """An index component with the vector lane folded into the innermost index: what the
         staging phase, which has no lanes, evaluates."""
         return comp.replace(self.lane_of, self.xs[self.a]) if self.lane_of else comp
-
-    def compute_vector(self) -> int:
-        if self.vector is not None:
-            return self.vector
-        tensors = list(self.schedule.inputs) + list(self.schedule.outputs)
-        v = max(1, min(8, 16 // min(self.fusion.tensors[t].dtype.itemsize for t in tensors)))
-        while v > 1 and self.domain[self.a] % v:
-            v //= 2
-        return v
 
     # ---- what is read and written, and along which axis --------------------------------------
 
@@ -366,8 +357,7 @@ class _Tiled:
             return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
 
         em = Emitter(self.bound, sched.ops, set(sched.inputs), load, self.itype,
-                     Names(self.recomputed))
-        em.fast = fast_math_tensors(self.bound, sched)
+                     Names(self.recomputed), fast_math_tensors(self.bound, sched))
         out_decls, stores_after = [], []
         for t in sched.outputs:
             d = fusion.tensors[t].dtype

@@ -12,20 +12,20 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from optimizer.analysis.cost import read_bytes, segment_time, write_bytes
 from optimizer.analysis.shapes import bind
 from optimizer.errors import PlanError
 from optimizer.gcpause import gc_paused
-from optimizer.hostir.lower import build_lowered_plan
 from optimizer.ir.fusion import Fusion
 from optimizer.ir.inputs import InputMeta
 from optimizer.ir.rng import seed_implicit_rng
-from optimizer.plan.plan import Baseline, Plan, SolverReport
-from optimizer.schedulers.kinds import Kind
-from optimizer.schedulers.profiles import get_profile
+from optimizer.kinds.rules import Kind
+from optimizer.plan.build import build_plan
+from optimizer.plan.plan import Baseline, Plan
+from optimizer.profiles import get_profile
 from optimizer.segmenters.graph import SegGraph
 from optimizer.segmenters.greedy import greedy_groups
 from optimizer.segmenters.levels import level_groups
+from optimizer.segmenters.result import Group, SolverOptions, SolverReport, plan_bytes, plan_cost
 
 SEGMENTERS = ("cpsat", "greedy", "mincut")
 
@@ -40,7 +40,7 @@ class PlanOptions:
     compute_weight: float = 1.0  # scales the recomputation term in the objective
     seed: int = 0
     kinds: tuple[str, ...] = tuple(k.value for k in Kind)  # segment kinds the plan may use
-    num_streams: int = 4  # CUDA streams a stream-parallel loop cycles through (seed 004)
+    num_streams: int = 4  # CUDA streams a stream-parallel loop cycles through
 
     def __post_init__(self):
         unknown = set(self.kinds) - {k.value for k in Kind}
@@ -62,6 +62,12 @@ class PlanOptions:
         for name in ("launch_weight", "compute_weight"):
             if getattr(self, name) < 0:
                 raise PlanError(f"{name} must be >= 0")
+
+    @property
+    def solver(self) -> SolverOptions:
+        """What the solvers take from these options."""
+        return SolverOptions(self.time_limit_s, self.launch_weight, self.compute_weight,
+                             self.seed)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -131,12 +137,12 @@ def _make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions) -> 
             report = SolverReport("FALLBACK_TO_GREEDY", wall_s=report.wall_s,
                                   message=message or NO_TIME_MESSAGE)
     elif options.segmenter == "cpsat":
-        groups, report = _load_segmenter("cpsat").solve(graph, greedy_plan, options,
+        groups, report = _load_segmenter("cpsat").solve(graph, greedy_plan, options.solver,
                                                          solver_deadline)
     elif options.segmenter == "mincut":
-        groups, report = _load_segmenter("mincut").refine(graph, greedy_plan, options,
+        groups, report = _load_segmenter("mincut").refine(graph, greedy_plan, options.solver,
                                                            solver_deadline)
-    return build_lowered_plan(graph, groups, options.segmenter, report, baseline, options.to_json())
+    return build_plan(graph, groups, options.segmenter, report, baseline, options.to_json())
 
 
 MAX_STREAMS = 64
@@ -155,9 +161,5 @@ LEVELS_MESSAGE = ("time limit reached in the greedy segmenter: its {} groups so 
 NO_TIME_MESSAGE = "time limit reached before the solver could start: the greedy plan stands"
 
 
-def _baseline(graph: SegGraph, groups) -> Baseline:
-    schedules = [graph.classify(ops, written) for ops, written in groups]
-    bound, profile = graph.bound, graph.profile
-    io = sum(read_bytes(bound, s) + write_bytes(bound, s) for s in schedules)
-    return Baseline("greedy", io, len(schedules),
-                    sum(segment_time(bound, s, profile) for s in schedules))
+def _baseline(graph: SegGraph, groups: list[Group]) -> Baseline:
+    return Baseline("greedy", plan_bytes(graph, groups), len(groups), plan_cost(graph, groups))

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.lru import BoundedCache
+
 OPTIONS = ("std=c++17",)
 
 
@@ -33,8 +35,9 @@ class CompileStats:
 
 
 STATS = CompileStats()
-_memory: dict[str, bytes] = {}
-_lock = threading.Lock()
+MAX_CUBINS = 512  # in memory; the disk cache keeps every one
+_memory: BoundedCache[str, bytes] = BoundedCache(MAX_CUBINS)
+_lock = threading.Lock()  # guards STATS
 
 
 def cache_dir() -> Path:
@@ -80,23 +83,23 @@ def cache_key(source: str, arch: str) -> str:
 def compile_cubin(source: str, arch: str = "sm_90", name: str = "fusecut") -> bytes:
     """The cubin of ``source`` for ``arch``, from cache when possible."""
     key = cache_key(source, arch)
-    with _lock:
-        hit = _memory.get(key)
-        if hit is not None:
+    hit = _memory.get(key)
+    if hit is not None:
+        with _lock:
             STATS.memory_hits += 1
-            return hit
+        return hit
     path = cache_dir() / f"{key}.cubin"
     if path.exists():
         data = path.read_bytes()
+        _memory.put(key, data)
         with _lock:
-            _memory[key] = data
             STATS.disk_hits += 1
         return data
     start = time.perf_counter()
     data = _nvrtc(source, arch, name)
     elapsed = time.perf_counter() - start
+    _memory.put(key, data)
     with _lock:
-        _memory[key] = data
         STATS.compiles += 1
         STATS.seconds += elapsed
     try:
@@ -123,5 +126,4 @@ def _nvrtc(source: str, arch: str, name: str) -> bytes:
 
 
 def clear_memory_cache() -> None:
-    with _lock:
-        _memory.clear()
+    _memory.clear()

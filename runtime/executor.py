@@ -1,10 +1,11 @@
 """Run a Plan on real tensors, segment by segment, in plan order.
 
-The original fusion acts as argument manager (seed 001): each segment receives its inputs (fusion
-inputs as given, boundary tensors in the compact form the producing segment wrote), runs, and its
-compact outputs are kept until their last reader; fusion outputs are returned as views with
-stride 0 along their broadcast axes. A segment runs through a ``SegmentRunner``: generated CUDA
-kernels on a GPU, the torch reference (its CPU path, and library/fallback segments everywhere).
+The original fusion acts as argument manager of the standalone segment fusions: each segment
+receives its inputs (fusion inputs as given, boundary tensors in the compact form the producing
+segment wrote), runs, and its compact outputs are kept until their last reader; fusion outputs
+are returned as views with stride 0 along their broadcast axes. A segment runs through a
+``SegmentRunner``: generated CUDA kernels on a GPU, the torch reference (its CPU path, and
+library/fallback segments everywhere).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from optimizer.analysis.shapes import Bound, bind
 from optimizer.errors import InputError
 from optimizer.ir.inputs import TensorMeta
 from optimizer.plan.plan import Plan, Segment
+from runtime.lru import BoundedCache
 from runtime.reference import run_reference
 from runtime.tensors import TORCH_DTYPE, meta_of, unshare
 
@@ -48,7 +50,8 @@ class Execution:
         return sum(t.seconds for t in self.timings)
 
 
-_bounds: dict[tuple[str, int], Bound] = {}
+MAX_SEGMENT_BOUNDS = 1024
+_bounds: BoundedCache[tuple[str, int], Bound] = BoundedCache(MAX_SEGMENT_BOUNDS)
 
 
 def segment_bound(plan: Plan, segment: Segment) -> Bound | None:
@@ -59,7 +62,8 @@ def segment_bound(plan: Plan, segment: Segment) -> Bound | None:
     key = (plan.plan_id, segment.index)
     bound = _bounds.get(key)
     if bound is None:
-        bound = _bounds[key] = bind(segment.sub.fusion, segment.sub.inputs)
+        bound = bind(segment.sub.fusion, segment.sub.inputs)
+        _bounds.put(key, bound)
     return bound
 
 
@@ -108,8 +112,9 @@ class _Steps:
     expand: list[tuple[int, tuple[int, ...], tuple[bool, ...]] | None]
 
 
-def _steps(plan: Plan) -> _Steps:
-    cached = getattr(plan, "_steps", None)
+def plan_steps(plan: Plan) -> _Steps:
+    """What running ``plan`` needs, derived once per plan."""
+    cached = plan.runtime_memo.get("steps")
     if cached is not None:
         return cached
     fusion, bound = plan.fusion, plan.bound
@@ -133,7 +138,7 @@ def _steps(plan: Plan) -> _Steps:
             tuple(bound.compact_shape(t)) != tuple(bound.shapes[t])
         expand.append((0, bound.shapes[t], bound.broadcast[t]) if compact else None)
     steps = _Steps(segments, expand)
-    plan._steps = steps  # type: ignore[attr-defined]
+    plan.runtime_memo["steps"] = steps
     return steps
 
 
@@ -157,7 +162,7 @@ def execute_plan(plan: Plan, args: list[Any], runner: SegmentRunner = reference_
     which synchronises after each segment)."""
     scalars = check_matches_plan(plan, args)
     fusion = plan.fusion
-    steps = _steps(plan)
+    steps = plan_steps(plan)
     env: dict[str, Any] = dict(zip(fusion.inputs, args))
     timings = []
     cuda = timed and any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)

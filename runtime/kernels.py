@@ -23,10 +23,11 @@ from typing import Any
 import torch
 
 from codegen import SegmentKernels, generate_segment
+from optimizer.kinds.rules import Kind
 from optimizer.plan.plan import Plan, Segment
-from optimizer.schedulers.kinds import Kind
 from runtime.compile import compile_cubin
 from runtime.executor import reference_runner
+from runtime.lru import BoundedCache
 from runtime.tensors import TORCH_DTYPE
 
 
@@ -81,9 +82,12 @@ class SegmentCode:
     dense: tuple[int, ...]  # argument positions that must be dense (boundary tensors)
 
 
+# ``cuda.bindings`` is imported inside the functions that call the driver: the CPU image has no
+# cuda-python, and this module loads there (the program builder imports it) without launching.
 _lock = threading.Lock()
 _modules: dict[str, Any] = {}  # cubin hash -> CUmodule (per process, current device)
-_code: dict[tuple, SegmentCode] = {}
+MAX_SEGMENT_CODES = 1024
+_code: BoundedCache[tuple, SegmentCode] = BoundedCache(MAX_SEGMENT_CODES)
 
 
 def _module(cubin: bytes):
@@ -154,8 +158,7 @@ def segment_code(plan: Plan, segment: Segment, vector: int | None = None,
         tuple((arg_of[t], a) for t, a in kernels.vector_aligned.items() if t in arg_of),
         tuple(i for i, name in enumerate(originals)
               if name in bound.fusion.tensors and name not in bound.inputs))
-    with _lock:
-        _code[key] = code
+    _code.put(key, code)
     return code
 
 
@@ -250,3 +253,27 @@ def cuda_runner(plan: Plan, segment: Segment, args: list[Any],
                 values.append(pools[source][key].data_ptr())
         launch_kernel(launch, values, stream)
     return [outputs[i] for i in code.returned]
+
+
+def driver_functions(context: int) -> tuple[int, int, int, int]:
+    """cuLaunchKernel, cuCtxGetCurrent and cuCtxSetCurrent in the driver library that cuda-python
+    uses, and the kernels' context."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    address = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+               for name in ("cuLaunchKernel", "cuCtxGetCurrent", "cuCtxSetCurrent")]
+    return (*address, context)
+
+
+def current_context() -> int:
+    """The driver context current in this thread (torch's primary context after it ran)."""
+    from cuda.bindings import driver
+
+    return int(check(driver.cuCtxGetCurrent()))
+
+
+def ensure_context(context: int) -> None:
+    """Make the kernels' context current in a thread that has none (or another)."""
+    from cuda.bindings import driver
+
+    if int(check(driver.cuCtxGetCurrent())) != context:
+        check(driver.cuCtxSetCurrent(driver.CUcontext(context)))

@@ -1,4 +1,4 @@
-"""A host program (seed 004) described to the C++ launcher, so that its stream loops run there.
+"""A stream-lowered host program described to the C++ launcher, so its loops run there.
 
 The description is plain tuples (``make_host`` in runtime/native/launcher.cpp): the host
 program's signature, its values (fusion inputs first, then every tensor a segment reads or
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from optimizer.plan.plan import Plan
-from runtime.executor import _steps
+from runtime.executor import plan_steps
 from runtime.program import (
     SCALAR_TYPE,
     Launch,
@@ -97,7 +97,7 @@ def describe(plan: Plan, args: list[Any], used: dict[tuple[int, int], list[Progr
                   for t in step.allocations] if loop else []
         steps.append((step.stage.extent if loop else 0, allocs, calls))
     outputs = []
-    for t, how in zip(fusion.outputs, _steps(plan).expand):
+    for t, how in zip(fusion.outputs, plan_steps(plan).expand):
         if how is None:
             outputs.append((value(t), None, None))
         else:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,17 +23,20 @@ import torch.nn.functional as F
 
 from codegen.emit import dynamic_scalars
 from optimizer.analysis.scalars import baked_scalar_inputs, eval_scalar_op
+from optimizer.kinds.rules import Kind
 from optimizer.plan.plan import Plan
-from optimizer.schedulers.kinds import Kind
 from runtime.executor import expand_compact, segment_bound
 from runtime.kernels import (
     KernelLaunch,
-    check,
     code_for_alignment,
+    current_context,
     current_stream,
+    driver_functions,
+    ensure_context,
     launch_kernel,
     scalar_value,
 )
+from runtime.lru import BoundedCache
 from runtime.reference import run_reference
 from runtime.rng import call_with_draw, with_implicit_rng
 from runtime.tensors import TORCH_DTYPE, unshare
@@ -191,7 +192,8 @@ class Program:
     def run_python(self, args: list[Any], into: list[torch.Tensor | None] | None = None
                    ) -> list[torch.Tensor]:
         """Run in Python; ``into``: per output, a tensor to write it to (a slice of a whole
-        output, seed 004): kernels write there directly when it is dense, else it is copied."""
+        output, in a stream loop): kernels write there directly when it is dense, else it is
+        copied."""
         slots: list[Any] = list(args) + [None] * len(self.buffers)
         provided = self._provided(into) if into is not None else {}
         scalars = self.scalars(args)
@@ -396,29 +398,22 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
     return program
 
 
-_programs: OrderedDict[tuple, Program] = OrderedDict()
-_lock = threading.Lock()
 MAX_PROGRAMS = 256
+_programs: BoundedCache[tuple, Program] = BoundedCache(MAX_PROGRAMS)
 
 
 def program_for(plan: Plan, args: list[Any]) -> Program:
     """The compiled program of ``plan`` for arguments like these, from a process-wide cache
     (built on first use)."""
-    baked = getattr(plan, "_baked", None)
+    baked = plan.runtime_memo.get("baked")
     if baked is None:
-        baked = plan._baked = baked_positions(plan.fusion)  # type: ignore[attr-defined]
+        baked = plan.runtime_memo["baked"] = baked_positions(plan.fusion)
     sig = signature(args, baked)
     key = (plan.plan_id, sig)
-    with _lock:
-        program = _programs.get(key)
-        if program is not None:
-            _programs.move_to_end(key)
-            return program
-    program = build_program(plan, args, sig)
-    with _lock:
-        _programs[key] = program
-        while len(_programs) > MAX_PROGRAMS:
-            _programs.popitem(last=False)
+    program = _programs.get(key)
+    if program is None:
+        program = build_program(plan, args, sig)
+        _programs.put(key, program)
     return program
 
 
@@ -507,27 +502,3 @@ def expanded_strides(shape, broadcast) -> tuple[int, ...]:
         strides.append(0 if b else acc)
         acc *= 1 if b else extent
     return tuple(reversed(strides))
-
-
-def driver_functions(context: int) -> tuple[int, int, int, int]:
-    """cuLaunchKernel, cuCtxGetCurrent and cuCtxSetCurrent in the driver library that cuda-python
-    uses, and the kernels' context."""
-    lib = ctypes.CDLL("libcuda.so.1")
-    address = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-               for name in ("cuLaunchKernel", "cuCtxGetCurrent", "cuCtxSetCurrent")]
-    return (*address, context)
-
-
-def current_context() -> int:
-    """The driver context current in this thread (torch's primary context after it ran)."""
-    from cuda.bindings import driver
-
-    return int(check(driver.cuCtxGetCurrent()))
-
-
-def ensure_context(context: int) -> None:
-    """Make the kernels' context current in a thread that has none (or another)."""
-    from cuda.bindings import driver
-
-    if int(check(driver.cuCtxGetCurrent())) != context:
-        check(driver.cuCtxSetCurrent(driver.CUcontext(context)))

@@ -1,4 +1,4 @@
-"""Run a host program (seed 004): its stages in order, each stream loop's iterations on CUDA
+"""Run a stream-lowered host program: its stages in order, each stream loop's iterations on CUDA
 streams from a per-device pool.
 
 A loop records an event on the caller's stream once; iteration ``i`` runs on stream
@@ -21,9 +21,8 @@ from typing import Any
 
 import torch
 
-from optimizer.hostir.lower import Step
-from optimizer.plan.plan import Plan
-from runtime.executor import Execution, _steps, check_matches_plan, execute_plan, expand_compact
+from optimizer.plan.plan import Plan, Step
+from runtime.executor import Execution, check_matches_plan, execute_plan, expand_compact, plan_steps
 from runtime.kernels import current_stream
 from runtime.program import program_for, signature
 from runtime.rng import call_with_draw, with_implicit_rng
@@ -141,7 +140,7 @@ def run_host(plan: Plan, args: list[Any], used: dict | None = None,
             for j in step.segments:
                 env.update(_run_segment(plan, step, j, env, scalars, gpu, {}, programs))
     outputs = []
-    for t, how in zip(fusion.outputs, _steps(plan).expand):
+    for t, how in zip(fusion.outputs, plan_steps(plan).expand):
         outputs.append(env[t] if how is None else expand_compact(env[t], how[1], how[2]))
     for out, inp in fusion.aliases.items():
         env[inp].copy_(outputs[fusion.outputs.index(out)])

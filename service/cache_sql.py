@@ -49,7 +49,7 @@ SCHEMA = [
 
 
 @dataclass(frozen=True)
-class Row:
+class PlanRow:
     """A plan as stored."""
 
     plan_id: str
@@ -109,10 +109,10 @@ class SqlCache:
 
     # ---- reads ---------------------------------------------------------------------------------
 
-    def plan(self, plan_id: str) -> Row | None:
+    def plan(self, plan_id: str) -> PlanRow | None:
         row = self._one("SELECT plan_id, fusion_id, segmenter, plan, request, digest FROM plans "
                         "WHERE plan_id = ?", (plan_id,))
-        return Row(*row) if row else None
+        return PlanRow(*row) if row else None
 
     def plan_of(self, request_key: str) -> str | None:
         """The plan id a request key was linked to."""
@@ -146,7 +146,7 @@ class SqlCache:
 
     # ---- writes --------------------------------------------------------------------------------
 
-    def insert(self, row: Row, size: int, now: float, max_bytes: int) -> tuple[bool, int]:
+    def insert(self, row: PlanRow, size: int, now: float, max_bytes: int) -> tuple[bool, int]:
         """Store ``row`` (``size`` bytes of plan and request text) unless its plan id is there
         already (concurrent replicas write a plan once), then evict down to the bound:
         (inserted, plans evicted)."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from optimizer.kinds.rules import Kind
 from optimizer.plan.render import human_bytes, to_svg
-from optimizer.schedulers.kinds import Kind
 from service.store import read_recent
 
 STYLE = """

@@ -10,26 +10,25 @@ from pydantic import BaseModel, ConfigDict, Field
 from optimizer.ir.wire import FusionJSON, InputMetaJSON
 
 
-class _Strict(BaseModel):
+class _FiniteStrict(BaseModel):
     # Finite numbers only: NaN and Infinity would make plans that are not JSON, and pydantic
     # writes both as null, which made them share a cache key.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class DeviceOverrides(_Strict):
+class DeviceOverrides(_FiniteStrict):
     """Fields of the device profile to replace, each within what a real GPU could have."""
 
     bandwidth: float | None = Field(None, ge=1e9, le=1e15, description="bytes/s")
     sm_count: int | None = Field(None, ge=1, le=10_000)
     smem_per_block: int | None = Field(None, ge=1024, le=2**24, description="bytes")
-    regs_per_block: int | None = Field(None, ge=1024, le=2**24)
     launch_overhead_s: float | None = Field(None, ge=1e-8, le=1e-1)
     persistent_budget: int | None = Field(None, ge=1024, le=2**24, description="bytes")
     compute_rate: float | None = Field(None, ge=1e9, le=1e17, description="fp32 ops/s")
     arch: str | None = Field(None, pattern=r"^sm_[0-9]{2,3}a?$")
 
 
-class PlanOptionsModel(_Strict):
+class PlanOptionsModel(_FiniteStrict):
     segmenter: Literal["cpsat", "greedy", "mincut"] = "cpsat"
     time_limit_s: float | None = Field(None, gt=0, le=3600, description="solver seconds")
     device: str = Field("H100", max_length=32,
@@ -40,7 +39,7 @@ class PlanOptionsModel(_Strict):
     seed: int = Field(0, ge=0, le=2**31 - 1, description="solver random seed (int32)")
     kinds: list[str] | None = Field(None, description="segment kinds the plan may use")
     num_streams: int = Field(4, ge=1, le=64, description="CUDA streams a stream-parallel loop "
-                                                         "cycles through (seed 004)")
+                                                         "cycles through (stream lowering)")
 
 
 Definition = Annotated[str, Field(min_length=1)] | FusionJSON
@@ -51,7 +50,7 @@ def _no_default(schema: dict[str, Any]) -> None:
     schema.pop("default", None)
 
 
-class PlanRequest(_Strict):
+class PlanRequest(_FiniteStrict):
     definition: Definition = Field(description="nvFuser Python text or wire JSON v1")
     inputs: list[InputMetaJSON] | None = Field(
         None, description="metadata of each fusion input; taken from the text's `inputs = "
@@ -59,7 +58,7 @@ class PlanRequest(_Strict):
     options: PlanOptionsModel = Field(default_factory=PlanOptionsModel)
 
 
-class JSONTensor(_Strict):
+class JSONTensor(_FiniteStrict):
     """A tensor in the KServe-v2 style: row-major data."""
 
     name: str
@@ -68,7 +67,7 @@ class JSONTensor(_Strict):
     data: list[Any]
 
 
-class ExecuteRequest(_Strict):
+class ExecuteRequest(_FiniteStrict):
     # a definition or a plan id, not both
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["definition"]},
                                                            {"required": ["plan_id"]}]})

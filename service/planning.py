@@ -36,7 +36,7 @@ from optimizer.ir.wire import (
 )
 from optimizer.plan.plan import Plan, plan_key
 from optimizer.planner import PlanOptions, make_plan
-from optimizer.schedulers.profiles import get_profile
+from optimizer.profiles import get_profile
 from service.models import PlanOptionsModel, PlanRequest
 from service.planners import announce_time_limit
 from service.problems import TITLES, Problem, validation_problem

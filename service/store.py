@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from service.cache_sql import Row, SqlCache, digest
+from service.cache_sql import PlanRow, SqlCache, digest
 
 log = logging.getLogger("fusecut.cache")
 T = TypeVar("T")
@@ -251,7 +251,7 @@ class PlanStore:
                 self._used.add(plan_id)
         return stored
 
-    def _verified(self, row: Row | None) -> Row | None:
+    def _verified(self, row: PlanRow | None) -> PlanRow | None:
         if row is None or digest(row.body, row.request) == row.digest:
             return row
         log.error("plan cache %s: plan %s is damaged (its digest does not match); treated as a "
@@ -309,7 +309,7 @@ class PlanStore:
         request_bytes = request.encode()
         size = len(body) + len(request_bytes)
         if size <= self.max_bytes // 2:  # a plan near the bound would evict all the others
-            row = Row(plan_id, fusion_id, segmenter, body.decode(), request,
+            row = PlanRow(plan_id, fusion_id, segmenter, body.decode(), request,
                       digest(body, request_bytes))
             inserted, evicted = self._call("write", "put", lambda b: b.insert(
                 row, size, time.time(), self.max_bytes), (None, 0))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from optimizer.analysis.shapes import bind
+from optimizer.errors import InputError
 from optimizer.ir import parse_text
-from optimizer.ir.inputs import tensor_meta
-from optimizer.schedulers.profiles import get_profile
+from optimizer.ir.inputs import scale_metas, tensor_meta
+from optimizer.profiles import get_profile
 from optimizer.segmenters.graph import SegGraph
 
 
@@ -22,6 +23,17 @@ def graph(body: str, *shapes, dtype=None, profile=None):
     metas = [tensor_meta(s, dtype or f.tensors[n].dtype) for n, s in zip(f.tensor_inputs(),
                                                                          shapes)]
     return SegGraph(bind(f, metas), profile or get_profile())
+
+
+def small_metas(parsed, max_numel: int):
+    """Inputs of a repro's structure with at most ``max_numel`` elements each, or the repro's own
+    sizes where its definition fixes them (the scaled sizes then raise an InputError)."""
+    metas = scale_metas(parsed.inputs, max_numel)
+    try:
+        bind(parsed.fusion, metas)
+    except InputError:
+        return parsed.inputs
+    return metas
 
 
 def ops_named(g: SegGraph, *outputs: str) -> set[int]:

@@ -11,14 +11,13 @@ import torch
 import fusecut.local
 import runtime.compile
 from fusecut import DataType, FusionDefinition
-from optimizer.analysis.shapes import bind
 from optimizer.errors import InputError
 from optimizer.ir import parse_text
-from optimizer.ir.inputs import scale_metas
 from runtime import launcher
 from runtime.reference import run_reference
 from runtime.tensors import make_input
 from tests.conftest import CORPUS
+from tests.helpers import small_metas
 from tests.test_gpu import close
 
 
@@ -36,11 +35,7 @@ class Counted:
 
 def definition(name: str, max_numel: int = 1 << 14, device: str = "cpu"):
     parsed = parse_text((CORPUS / f"{name}.py").read_text())
-    metas = scale_metas(parsed.inputs, max_numel)
-    try:
-        bind(parsed.fusion, metas)
-    except InputError:  # the definition fixes its sizes: run it at full size
-        metas = parsed.inputs
+    metas = small_metas(parsed, max_numel)  # or full size, where the definition fixes it
     torch.manual_seed(0)
     return parsed.fusion, FusionDefinition.from_fusion(parsed.fusion), \
         [make_input(m, device) for m in metas]

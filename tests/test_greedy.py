@@ -16,8 +16,8 @@ from optimizer.analysis.axes import AxisMap
 from optimizer.analysis.shapes import bind
 from optimizer.errors import FusecutError
 from optimizer.ir import parse_text
-from optimizer.schedulers.kinds import Kind
-from optimizer.schedulers.profiles import get_profile
+from optimizer.kinds.rules import Kind
+from optimizer.profiles import get_profile
 from optimizer.segmenters import groups as groups_module
 from optimizer.segmenters.graph import SegGraph
 from optimizer.segmenters.greedy import greedy_groups

@@ -342,6 +342,10 @@ def test_openapi_is_complete_and_valid(http):
                                                                                    status)
     metrics = doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
     assert list(metrics) == ["text/plain"]
+    # user-facing text names features, not the project's internal source documents
+    assert not re.search(r"seeds? ?\d{3}", json.dumps(doc))
+    assert "stream lowering" in schemas["PlanOptionsModel"]["properties"]["num_streams"][
+        "description"]
 
 
 def test_docs_are_served_without_the_network(http):

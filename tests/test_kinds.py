@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from optimizer.schedulers.kinds import Kind
-from optimizer.schedulers.profiles import get_profile
+from optimizer.kinds.rules import Kind
+from optimizer.profiles import get_profile
 from tests.helpers import graph
 
 F = "dtype=DataType.Float"

@@ -14,8 +14,8 @@ from optimizer.analysis.shapes import bind
 from optimizer.errors import DefinitionError, InputError
 from optimizer.ir.dtypes import DType
 from optimizer.ir.inputs import ScalarMeta, tensor_meta
+from optimizer.kinds.rules import Kind
 from optimizer.planner import make_plan
-from optimizer.schedulers.kinds import Kind
 from runtime.reference import run_reference
 from runtime.run import run_plan
 from runtime.tensors import make_input

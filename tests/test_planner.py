@@ -17,13 +17,12 @@ from optimizer.analysis.shapes import bind
 from optimizer.errors import PlanError
 from optimizer.ir import parse_text, tensor_meta
 from optimizer.ir.dtypes import DType
-from optimizer.ir.inputs import scale_metas
 from optimizer.planner import PlanOptions, make_plan
 from runtime.executor import execute_plan
 from runtime.reference import run_reference
 from runtime.tensors import make_input
 from tests.conftest import CORPUS, CORPUS_FILES
-from tests.helpers import fusion
+from tests.helpers import fusion, small_metas
 from tests.strategies import fusions
 
 F32 = DType.float32
@@ -66,7 +65,8 @@ fd.add_output(T4)""")
 
 
 def test_boundary_tensors_are_stored_compact():
-    # seed 002: a broadcast value forced across a boundary is stored without its broadcast axis
+    # compact storage: a broadcast value forced across a boundary is stored without its
+    # broadcast axis
     f = fusion("""
 T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)
 T1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
@@ -87,7 +87,7 @@ fd.add_output(T6)""")
 
 
 def test_forwarding_recomputes_full_on_both_sides_of_segment_set():
-    # seed 003: the full() is in both segments; only the segment_set tensor crosses
+    # forwarding: the full() is in both segments; only the segment_set tensor crosses
     p = parse_text((CORPUS / "seed_4269_forward_full.py").read_text())
     j = plan_json(p.fusion, p.inputs)
     full = [i for i, op in enumerate(p.fusion.ops) if op.name == "full"][0]
@@ -102,7 +102,7 @@ def test_forwarding_recomputes_full_on_both_sides_of_segment_set():
 def test_input_forwarding_of_casts():
     p = parse_text((CORPUS / "layernorm_bwd.py").read_text())
     bound = bind(p.fusion, p.inputs)
-    from optimizer.schedulers.profiles import get_profile
+    from optimizer.profiles import get_profile
     from optimizer.segmenters.graph import SegGraph
 
     g = SegGraph(bound, get_profile())
@@ -131,20 +131,10 @@ def test_seed_2146_targets():
     assert with_io["totals"]["lower_bound_bytes"] == pytest.approx(337 * 2**20, rel=0.01)
 
 
-def _small_inputs(parsed):
-    for metas in (scale_metas(parsed.inputs, 1 << 13), parsed.inputs):
-        try:
-            bind(parsed.fusion, metas)
-            return metas
-        except Exception:
-            continue
-    raise AssertionError
-
-
 @pytest.mark.parametrize("path", CORPUS_FILES, ids=[p.stem for p in CORPUS_FILES])
 def test_segments_run_to_the_same_outputs_and_replan(path):
     parsed = parse_text(path.read_text())
-    metas = _small_inputs(parsed)  # seed_2146 fixes its sizes: it runs at full size
+    metas = small_metas(parsed, 1 << 13)  # seed_2146 fixes its sizes: it runs at full size
     plan = make_plan(parsed.fusion, metas, FAST)
     gen = torch.Generator().manual_seed(1)
     args = [make_input(m, generator=gen) for m in metas]
@@ -321,8 +311,8 @@ def test_the_time_limit_covers_every_planning_stage(segmenter):
 def test_the_level_grouping_is_a_valid_plan_that_runs_to_the_same_outputs():
     # what a greedy segmenter cut short by the time limit falls back to
     from optimizer.analysis.opclass import Role
-    from optimizer.schedulers.kinds import Kind
-    from optimizer.schedulers.profiles import get_profile
+    from optimizer.kinds.rules import Kind
+    from optimizer.profiles import get_profile
     from optimizer.segmenters.graph import SegGraph
     from optimizer.segmenters.levels import level_groups
 
@@ -365,8 +355,8 @@ def test_a_20000_op_fusion_plans_and_serializes_within_its_limit_plus_1_s(segmen
 
 
 def _greedy_plan(text: str):
-    from optimizer.schedulers.kinds import Kind
-    from optimizer.schedulers.profiles import get_profile
+    from optimizer.kinds.rules import Kind
+    from optimizer.profiles import get_profile
     from optimizer.segmenters.graph import SegGraph
     from optimizer.segmenters.greedy import greedy_groups
 
@@ -382,17 +372,18 @@ def test_mincut_refines_the_scale_case_in_linear_time_and_keeps_to_its_deadline(
     # segments whatever the deadline (which was checked only between segments)
     from benchmarks.fusiongen import scale_case
     from optimizer.segmenters.mincut import refine
+    from optimizer.segmenters.result import SolverOptions
 
     graph, plan = _greedy_plan(scale_case())
     start = time.process_time()
-    refined, report = refine(graph, plan, PlanOptions(time_limit_s=600))
+    refined, report = refine(graph, plan, SolverOptions(time_limit_s=600))
     assert time.process_time() - start < 1.0
     assert "min-cut refined" in report.message and "time limit" not in report.message
-    from optimizer.segmenters.cpsat import plan_cost
+    from optimizer.segmenters.result import plan_cost
 
     assert plan_cost(graph, refined) < plan_cost(graph, plan)
     start = time.process_time()
-    late, report = refine(graph, plan, PlanOptions(), deadline=time.perf_counter())
+    late, report = refine(graph, plan, SolverOptions(), deadline=time.perf_counter())
     assert time.process_time() - start < 0.3
     assert "time limit reached" in report.message
     assert plan_cost(graph, late) <= plan_cost(graph, plan)
@@ -403,11 +394,27 @@ def test_mincut_refines_410_segments_of_20000_ops_in_seconds():
     # before: each segment's network took every fusible ancestor of what it read, back to the
     # fusion's inputs (the generated chains never break): 21 s of CPU for these 410 segments
     from optimizer.segmenters.mincut import refine
+    from optimizer.segmenters.result import SolverOptions
 
     graph, plan = _greedy_plan(generate(19_990, seed=3))
     assert len(plan) > 400
     start = time.process_time()
-    refined, report = refine(graph, plan, PlanOptions(time_limit_s=600))
+    refined, report = refine(graph, plan, SolverOptions(time_limit_s=600))
     assert time.process_time() - start < 6.0
     assert "time limit" not in report.message
     assert len(refined) <= len(plan)
+
+
+def test_the_solvers_take_typed_options_from_the_plan_options():
+    from optimizer.segmenters.result import SolverOptions
+
+    options = PlanOptions(time_limit_s=3, launch_weight=2, compute_weight=0.5, seed=7)
+    assert options.solver == SolverOptions(time_limit_s=3, launch_weight=2, compute_weight=0.5,
+                                           seed=7)
+
+
+def test_a_device_profile_has_only_the_fields_the_planner_uses():
+    from optimizer.profiles import get_profile
+
+    with pytest.raises(PlanError, match="unknown device profile fields.*regs_per_block"):
+        get_profile("H100", {"regs_per_block": 65536})  # never read by the planner: removed

@@ -237,7 +237,7 @@ def test_a_program_output_that_is_an_argument_comes_back_as_a_copy(fake_kernels)
 
 @pytest.mark.parametrize("path", ["python", "native"])
 def test_outputs_are_written_to_their_targets(path, native, fake_kernels):
-    """A stream loop's slices (seed 004): a dense target is the kernel's output buffer itself;
+    """A stream loop's slices: a dense target is the kernel's output buffer itself;
     another is filled by a copy."""
     plan, args, program = corpus_program("softmax_fwd")
     (slot, _, _), = program.outputs

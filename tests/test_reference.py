@@ -7,13 +7,12 @@ import ast
 import pytest
 import torch
 
-from optimizer.analysis.shapes import bind
 from optimizer.ir import parse_text
-from optimizer.ir.inputs import scale_metas
 from runtime.reference import run_reference
 from runtime.tensors import make_input, meta_of
 from tests.conftest import CORPUS
 from tests.corpus_torch import CASES, EagerDefinition
+from tests.helpers import small_metas
 
 SMALL = 1 << 15
 
@@ -21,13 +20,7 @@ SMALL = 1 << 15
 def _inputs(parsed, max_numel=SMALL, seed=0):
     """Small inputs of the repro's structure, or its own sizes where the definition fixes them."""
     gen = torch.Generator().manual_seed(seed)
-    for metas in (scale_metas(parsed.inputs, max_numel), parsed.inputs):
-        try:
-            bind(parsed.fusion, metas)
-        except Exception:
-            continue
-        return [make_input(m, generator=gen) for m in metas]
-    raise AssertionError("no input size binds")
+    return [make_input(m, generator=gen) for m in small_metas(parsed, max_numel)]
 
 
 def _close(actual, expected):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from codegen import generate_segment
-from codegen.pointwise import unroll_for
+from codegen.launch import unroll_for
 from codegen.rng import PHILOX_ROUNDS
 from optimizer.errors import DefinitionError
 from optimizer.ir.dtypes import DType

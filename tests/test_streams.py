@@ -1,4 +1,4 @@
-"""Stream lowering (seed 004): host program text, slices equal to the unsplit run, errors for
+"""Stream lowering: host program text, slices equal to the unsplit run, errors for
 annotations that cannot be honoured, and (marked gpu) iterations on real CUDA streams."""
 
 from __future__ import annotations

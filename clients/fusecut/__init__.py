@@ -22,19 +22,20 @@ _LAZY = {
     "AsyncClient": "fusecut.client", "Client": "fusecut.client",
     "RemoteExecution": "fusecut.client", "ServiceError": "fusecut.client",
     "DataType": "fusecut.definition", "FusionDefinition": "fusecut.definition",
-    "ParallelType": "fusecut.definition", "Plan": "fusecut.plan",
+    "ParallelType": "fusecut.definition", "Plan": "fusecut.plan", "PlanView": "fusecut.plan",
     "ParsedDefinition": "optimizer.ir.nvtext", "parse_text": "optimizer.ir.nvtext",
 }
 
 if TYPE_CHECKING:
     from fusecut.client import AsyncClient, Client, RemoteExecution, ServiceError
     from fusecut.definition import DataType, FusionDefinition, ParallelType
-    from fusecut.plan import Plan
+    from fusecut.plan import Plan, PlanView
     from optimizer.ir.nvtext import ParsedDefinition, parse_text  # noqa: F401
 
 __all__ = [
     "AsyncClient", "Client", "DataType", "DefinitionError", "FusecutError", "FusionDefinition",
-    "InputError", "ParallelType", "ParsedDefinition", "Plan", "PlanError", "RemoteExecution",
+    "InputError", "ParallelType", "ParsedDefinition", "Plan", "PlanError", "PlanView",
+    "RemoteExecution",
     "ServiceError", "load",
 ]
 __version__ = "0.1.0"

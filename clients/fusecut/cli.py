@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -267,7 +268,7 @@ def print_plan(result: dict) -> None:
     out.print(f"io_ratio {tot['io_ratio']:.3f}; saved {human_bytes(base['saved_bytes'])} against "
               f"greedy; solver {result['solver']['status']} in {result['solver']['wall_s']:.2f} s"
               f" ({result['solver']['message']})")
-    if result.get("host_program"):  # stream-parallel axes (seed 004): the host program
+    if result.get("host_program"):  # stream-parallel axes: the host program
         out.print("host program:")
         out.print(result["host_program"], markup=False, highlight=False, soft_wrap=True)
 
@@ -453,7 +454,6 @@ def serve(host: str = typer.Option("127.0.0.1", metavar="HOST",
           access_log: bool = typer.Option(False, help="log every request (metrics count them "
                                                       "either way)")):
     """Run the HTTP service (settings from FUSECUT_* environment variables and these options)."""
-    import os
     import tempfile
 
     import uvicorn
@@ -514,8 +514,6 @@ def ray_serve(address: str = typer.Option(None, metavar="ADDRESS",
                                                   help="a local cluster's object store")):
     """Serve the HTTP API on Ray Serve: planning replicas behind Serve's proxy, executions on
     GPU replicas, one shared plan cache (needs the 'ray' extra)."""
-    import os
-
     try:
         from service import ray_serve as rs
     except ImportError as e:

@@ -5,7 +5,7 @@
         plan = client.plan(fd, [x, y])                 # a FusionDefinition and its inputs
         result = client.execute(fd, [x, y])            # result.outputs, result.timings
 
-Plans come back as the same ``fusecut.Plan`` that local planning returns. Tensors travel as
+Plans come back as the same ``fusecut.PlanView`` that local planning returns. Tensors travel as
 safetensors (``wire="safetensors"``, the default) or as KServe-v2 JSON (``wire="json"``). A
 refusal raises ``ServiceError`` carrying the service's problem+json (status, title, detail).
 """
@@ -21,7 +21,7 @@ import httpx
 import torch
 
 from fusecut.local import as_metadata
-from fusecut.plan import Plan
+from fusecut.plan import PlanView
 from optimizer.errors import FusecutError
 from optimizer.ir.fusion import Fusion
 from optimizer.ir.nvtext import ParsedDefinition, parse_text
@@ -124,8 +124,8 @@ def _checked(response: httpx.Response) -> httpx.Response:
     raise ServiceError(response.status_code, problem)
 
 
-def plan_of(response: httpx.Response, source: Definition | None = None) -> Plan:
-    plan = Plan(_checked(response).json())
+def plan_of(response: httpx.Response, source: Definition | None = None) -> PlanView:
+    plan = PlanView(_checked(response).json())
     plan._source = source  # so that the plan can be executed without naming its fusion again
     return plan
 
@@ -160,19 +160,19 @@ class Client:
                                   transport=transport)
 
     def plan(self, definition: Definition, inputs: list[Any] | None = None,
-             **options: Any) -> Plan:
+             **options: Any) -> PlanView:
         """Plan a definition for inputs (tensors, numbers or metadata); no tensors are sent."""
         response = self._http.post("/v1/plan", json=plan_body(definition, inputs, options))
         return plan_of(response, definition)
 
-    def get_plan(self, plan_id: str) -> Plan:
+    def get_plan(self, plan_id: str) -> PlanView:
         return plan_of(self._http.get(f"/v1/plans/{plan_id}"))
 
-    def execute(self, definition: Definition | Plan, tensors: list[Any] | dict[str, Any],
+    def execute(self, definition: Definition | PlanView, tensors: list[Any] | dict[str, Any],
                 *, wire: str = "safetensors", fusion: Fusion | None = None,
                 **options: Any) -> RemoteExecution:
         """Run a definition (or a plan made before, with its ``fusion``) on tensors."""
-        plan_id = definition.plan_id if isinstance(definition, Plan) else None
+        plan_id = definition.plan_id if isinstance(definition, PlanView) else None
         kwargs, fusion = execute_request(None if plan_id else definition, tensors, options, wire,
                                          plan_id, fusion or _fusion_of_plan(definition))
         return execution_of(self._http.post("/v1/execute", **kwargs), fusion)
@@ -196,17 +196,17 @@ class AsyncClient:
                                        timeout=timeout, transport=transport)
 
     async def plan(self, definition: Definition, inputs: list[Any] | None = None,
-                   **options: Any) -> Plan:
+                   **options: Any) -> PlanView:
         body = plan_body(definition, inputs, options)
         return plan_of(await self._http.post("/v1/plan", json=body), definition)
 
-    async def get_plan(self, plan_id: str) -> Plan:
+    async def get_plan(self, plan_id: str) -> PlanView:
         return plan_of(await self._http.get(f"/v1/plans/{plan_id}"))
 
-    async def execute(self, definition: Definition | Plan, tensors: list[Any] | dict[str, Any],
+    async def execute(self, definition: Definition | PlanView, tensors: list[Any] | dict[str, Any],
                       *, wire: str = "safetensors", fusion: Fusion | None = None,
                       **options: Any) -> RemoteExecution:
-        plan_id = definition.plan_id if isinstance(definition, Plan) else None
+        plan_id = definition.plan_id if isinstance(definition, PlanView) else None
         kwargs, fusion = execute_request(None if plan_id else definition, tensors, options, wire,
                                          plan_id, fusion or _fusion_of_plan(definition))
         return execution_of(await self._http.post("/v1/execute", **kwargs), fusion)
@@ -236,7 +236,7 @@ def fusion_of(definition: Definition | dict[str, Any]) -> Fusion:
 
 def _fusion_of_plan(definition: Any) -> Fusion | None:
     """A plan carries its ops, not its definition: the fusion comes from where it was made."""
-    if not isinstance(definition, Plan):
+    if not isinstance(definition, PlanView):
         return None
     if definition._internal is not None:
         return definition._internal.fusion

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fusecut.plan import Plan
+from fusecut.plan import PlanView
 from optimizer.ir.builder import FusionBuilder, ScalarHandle, TensorHandle, VectorHandle
 from optimizer.ir.dtypes import NVFUSER_DTYPES
 from optimizer.ir.fusion import Fusion
@@ -121,7 +121,7 @@ class FusionDefinition:
         fd._finished = True
         return fd
 
-    def plan(self, inputs: list[Any], **options: Any) -> Plan:
+    def plan(self, inputs: list[Any], **options: Any) -> PlanView:
         """Plan the fusion for these inputs (tensors, numbers or metadata); no tensors needed.
 
         Options: segmenter, time_limit_s, device, device_overrides, launch_weight,
@@ -136,7 +136,7 @@ class FusionDefinition:
         return self._local_state().plan(inputs, **options)
 
     def segment(self, inputs: list[Any], **options: Any) -> list[SegmentDefinition]:
-        """The plan's segments as standalone definitions with maps to this one (seed 001)."""
+        """The plan's segments as standalone definitions with maps to this one."""
         planned = self.plan(inputs, **options)
         internal = planned._internal
         if internal is None:  # planned by a service: rebuild it here from its JSON

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from fusecut.plan import Plan
+from fusecut.plan import PlanView
 from optimizer.ir.fusion import Fusion
 from optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta
 from optimizer.ir.wire import meta_from_json
@@ -41,14 +41,14 @@ def plan_key(metas: list[InputMeta], options: dict[str, Any]) -> tuple:
     return (tuple(metas), json.dumps(PlanOptions(**options).to_json(), sort_keys=True))
 
 
-def plan(fusion: Fusion, inputs: list[Any], cache: dict | None = None, **options: Any) -> Plan:
+def plan(fusion: Fusion, inputs: list[Any], cache: dict | None = None, **options: Any) -> PlanView:
     metas = as_metadata(inputs)
     opts = PlanOptions(**options)
     key = plan_key(metas, options)
     if cache is not None and key in cache:
         return cache[key]
     internal = make_plan(fusion, metas, opts)
-    result = Plan(internal.to_json(), internal)
+    result = PlanView(internal.to_json(), internal)
     if cache is not None:
         cache[key] = result
     return result
@@ -62,13 +62,13 @@ class Local:
 
     def __init__(self, fusion: Fusion):
         self.fusion = fusion
-        self.plans: dict[Any, Plan] = {}
+        self.plans: dict[Any, PlanView] = {}
         self.programs: dict[tuple, Program] = {}
         self.warm = None  # the last program's warm call (None on another signature)
         self._baked: frozenset[int] | None = None
         self._lock = threading.Lock()
 
-    def plan(self, inputs: list[Any], **options: Any) -> Plan:
+    def plan(self, inputs: list[Any], **options: Any) -> PlanView:
         with self._lock:
             return plan(self.fusion, inputs, self.plans, **options)
 
@@ -79,8 +79,8 @@ class Local:
     def adopt(self, inputs: list[Any], internal: Any, **options: Any) -> None:
         """Use a plan made elsewhere (a service's, restored here) for these inputs."""
         with self._lock:
-            self.plans[plan_key(as_metadata(inputs), options)] = Plan(internal.to_json(),
-                                                                      internal)
+            self.plans[plan_key(as_metadata(inputs), options)] = PlanView(internal.to_json(),
+                                                                          internal)
 
     def execute(self, inputs: list[Any], return_execution: bool = False,
                 **options: Any) -> list[torch.Tensor] | Execution:

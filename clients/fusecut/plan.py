@@ -1,5 +1,5 @@
-"""The SDK's Plan: a read-only view of a plan's JSON, the same whether it was made in-process or
-by the service."""
+"""The SDK's PlanView: a read-only view of a plan's JSON, the same whether it was made in-process
+or by the service (the optimizer's Plan is ``optimizer.plan.plan.Plan``)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class SegmentView:
         return self.data["output_map"]
 
 
-class Plan:
+class PlanView:
     """A fusion's plan: ``segments``, ``boundaries``, ``totals``, ``baseline``; ``json`` holds
     everything (the wire form)."""
 
@@ -98,6 +98,9 @@ class Plan:
 
     def __repr__(self) -> str:
         kinds = ", ".join(s.kind for s in self.segments)
-        return (f"Plan({self.plan_id}: {len(self.segments)} segment(s) [{kinds}], "
+        return (f"PlanView({self.plan_id}: {len(self.segments)} segment(s) [{kinds}], "
                 f"{human_bytes(self.io_bytes)} moved, io_ratio {self.io_ratio:.3f}, greedy "
                 f"{human_bytes(self.baseline['io_bytes'])})")
+
+
+Plan = PlanView  # ``fusecut.Plan``: the SDK's first name for it, kept for existing callers

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import ValidationError
+
 from optimizer.errors import DefinitionError, InputError
 from optimizer.ir.inputs import InputMeta
 from optimizer.ir.nvtext import ParsedDefinition, parse_text
@@ -40,8 +42,6 @@ def parse_any(text: str) -> ParsedDefinition:
 
 def metas_from(data: Any, where: str) -> list[InputMeta]:
     """Input metadata from parsed JSON: a list with one entry per fusion input."""
-    from pydantic import ValidationError
-
     from optimizer.ir.wire import meta_from_json
 
     if not isinstance(data, list):
@@ -85,8 +85,6 @@ def _json(text: str, what: str) -> Any:
 
 
 def _wire_fusion(data: dict[str, Any]):
-    from pydantic import ValidationError
-
     from optimizer.ir.wire import fusion_from_json
 
     try:

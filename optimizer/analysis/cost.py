@@ -1,49 +1,95 @@
-"""The I/O cost model.
+"""The cost model: every price the planner puts on a segment, in one place.
 
 A segment reads each of its inputs once and writes each of its outputs once, all in compact form
 (broadcast and stride-0 axes are not stored). Its estimated time is the larger of its memory time
 (bytes over copy bandwidth) and its arithmetic time, plus a launch overhead per kernel. The lower
 bound of a fusion reads every used input once and writes every output once.
+
+The plan totals (``segment_time``, ``read_bytes``, ``write_bytes``), the CP-SAT objective
+(``objective_kib``, ``launch_kib``, ``recompute_kib``) and the min-cut capacities
+(``cut_capacity``) are priced here; the solvers' integer units are KiB of traffic.
 """
 
 from __future__ import annotations
 
-from optimizer.analysis.opclass import op_cost
+import math
+from collections.abc import Iterable
+from typing import Protocol
+
 from optimizer.analysis.shapes import Bound
-from optimizer.schedulers.kinds import Kind, Schedule
-from optimizer.schedulers.online import RESCALE_COST
-from optimizer.schedulers.profiles import DeviceProfile
+from optimizer.ir.fusion import Op
+from optimizer.ir.opspec import OpClass, get_spec
+from optimizer.profiles import DeviceProfile
 
-KERNELS_PER_SEGMENT = {Kind.INNER_OUTER: 2}  # the row kernel and the column finisher
-
-
-def read_bytes(bound: Bound, schedule: Schedule) -> int:
-    return sum(bound.nbytes(t) for t in schedule.inputs)
+KIB = 1024
+TENSOR_CORE_SPEEDUP = 15  # library calls (matmul/linear) against simple fp32 arithmetic
+CUT_INFINITY = 1 << 50  # a min-cut capacity that no finite cut reaches
 
 
-def write_bytes(bound: Bound, schedule: Schedule) -> int:
-    return sum(bound.nbytes(t) for t in schedule.outputs)
+class PricedSegment(Protocol):
+    """What the cost model reads off a segment (``optimizer.kinds.rules.Schedule``)."""
+
+    ops: tuple[int, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    online: tuple[tuple[int, int], ...]  # (max op, sum op) pairs of one online accumulator
+
+    @property
+    def kernels(self) -> int: ...
+
+    @property
+    def on_tensor_cores(self) -> bool: ...
 
 
-def compute_units(bound: Bound, schedule: Schedule) -> float:
-    units = sum(op_cost(bound.fusion.ops[i], bound) for i in schedule.ops)
-    # an online log-sum-exp rescales its running sum as the maximum grows
-    units += sum(RESCALE_COST * bound.numel(bound.fusion.ops[m].inputs[0])
-                 for m, _ in schedule.online)
-    return units
+def op_cost(op: Op, bound: Bound) -> float:
+    """Arithmetic of one evaluation of ``op`` over its output, in simple-op units."""
+    spec = get_spec(op.name)
+    out = op.outputs[0]
+    if spec.op_class is OpClass.REDUCTION:
+        return spec.cost * bound.numel(op.inputs[0])
+    if spec.op_class is OpClass.LIBRARY:
+        a, b = bound.shapes[op.inputs[0]], bound.shapes[op.inputs[1]]
+        return 2.0 * bound.numel(out) * (a[-1] if a else 1) if b else 0.0
+    return spec.cost * bound.numel(out)
 
 
-def segment_time(bound: Bound, schedule: Schedule, profile: DeviceProfile) -> float:
-    io = read_bytes(bound, schedule) + write_bytes(bound, schedule)
-    if schedule.kind is Kind.LIBRARY:
-        compute = compute_units(bound, schedule) / (profile.compute_rate * 15)  # tensor cores
-    else:
-        compute = compute_units(bound, schedule) / profile.compute_rate
-    kernels = KERNELS_PER_SEGMENT.get(schedule.kind, 1)
-    return max(io / profile.bandwidth, compute) + kernels * profile.launch_overhead_s
+def compute_units(bound: Bound, ops: Iterable[int]) -> float:
+    """Arithmetic of ``ops`` (op indices), in simple-op units."""
+    return sum(op_cost(bound.fusion.ops[i], bound) for i in ops)
+
+
+# Arithmetic an online log-sum-exp accumulator adds per element over the two reductions and the
+# ops it absorbs (a compare, at most one more exp and a multiply-add): it rescales its running
+# sum as the maximum grows (``optimizer.kinds.online``).
+RESCALE_COST = 6
+
+
+def rescale_units(bound: Bound, online: Iterable[tuple[int, int]]) -> float:
+    """Arithmetic of a segment's online (max op, sum op) pairs beyond their ops' own."""
+    return sum(RESCALE_COST * bound.numel(bound.fusion.ops[m].inputs[0]) for m, _ in online)
+
+
+def read_bytes(bound: Bound, segment: PricedSegment) -> int:
+    """Bytes a segment reads from global memory: each input once, compact."""
+    return sum(bound.nbytes(t) for t in segment.inputs)
+
+
+def write_bytes(bound: Bound, segment: PricedSegment) -> int:
+    """Bytes a segment writes to global memory: each output once, compact."""
+    return sum(bound.nbytes(t) for t in segment.outputs)
+
+
+def segment_time(bound: Bound, segment: PricedSegment, profile: DeviceProfile) -> float:
+    """Estimated seconds of one segment on ``profile``'s device."""
+    io = read_bytes(bound, segment) + write_bytes(bound, segment)
+    rate = profile.compute_rate * (TENSOR_CORE_SPEEDUP if segment.on_tensor_cores else 1)
+    compute = (compute_units(bound, segment.ops) + rescale_units(bound, segment.online)) / rate
+    return max(io / profile.bandwidth, compute) + segment.kernels * profile.launch_overhead_s
 
 
 def lower_bound_bytes(bound: Bound) -> int:
+    """Every used fusion input read once and every output written once."""
     fusion = bound.fusion
     used = {n for i in fusion.live_tensor_ops() for n in fusion.ops[i].inputs
             if n in fusion.tensors}
@@ -51,3 +97,40 @@ def lower_bound_bytes(bound: Bound) -> int:
     writes = sum(bound.nbytes(t) for t in dict.fromkeys(fusion.outputs)
                  if t not in fusion.inputs)
     return reads + writes
+
+
+# ---- the CP-SAT objective, in KiB of traffic ------------------------------------------------
+
+def objective_kib(bound: Bound, tensor: str) -> int:
+    """What reading or writing ``tensor`` once costs in the objective."""
+    return math.ceil(bound.nbytes(tensor) / KIB)
+
+
+def launch_kib(profile: DeviceProfile, weight: float) -> int:
+    """What one more kernel costs: the traffic its launch overhead could have moved."""
+    return max(1, round(profile.launch_overhead_s * profile.bandwidth * weight / KIB))
+
+
+def recompute_kib(bound: Bound, ops: Iterable[int], profile: DeviceProfile,
+                  weight: float) -> int:
+    """What computing ``ops`` once more costs: its arithmetic time as traffic, scaled down (x8)
+    as most of it hides under the memory time."""
+    work = compute_units(bound, ops)
+    return round(work / profile.compute_rate * profile.bandwidth * weight / KIB / 8)
+
+
+# ---- min-cut capacities, in KiB of traffic --------------------------------------------------
+
+def cut_capacity(bound: Bound, tensor: str, *, read_anyway: bool, in_memory: bool,
+                 writable: bool) -> int:
+    """What a segment pays to read ``tensor`` instead of recomputing it: nothing if it reads it
+    anyway, its size if it is in memory (a fusion input, or written anyway), twice its size if an
+    earlier segment must write it as well, and infinity when nothing earlier can provide it."""
+    size = max(1, bound.nbytes(tensor) // KIB)
+    if read_anyway:
+        return 0
+    if in_memory:
+        return size
+    if writable:
+        return 2 * size
+    return CUT_INFINITY

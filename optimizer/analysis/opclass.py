@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from enum import Enum
 
+from optimizer.analysis.axes import reshape_spans
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.fusion import Op
 from optimizer.ir.ops_library import LIBRARY_CALLS
@@ -71,22 +72,8 @@ def reindexes(op: Op, bound: Bound) -> bool:
     """A view that moves elements to other axis positions, so that it cannot join a reduction
     segment: every view but a reshape that only splits or merges axes (see
     ``optimizer.analysis.axes.reshape_spans``), whose axes land on runs of the domain's."""
-    from optimizer.analysis.axes import reshape_spans
-
     if not is_view(op):
         return False
     if op.name != "reshape":
         return True
     return reshape_spans(bound.shapes[op.inputs[0]], bound.shapes[op.outputs[0]]) is None
-
-
-def op_cost(op: Op, bound: Bound) -> float:
-    """Arithmetic of one evaluation of ``op`` over its output, in simple-op units."""
-    spec = get_spec(op.name)
-    out = op.outputs[0]
-    if spec.op_class is OpClass.REDUCTION:
-        return spec.cost * bound.numel(op.inputs[0])
-    if spec.op_class is OpClass.LIBRARY:
-        a, b = bound.shapes[op.inputs[0]], bound.shapes[op.inputs[1]]
-        return 2.0 * bound.numel(out) * (a[-1] if a else 1) if b else 0.0
-    return spec.cost * bound.numel(out)

@@ -12,6 +12,7 @@ from typing import Any
 
 from optimizer.errors import InputError
 from optimizer.ir.dtypes import DType
+from optimizer.ir.opspec import OpClass, get_spec
 
 
 def _trunc_div(a: Any, b: Any) -> Any:
@@ -127,8 +128,6 @@ def baked_scalar_inputs(fusion) -> set[str]:
     """Scalar inputs whose values a plan is built for: sizes, indices, anything other than an
     operand of elementwise math (which kernels take as a parameter at run time). A call with
     another value of one of these needs another plan; the others may change freely."""
-    from optimizer.ir.opspec import OpClass, get_spec
-
     baked: set[str] = set()
     for op in fusion.ops:
         scalar_op = all(o in fusion.scalars for o in op.outputs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from optimizer.analysis.scalars import coerce, eval_scalar_op
@@ -30,6 +30,8 @@ class Bound:
     broadcast: dict[str, tuple[bool, ...]]
     scalars: dict[str, Any]  # None where a value depends on an input without one
     inputs: dict[str, InputMeta]
+    # the stream stages of the fusion at these sizes, once computed (``analysis.streams``)
+    stream_stages: list[Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def numel(self, name: str) -> int:
         return math.prod(self.shapes[name])

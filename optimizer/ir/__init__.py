@@ -1,5 +1,8 @@
 """Fusion IR: values, ops, dtypes, the builder, and the text and JSON front ends."""
 
+# The op families register their ops in ``opspec``'s registry when imported: first, so that
+# every op is known before any module of the package looks one up.
+from optimizer.ir import ops_library, ops_misc, ops_pointwise, ops_shape  # noqa: F401, I001
 from optimizer.ir.builder import FusionBuilder, ScalarHandle, TensorHandle
 from optimizer.ir.dtypes import DType
 from optimizer.ir.fusion import Fusion, Op, Ref, ScalarValue, TensorValue

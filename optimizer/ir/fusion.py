@@ -45,10 +45,6 @@ class ScalarValue:
     dtype: DType
     value: bool | int | float | None = None  # a constant's value; None for inputs and derived
 
-    @property
-    def is_constant(self) -> bool:
-        return self.value is not None
-
 
 @dataclass
 class Op:
@@ -80,7 +76,7 @@ class Fusion:
     ops: list[Op] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
-    # (tensor, axis) pairs marked ParallelType.stream (seed 004).
+    # (tensor, axis) pairs marked ParallelType.stream, for stream lowering.
     stream_axes: list[tuple[str, int]] = field(default_factory=list)
     # output -> input it updates in place (nvFuser's ``fd.add_output(out, alias_input=inp)``)
     aliases: dict[str, str] = field(default_factory=dict)

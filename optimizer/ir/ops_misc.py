@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from optimizer.errors import DefinitionError, InputError
 from optimizer.ir.dtypes import DType
-from optimizer.ir.fusion import ScalarValue, TensorValue
+from optimizer.ir.fusion import TensorValue
 from optimizer.ir.opspec import (
     OpClass,
     OpSpec,
@@ -258,10 +258,6 @@ def _size_infer(ins, attrs):
 
 register(OpSpec("size", (Param("arg", "T"), Param("dim", "I")), OpClass.SCALAR, _size_infer,
                 lambda s, a, ev: [()], cost=0))
-
-
-def is_scalar_only(ins: list) -> bool:
-    return all(isinstance(v, ScalarValue) for v in ins)
 
 
 # ---- random numbers ----------------------------------------------------------------------------

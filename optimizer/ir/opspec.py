@@ -22,7 +22,7 @@ from typing import Any
 
 from optimizer.errors import DefinitionError, InputError
 from optimizer.ir.dtypes import DType
-from optimizer.ir.fusion import Ref, ScalarValue, TensorValue
+from optimizer.ir.fusion import ScalarValue, TensorValue
 
 
 class OpClass(str, Enum):
@@ -97,10 +97,6 @@ def register(spec: OpSpec) -> OpSpec:
 
 def get_spec(name: str) -> OpSpec:
     spec = REGISTRY.get(name)
-    if spec is not None:  # the registry is loaded (a lookup is most of the planner's calls)
-        return spec
-    _ensure_loaded()
-    spec = REGISTRY.get(name)
     if spec is None:
         raise DefinitionError(f"unknown op '{name}' (fusecut supports: "
                               f"{', '.join(sorted(REGISTRY))})")
@@ -108,13 +104,7 @@ def get_spec(name: str) -> OpSpec:
 
 
 def all_specs() -> dict[str, OpSpec]:
-    _ensure_loaded()
     return REGISTRY
-
-
-def _ensure_loaded() -> None:
-    # The families register on import; importing here (not at module top) avoids a cycle.
-    from optimizer.ir import ops_library, ops_misc, ops_pointwise, ops_shape  # noqa: F401
 
 
 def bind_arguments(spec: OpSpec, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -194,6 +184,3 @@ def broadcast_shapes(shapes: list[tuple[int, ...]], names: list[str]) -> tuple[i
 def eval_shape_list(shape: list[Any], ev: Callable[[Any], Any], what: str) -> list[int]:
     return [check_extent(ev(x), f"{what}[{i}]") for i, x in enumerate(shape)]
 
-
-def is_ref_or_int(x: Any) -> bool:
-    return isinstance(x, Ref) or (isinstance(x, int) and not isinstance(x, bool))

@@ -17,12 +17,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from optimizer.errors import DefinitionError, InputError
-from optimizer.ir.builder import FusionBuilder
+from optimizer.ir.builder import FusionBuilder, TensorHandle
 from optimizer.ir.dtypes import INT_RANGES, DType
 from optimizer.ir.fusion import Fusion, Ref
 from optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta, contiguous_strides
 
-WIRE_VERSION = 1
 Number = bool | int | float | Literal["inf", "-inf", "nan"]
 
 
@@ -197,8 +196,6 @@ def fusion_from_json(data: dict[str, Any] | FusionJSON, max_ops: int = 100_000) 
 
 
 def _handle(b: FusionBuilder, name: str):
-    from optimizer.ir.builder import TensorHandle
-
     if name not in b.fusion.tensors:
         raise DefinitionError(f"{name!r} is not a tensor of the definition")
     return TensorHandle(b, name)

@@ -1,8 +1,10 @@
-"""The Plan: segments in execution order, the tensors that cross between them, and their bytes.
+"""The Plan: segments in execution order, the tensors that cross between them, their bytes, and
+the host program that runs them when axes are stream-parallel.
 
-``build_plan`` turns an ordered segmentation (placed ops and written tensors per segment) into a
-Plan, checking what every consumer of a plan relies on: each segment classifies as a kind, reads
-only fusion inputs and tensors an earlier segment wrote, and every fusion output is written once.
+``assemble`` turns an ordered segmentation (placed ops and written tensors per segment) into
+segments and boundaries, checking what every consumer of a plan relies on: each segment classifies
+as a kind, reads only fusion inputs and tensors an earlier segment wrote, and every fusion output
+is written once. ``optimizer.plan.build.build_plan`` makes the whole Plan, host program included.
 """
 
 from __future__ import annotations
@@ -14,19 +16,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from optimizer.analysis.cost import lower_bound_bytes, read_bytes, segment_time, write_bytes
+from optimizer.analysis.opclass import Role, role
 from optimizer.analysis.shapes import Bound
+from optimizer.analysis.streams import Stage
 from optimizer.errors import PlanError
 from optimizer.gcpause import gc_paused
 from optimizer.ir.printer import print_fusion
 from optimizer.ir.wire import fusion_id, fusion_to_json, meta_to_json
+from optimizer.kinds.rules import Schedule
 from optimizer.plan.subfusion import SubFusion, translate
-from optimizer.schedulers.kinds import Schedule
-from optimizer.schedulers.profiles import DeviceProfile
+from optimizer.profiles import DeviceProfile
 from optimizer.segmenters.graph import SegGraph
+from optimizer.segmenters.result import Group, SolverReport
 
 
 @dataclass
 class Segment:
+    """One kernel (or library call) of a plan: its schedule (kind, ops, tensors read and
+    written), the ops it recomputes that another segment also computes, its bytes and estimated
+    time (``optimizer.analysis.cost``), and its sub-fusion (a standalone fusion definition)."""
+
     index: int
     schedule: Schedule
     recomputed_ops: tuple[int, ...]
@@ -42,22 +51,17 @@ class Segment:
 
 @dataclass
 class Boundary:
+    """A tensor one segment (``producer``) writes to global memory and later ones read."""
+
     tensor: str
     producer: int
     consumers: tuple[int, ...]
 
 
 @dataclass
-class SolverReport:
-    status: str  # OPTIMAL, FEASIBLE, GREEDY (no solver), FALLBACK_TO_GREEDY
-    objective: float | None = None
-    bound: float | None = None
-    wall_s: float = 0.0
-    message: str = ""
-
-
-@dataclass
 class Baseline:
+    """The greedy (nvFuser-style) plan's totals, reported beside an optimised plan."""
+
     segmenter: str
     io_bytes: int
     segments: int
@@ -65,7 +69,44 @@ class Baseline:
 
 
 @dataclass
+class Step:
+    """One stage of the host program: its segments (plan indices, in order), each planned alone
+    for the sizes it runs at."""
+
+    stage: Stage
+    segments: list[int]
+    plans: dict[int, Plan] = field(default_factory=dict)  # segment index -> its plan
+    # stream loops only: tensor -> the stored axis a slice takes (None: read whole), for every
+    # tensor the body reads from outside or writes for later
+    slices: dict[str, int | None] = field(default_factory=dict)
+    allocations: list[str] = field(default_factory=list)  # written whole before the loop
+
+    @property
+    def is_loop(self) -> bool:
+        return self.stage.is_loop
+
+
+@dataclass
+class HostProgram:
+    """How a plan with stream-parallel axes runs (``optimizer.plan.lower``): its steps in order,
+    the streams its loops cycle through, and the program as text."""
+
+    steps: list[Step]
+    num_streams: int
+    text: str
+
+    @property
+    def loops(self) -> int:
+        return sum(1 for s in self.steps if s.is_loop)
+
+
+@dataclass
 class Plan:
+    """A segmentation of one fusion for given inputs, options and device: ``segments`` in
+    execution order, the ``boundaries`` between them, how it was found (``solver``), the greedy
+    ``baseline``, and the ``host`` program when axes are stream-parallel (None otherwise). Made
+    by ``optimizer.plan.build.build_plan``; its wire form is ``plan_json``."""
+
     bound: Bound
     profile: DeviceProfile
     segmenter: str
@@ -74,11 +115,15 @@ class Plan:
     solver: SolverReport
     baseline: Baseline | None
     options: dict[str, Any] = field(default_factory=dict)
-    host: Any = None  # the HostProgram (optimizer.hostir.lower) when axes are stream-parallel
+    host: HostProgram | None = None
+    # what the runtime derives from the plan once and reuses on every run (its step list, the
+    # scalar positions its kernels bake in), by name
+    runtime_memo: dict[str, Any] = field(default_factory=dict, init=False, repr=False,
+                                         compare=False)
 
     @property
     def host_program(self) -> str | None:
-        """The host program as text, in the style of nvFuser's host IR dumps (seed 004)."""
+        """The host program as text, in the style of nvFuser's host IR dumps."""
         return self.host.text if self.host is not None else None
 
     @property
@@ -103,9 +148,7 @@ class Plan:
 
     @functools.cached_property
     def plan_id(self) -> str:
-        return plan_key(self.fusion_id, [meta_to_json(self.bound.inputs[n])
-                                         for n in self.fusion.inputs], self.options,
-                        self.profile.to_json())
+        return plan_id_of(self.bound, self.options, self.profile, self.fusion_id)
 
     def to_json(self) -> dict[str, Any]:
         with gc_paused():  # every container built here survives: see gcpause
@@ -119,9 +162,17 @@ def plan_key(fid: str, metas: list[dict], options: dict, device: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def build_plan(graph: SegGraph, groups: list[tuple[frozenset[int], frozenset[str]]],
-               segmenter: str, solver: SolverReport, baseline: Baseline | None,
-               options: dict[str, Any]) -> Plan:
+def plan_id_of(bound: Bound, options: dict[str, Any], profile: DeviceProfile,
+               fid: str | None = None) -> str:
+    """The id of the plan of ``bound``'s fusion and inputs with these options and device."""
+    return plan_key(fid or fusion_id(bound.fusion),
+                    [meta_to_json(bound.inputs[n]) for n in bound.fusion.inputs], options,
+                    profile.to_json())
+
+
+def assemble(graph: SegGraph, groups: list[Group]) -> tuple[list[Segment], list[Boundary]]:
+    """The segments and boundaries of an ordered segmentation; a PlanError when it is not a
+    valid plan of ``graph``'s fusion."""
     bound, profile = graph.bound, graph.profile
     schedules: list[Schedule] = []
     for k, (ops, written) in enumerate(groups):
@@ -151,7 +202,7 @@ def build_plan(graph: SegGraph, groups: list[tuple[frozenset[int], frozenset[str
             readers = tuple(readers_of.get(t, ()))
             if readers:
                 boundaries.append(Boundary(t, k, readers))
-    return Plan(bound, profile, segmenter, segments, boundaries, solver, baseline, options)
+    return segments, boundaries
 
 
 def check_segmentation(graph: SegGraph, schedules: list[Schedule]) -> None:
@@ -178,6 +229,7 @@ def _tensor_json(bound: Bound, t: str) -> dict[str, Any]:
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
+    """The plan as the service and the SDK send it (see DESIGN.md, "Plan output")."""
     bound = plan.bound
     fusion = plan.fusion
     lb = plan.lower_bound_bytes
@@ -237,8 +289,6 @@ def _crossing_reasons(plan: Plan):
 
 
 def _why_crossing(plan: Plan, producer, forced: bool) -> str:
-    from optimizer.analysis.opclass import Role, role
-
     if forced:
         return "forced by segment_set"
     kind = role(producer, plan.bound)

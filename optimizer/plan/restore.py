@@ -11,15 +11,16 @@ from typing import Any
 
 from optimizer.analysis.shapes import bind
 from optimizer.errors import PlanError
-from optimizer.hostir.lower import build_lowered_plan
 from optimizer.ir.fusion import Fusion
 from optimizer.ir.inputs import InputMeta
 from optimizer.ir.rng import seed_implicit_rng
 from optimizer.ir.wire import fusion_id
-from optimizer.plan.plan import Baseline, Plan, SolverReport
-from optimizer.schedulers.kinds import Kind
-from optimizer.schedulers.profiles import get_profile
+from optimizer.kinds.rules import Kind
+from optimizer.plan.build import build_plan
+from optimizer.plan.plan import Baseline, Plan
+from optimizer.profiles import get_profile
 from optimizer.segmenters.graph import SegGraph
+from optimizer.segmenters.result import SolverReport
 
 
 def restore_plan(fusion: Fusion, metas: list[InputMeta], data: dict[str, Any]) -> Plan:
@@ -40,7 +41,7 @@ def restore_plan(fusion: Fusion, metas: list[InputMeta], data: dict[str, Any]) -
     base = data.get("baseline")
     baseline = None if base is None else Baseline(base["segmenter"], base["io_bytes"],
                                                   base["segments"], base["est_time_s"])
-    plan = build_lowered_plan(graph, groups, data["segmenter"], solver, baseline, options)
+    plan = build_plan(graph, groups, data["segmenter"], solver, baseline, options)
     if plan.plan_id != data["plan_id"]:
         raise PlanError(f"plan {data['plan_id']!r} does not match these inputs or options")
     return plan

@@ -1,7 +1,7 @@
-"""Translate one segment back into a standalone fusion definition (seed 001).
+"""Translate one segment back into a standalone fusion definition.
 
 The segment's inputs become ``define_tensor``s: fusion inputs keep their declaration; a boundary
-tensor arrives in compact form (its broadcast axes were never stored, seed 002) and is broadcast
+tensor arrives in compact form (its broadcast axes were never stored) and is broadcast
 back with ``broadcast_in_dim`` under its original name, so the segment's ops replay unchanged.
 Written tensors with broadcast axes are squeezed to their compact form before ``add_output``.
 Scalars the ops use become constants, ``T.size(i)`` of an input, or scalar inputs. ``input_map``
@@ -16,7 +16,7 @@ from optimizer.analysis.shapes import Bound
 from optimizer.ir.builder import FusionBuilder, ScalarHandle, TensorHandle
 from optimizer.ir.fusion import Fusion, Ref
 from optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta, contiguous_strides
-from optimizer.schedulers.kinds import Schedule
+from optimizer.kinds.rules import Schedule
 
 
 @dataclass

@@ -34,7 +34,6 @@ runs the plan's work more than about twice as slowly as this estimate.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -42,19 +41,18 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from optimizer.analysis.axes import AxisMap
-from optimizer.analysis.cost import lower_bound_bytes, read_bytes, write_bytes
-from optimizer.analysis.opclass import Role, op_cost, reindexes
+from optimizer.analysis.cost import KIB, launch_kib, lower_bound_bytes, objective_kib, recompute_kib
+from optimizer.analysis.opclass import Role, reindexes
 from optimizer.ir.ops_misc import reduction_axes
-from optimizer.plan.plan import SolverReport
-from optimizer.schedulers.kinds import Kind
-from optimizer.schedulers.online import OnlinePair, online_pairs
-from optimizer.schedulers.resize import is_resize
+from optimizer.kinds.online import OnlinePair, online_pairs
+from optimizer.kinds.resize import is_resize
+from optimizer.kinds.rules import Kind
 from optimizer.segmenters.graph import SegGraph
+from optimizer.segmenters.greedy import greedy_groups
 from optimizer.segmenters.mincut import refine
+from optimizer.segmenters.result import Group, SolverOptions, SolverReport, plan_bytes, plan_cost
 from optimizer.segmenters.unionfind import DisjointSets
 
-Group = tuple[frozenset[int], frozenset[str]]
-KIB = 1024
 WINDOW = 4  # segments optimised together
 STRIDE = 2
 SOLVES_PER_WINDOW = 4
@@ -70,19 +68,6 @@ CUT_OVERHEAD_S = 0.04
 SOLVES_EXPECTED = 2  # per window, cuts included, for sharing out the deterministic time
 WARM_S_PER_OP = 0.0003  # the min-cut warm start and the static rules, per placed op
 MIN_DET = 0.02  # a solve with less finds little
-
-
-def plan_cost(graph: SegGraph, groups: list[Group]) -> float:
-    """Estimated seconds of a segmentation (the planner's objective, in time units)."""
-    return sum(graph.segment_time(ops, w) for ops, w in groups)
-
-
-def plan_bytes(graph: SegGraph, groups: list[Group]) -> int:
-    out = 0
-    for ops, written in groups:
-        s = graph.classify(ops, written)
-        out += read_bytes(graph.bound, s) + write_bytes(graph.bound, s)
-    return out
 
 
 @dataclass
@@ -106,8 +91,8 @@ class _Effort:
         self.used_s += CUT_OVERHEAD_S * slots
 
 
-def solve(graph: SegGraph, greedy: list[Group], options, deadline: float | None = None
-          ) -> tuple[list[Group], SolverReport]:
+def solve(graph: SegGraph, greedy: list[Group], options: SolverOptions,
+          deadline: float | None = None) -> tuple[list[Group], SolverReport]:
     """``deadline``: a ``time.perf_counter()`` value, by default ``time_limit_s`` from now."""
     start = time.perf_counter()
     deadline = start + options.time_limit_s if deadline is None else deadline
@@ -163,7 +148,7 @@ def _per_solve(planned_s: float, solves: int) -> float:
 
 
 def _optimize_window(graph: SegGraph, rules: _Rules, plan: list[Group], a: int, b: int,
-                     deadline: float, effort: _Effort, options, stats: dict
+                     deadline: float, effort: _Effort, options: SolverOptions, stats: dict
                      ) -> tuple[list[Group], str, float | None, float | None]:
     """Re-segment plan[a:b] with the rest fixed; return the best valid plan found."""
     stats["windows"] += 1
@@ -218,8 +203,6 @@ def _optimize_window(graph: SegGraph, rules: _Rules, plan: list[Group], a: int, 
 def _repair(graph: SegGraph, groups: list[Group], bad: list[int]) -> list[Group] | None:
     """A valid plan near an invalid solution: split each slot that breaks a kind rule with the
     greedy segmenter, keep the rest, and re-derive what each segment writes."""
-    from optimizer.segmenters.greedy import greedy_groups
-
     ops_list: list[frozenset[int]] = []
     for k, (ops, _) in enumerate(groups):
         ops_list.extend(greedy_groups(graph, ops) if k in bad else [ops])
@@ -233,7 +216,7 @@ def _repair(graph: SegGraph, groups: list[Group], bad: list[int]) -> list[Group]
 
 class _Model:
     def __init__(self, graph: SegGraph, rules: _Rules, window: list[Group], available: set[str],
-                 must_write: set[str], options):
+                 must_write: set[str], options: SolverOptions):
         self.graph = graph
         self.rules = rules
         fusion, bound = graph.fusion, graph.bound
@@ -290,17 +273,16 @@ class _Model:
             if k + 1 < self.K:
                 m.AddImplication(self.used[k + 1], self.used[k])
         self._static_rules()
-        bw, prof = graph.profile.bandwidth, graph.profile
-        launch = max(1, round(prof.launch_overhead_s * bw * options.launch_weight / KIB))
+        profile = graph.profile
+        launch = launch_kib(profile, options.launch_weight)
         terms = []
         for (t, _), v in list(self.r.items()) + list(self.w.items()):
-            size = math.ceil(bound.nbytes(t) / KIB)
+            size = objective_kib(bound, t)
             if size:
                 terms.append(size * v)
         terms += [launch * v for v in self.used]
         for u, ops in enumerate(self.units):
-            work = sum(op_cost(fusion.ops[i], bound) for i in ops)
-            c = round(work / prof.compute_rate * bw * options.compute_weight / KIB / 8)
+            c = recompute_kib(bound, ops, profile, options.compute_weight)
             if c:
                 terms += [c * self.x[u, k] for k in K]
         m.Minimize(sum(terms))
@@ -320,7 +302,7 @@ class _Model:
                if i in self.rules.signature}
         red_units = sorted({self.unit_of[i] for i in sig})
         # (resizes may join a reduction along kept axes: classify decides, see
-        # optimizer.schedulers.resize)
+        # optimizer.kinds.resize)
         view_units = sorted({u for u, ops in enumerate(self.units)
                              if any(reindexes(fusion.ops[i], graph.bound)
                                     and not is_resize(fusion.ops[i]) for i in ops)})

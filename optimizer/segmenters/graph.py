@@ -1,10 +1,11 @@
 """The graph segmenters work on: tensor ops, who produces and consumes what, and forwarding.
 
-Forwarding (seeds 000 and 003): a cheap unary op whose operand is a fusion input (or another
-forwarded value), and a factory (full, iota), is recomputed in every segment that uses it instead
-of being passed through global memory, unless it is a fusion output. Reading the root input must
-cost no more than reading the forwarded value, so a narrowing cast is not forwarded. Segmenters
-place only the other ops; ``closure`` adds the forwarded ops a segment needs.
+Forwarding, as nvFuser forwards inputs and factories: a cheap unary op whose operand is a fusion
+input (or another forwarded value), and a factory (full, iota), is recomputed in every segment
+that uses it instead of being passed through global memory, unless it is a fusion output.
+Reading the root input must cost no more than reading the forwarded value, so a narrowing cast
+is not forwarded. Segmenters place only the other ops; ``closure`` adds the forwarded ops a
+segment needs.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from collections.abc import Iterable
 from optimizer.analysis.cost import segment_time
 from optimizer.analysis.opclass import Role, is_view, role
 from optimizer.analysis.shapes import Bound
-from optimizer.hostir.streams import stage_of_ops
+from optimizer.analysis.streams import stage_of_ops
 from optimizer.ir.opspec import OpClass, get_spec
-from optimizer.schedulers.kinds import (
+from optimizer.kinds.rules import (
     ALL_KINDS,
     Kind,
     Rejection,
@@ -24,10 +25,16 @@ from optimizer.schedulers.kinds import (
     classify,
     segment_facts,
 )
-from optimizer.schedulers.profiles import DeviceProfile
+from optimizer.profiles import DeviceProfile
 
 
 class SegGraph:
+    """A bound fusion as the segmenters see it, for one device and the kinds a plan may use:
+    the live tensor ops, each tensor's producer and consumers, each op's role, the forwarded ops
+    (recomputed wherever needed, never placed) and the ops segmenters place, and the stream stage
+    of each op. It classifies candidate segments (``classify``) and prices them
+    (``segment_time``), remembering both: the solvers ask again for the segments they keep."""
+
     def __init__(self, bound: Bound, profile: DeviceProfile,
                  kinds: frozenset[Kind] = ALL_KINDS):
         self.bound = bound
@@ -46,7 +53,7 @@ class SegGraph:
         self.roles = {i: role(fusion.ops[i], bound) for i in self.ops}
         self.outputs = set(fusion.outputs)
         self.inputs = set(fusion.tensor_inputs())
-        # op -> stream stage (seed 004); segments never mix stages ({}: no stream axes)
+        # op -> its stream-loop stage; segments never mix stages ({}: no stream axes)
         self.stage_of: dict[int, int] = stage_of_ops(bound)
         self.forwarded: frozenset[int] = self._forwarding()
         self.placed: list[int] = [i for i in self.ops if i not in self.forwarded]

@@ -19,24 +19,20 @@ import time
 
 from ortools.graph.python import max_flow
 
+from optimizer.analysis.cost import CUT_INFINITY, cut_capacity
 from optimizer.analysis.opclass import Role, is_view
-from optimizer.plan.plan import SolverReport
 from optimizer.segmenters.graph import SegGraph
+from optimizer.segmenters.result import Group, SolverOptions, SolverReport, plan_cost
 
-Group = tuple[frozenset[int], frozenset[str]]
-INF = 1 << 50
-KIB = 1024
 DEPTH = 64  # producers back from a segment's reads that it may recompute
 
 
-def refine(graph: SegGraph, groups: list[Group], options, deadline: float | None = None
-           ) -> tuple[list[Group], SolverReport]:
+def refine(graph: SegGraph, groups: list[Group], options: SolverOptions,
+           deadline: float | None = None) -> tuple[list[Group], SolverReport]:
     """``deadline``: a ``time.perf_counter()`` value, by default ``time_limit_s`` from now. Each
     segment's refinement costs time in proportion to the values it could recompute; what the
     segments before and after it compute and read is kept up to date as the sweep moves, never
     gathered again per segment."""
-    from optimizer.segmenters.cpsat import plan_cost
-
     start = time.perf_counter()
     deadline = start + options.time_limit_s if deadline is None else deadline
     ops_list = [ops for ops, _ in groups]
@@ -152,25 +148,19 @@ def _refine_one(graph: SegGraph, sweep: _Sweep, ops: frozenset[int]) -> frozense
     source, sink = 2 * len(names), 2 * len(names) + 1
     flow = max_flow.SimpleMaxFlow()
     for t in names:
-        size = max(1, bound.nbytes(t) // KIB)
-        if t in reads and t in graph.inputs:
-            cap = 0  # read anyway
-        elif t in graph.inputs or written_anyway(t):
-            cap = size
-        elif t in in_memory or t in needed:
-            cap = 2 * size  # an earlier segment must write it too
-        else:
-            cap = INF  # nothing before can provide it
+        cap = cut_capacity(bound, t, read_anyway=t in reads and t in graph.inputs,
+                           in_memory=t in graph.inputs or written_anyway(t),
+                           writable=t in in_memory or t in needed)
         flow.add_arc_with_capacity(index[t], index[t] + 1, cap)
         if not inside(t):
-            flow.add_arc_with_capacity(source, index[t], INF)
+            flow.add_arc_with_capacity(source, index[t], CUT_INFINITY)
         else:
             for n in fusion.ops[graph.producer[t]].inputs:
                 if n in index:
-                    flow.add_arc_with_capacity(index[n] + 1, index[t], INF)
+                    flow.add_arc_with_capacity(index[n] + 1, index[t], CUT_INFINITY)
         if t in needed:
-            flow.add_arc_with_capacity(index[t] + 1, sink, INF)
-    if flow.solve(source, sink) != flow.OPTIMAL or flow.optimal_flow() >= INF:
+            flow.add_arc_with_capacity(index[t] + 1, sink, CUT_INFINITY)
+    if flow.solve(source, sink) != flow.OPTIMAL or flow.optimal_flow() >= CUT_INFINITY:
         return None
     source_side = set(flow.get_source_side_min_cut())
     recompute = {t for t in names if index[t] not in source_side and inside(t)}

@@ -6,7 +6,7 @@ and reads, where it first reads each input, what it must write, its ops by role,
 stages and its axis ties. ``merged`` combines two parts without walking their ops: unions of
 their sets, the tensors either writes checked against the merged group's ops, and the smaller
 part's axis ties added to the larger's. The merged group is then classified from those facts,
-the reduction kinds extending the larger part's analysis (see ``schedulers.kinds``).
+the reduction kinds extending the larger part's analysis (see ``kinds.rules``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from heapq import merge as merge_sorted
 
 from optimizer.analysis.axes import AxisMap
 from optimizer.analysis.opclass import Role, reindexes
-from optimizer.schedulers.kinds import Rejection, Schedule, SegmentFacts, classify
+from optimizer.kinds.rules import Rejection, Schedule, SegmentFacts, classify
 from optimizer.segmenters.graph import SegGraph
 
 
@@ -34,7 +34,7 @@ class Part:
     segment_sets: tuple[int, ...]
     reductions: tuple[int, ...]
     views: tuple[int, ...]
-    stages: frozenset[int]  # stream stages of its ops (see ``hostir.streams``)
+    stages: frozenset[int]  # stream stages of its ops (see ``analysis.streams``)
     axes: AxisMap
     schedule: Schedule | None = None  # its classification, once it has one
     base: Schedule | None = None  # a merged part's: the larger part's, which classify extends

@@ -1,4 +1,4 @@
-"""Print a host program in the style of nvFuser's ``NVFUSER_DUMP=host_ir`` (seed 004).
+"""Print a host program in the style of nvFuser's ``NVFUSER_DUMP=host_ir``.
 
     %HostIrContainer { (T0_g_float[iS0{8}, iS1{4096}]) -> (T1_g_float[iStreamIdx2{8}, ...]) :
       T1_g_float[...] = ALLOCATE(buffer=T1_g_float[...], mem_type=global, size=( 8 * 4096 ), ...)
@@ -14,8 +14,11 @@ slices it reads and writes are the ``HirAliasSelect``s before it.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
+from optimizer.analysis.shapes import Bound
 from optimizer.ir.dtypes import DType
+from optimizer.ir.fusion import Fusion
 
 _DTYPE = {DType.float32: "float", DType.float16: "__half", DType.bfloat16: "__bfloat",
           DType.float64: "double", DType.int64: "int64_t", DType.int32: "int", DType.bool: "bool"}
@@ -26,9 +29,9 @@ class _Namer:
     """Tensor and IterDomain names: the fusion's own tensors keep their names, slices get new
     ``T`` numbers after the fusion's, and every IterDomain one ``{extent}`` id in order."""
 
-    def __init__(self, plan):
-        self.plan = plan
-        numbers = [int(m.group(1)) for t in plan.fusion.tensors
+    def __init__(self, bound: Bound):
+        self.bound = bound
+        numbers = [int(m.group(1)) for t in bound.fusion.tensors
                    if (m := re.fullmatch(r"T(\d+)", t))]
         self.next_tensor = max(numbers, default=-1) + 1
         self.next_id = 0
@@ -50,48 +53,49 @@ class _Namer:
         return f"{name}_{memory}_{_DTYPE.get(dtype, dtype.value)}[{', '.join(axes)}]"
 
     def whole(self, tensor: str, stream_axis: int | None = None) -> str:
-        bound = self.plan.bound
+        bound = self.bound
         return self.tensor(tensor, "g", bound.shapes[tensor], bound.broadcast[tensor],
-                           stream_axis, self.plan.fusion.tensors[tensor].dtype)
+                           stream_axis, self.bound.fusion.tensors[tensor].dtype)
 
     def local(self, tensor: str, drop_axis: int | None) -> str:
         """A new tensor for one slice of ``tensor`` (its stream axis dropped, as a select does)."""
-        bound = self.plan.bound
+        bound = self.bound
         keep = [a for a in range(len(bound.shapes[tensor])) if a != drop_axis]
         name = f"T{self.next_tensor}"
         self.next_tensor += 1
         return self.tensor(name, "l", [bound.shapes[tensor][a] for a in keep],
                            [bound.broadcast[tensor][a] for a in keep], None,
-                           self.plan.fusion.tensors[tensor].dtype)
+                           self.bound.fusion.tensors[tensor].dtype)
 
 
-def print_host_program(plan, host) -> str:
-    fusion = plan.fusion
-    namer = _Namer(plan)
-    stream_axis = {o: step.stage.axes[o] for step in host.steps if step.is_loop
+def print_host_program(bound: Bound, segments: Sequence, steps: Sequence) -> str:
+    """The host program that runs ``segments`` (a plan's) in ``steps`` (its host program's)."""
+    fusion = bound.fusion
+    namer = _Namer(bound)
+    stream_axis = {o: step.stage.axes[o] for step in steps if step.is_loop
                    for i in step.stage.ops for o in fusion.ops[i].outputs
                    if step.stage.axes.get(o) is not None}  # the axes loops write
     ins = ", ".join(namer.whole(t) for t in fusion.tensor_inputs())
     outs = ", ".join(namer.whole(t, stream_axis.get(t)) for t in fusion.outputs)
     lines = [f"%HostIrContainer {{ ({ins}) -> ({outs}) :"]
     streams = 0
-    for step in host.steps:
+    for step in steps:
         if not step.is_loop:
             for j in step.segments:
-                seg = plan.segments[j]
+                seg = segments[j]
                 written = [namer.whole(t, stream_axis.get(t)) for t in seg.schedule.outputs]
                 read = [namer.whole(t, stream_axis.get(t)) for t in seg.schedule.inputs]
-                lines += _launch("  ", plan, seg, written, read)
+                lines += _launch("  ", fusion, seg, written, read)
             continue
         caller = f"Stream {streams}"
         streams += 1
         for t in step.allocations:
             whole = namer.whole(t, stream_axis.get(t))
-            size = " * ".join(str(e) for e in plan.bound.compact_shape(t)) or "1"
+            size = " * ".join(str(e) for e in bound.compact_shape(t)) or "1"
             lines.append(f"  {whole} = ALLOCATE(buffer={whole}, mem_type=global, "
                          f"size=( {size} ), zero_init=false, resets_to_zero=false)")
         first = step.allocations[0] if step.allocations else \
-            plan.segments[step.segments[0]].schedule.outputs[0]
+            segments[step.segments[0]].schedule.outputs[0]
         axis = step.stage.axes[first]
         loop_id = namer.domain((first, axis), step.stage.extent, "iStreamIdx")
         lines += [f"  FOR StreamIdx in {loop_id}:",
@@ -107,24 +111,24 @@ def print_host_program(plan, host) -> str:
             local[t] = namer.local(t, a)
             lines += [f"    {local[t]}",
                       f"       = HirAliasSelect( {whole}, axis = "
-                      f"{namer.domain((t, a), plan.bound.shapes[t][a], 'iS')}, "
+                      f"{namer.domain((t, a), bound.shapes[t][a], 'iS')}, "
                       f"index = StreamIdx )"]
         for j in step.segments:
-            seg = plan.segments[j]
+            seg = segments[j]
             for t in seg.schedule.outputs:
                 if t not in local:  # a slice that lives within the iteration
                     local[t] = namer.local(t, step.stage.axes.get(t))
             read = [local.get(t) or namer.whole(t, stream_axis.get(t))
                     for t in seg.schedule.inputs]
-            lines += _launch("    ", plan, seg, [local[t] for t in seg.schedule.outputs], read)
+            lines += _launch("    ", fusion, seg, [local[t] for t in seg.schedule.outputs], read)
         lines += [f"    SetCurrentStream to {caller}",
                   "    Synchronize Stream ( StreamIdx % numberOfStreams )"]
     lines.append("} // %HostIrContainer")
     return "\n".join(lines) + "\n"
 
 
-def _launch(indent: str, plan, seg, written: list[str], read: list[str]) -> list[str]:
-    ops = [plan.fusion.ops[i] for i in seg.schedule.ops]
+def _launch(indent: str, fusion: Fusion, seg, written: list[str], read: list[str]) -> list[str]:
+    ops = [fusion.ops[i] for i in seg.schedule.ops]
     shown = "; ".join(f"{', '.join(op.outputs)} = {op.name}({', '.join(op.inputs)})"
                       for op in ops[:MAX_OPS_SHOWN])
     if len(ops) > MAX_OPS_SHOWN:

@@ -22,11 +22,6 @@ from optimizer.ir.ops_misc import reduction_axes
 
 BROADCASTS = frozenset({"broadcast_in_dim", "broadcast", "expand"})
 FLOATS = frozenset({DType.float32, DType.float64})
-# Arithmetic the online accumulator adds per element over the two reductions and the ops it
-# absorbs (a compare, at most one more exp and a multiply-add), in the cost model's units.
-RESCALE_COST = 6
-
-
 @dataclass(frozen=True)
 class OnlinePair:
     max_op: int

@@ -1,4 +1,5 @@
-"""Stream-parallel axes (seed 004): check each annotation and group the ops into stages.
+"""Stream-parallel axes (stream lowering, nvFuser #4147): check each annotation and group the
+ops into stages.
 
 ``fd.sched.parallelize(T, axis, ParallelType.stream)`` says: compute T one slice ``T[..., i, ...]``
 at a time, each slice on its own CUDA stream. That is sound when every slice of T needs only the
@@ -185,12 +186,9 @@ def annotated_axes(bound: Bound) -> dict[str, int]:
 def stream_stages(bound: Bound) -> list[Stage]:
     """The fusion's stages in program order, or [] when nothing is stream-parallel. Raises a
     PlanError naming the tensor, the axis and the op when an annotation cannot be honoured."""
-    cached = getattr(bound, "_stream_stages", None)
-    if cached is not None:
-        return cached
-    stages = _stages(bound) if bound.fusion.stream_axes else []
-    bound._stream_stages = stages  # type: ignore[attr-defined]
-    return stages
+    if bound.stream_stages is None:
+        bound.stream_stages = _stages(bound) if bound.fusion.stream_axes else []
+    return bound.stream_stages
 
 
 def _stages(bound: Bound) -> list[Stage]:

@@ -10,7 +10,7 @@ the Schedule and relies on each rule below.
   shorter axis is written where its index is in range. Views and resizes are index maps.
 - reduction: real reductions that all reduce the same axes of one domain P, with a prologue on P
   and an epilogue on the reduced domain; nothing on P may depend on a reduction's result, except
-  inside an online max/sum-exp pair (one accumulator, ``optimizer.schedulers.online``).
+  inside an online max/sum-exp pair (one accumulator, ``optimizer.kinds.online``).
 - normalization: as reduction, but P-domain values that depend on reduction results (reduce,
   broadcast back, combine); the reduced axes must be the trailing axes of P (a row is kept on
   chip) and the row's persistent bytes must fit the profile's budget.
@@ -19,7 +19,7 @@ the Schedule and relies on each rule below.
 - fallback: one op without a generated kernel, through the torch reference.
 In reduction kinds only axis-preserving ops may appear (no gather, no reshape but one that splits
 or merges axes), so every tensor's axes land on axes of P (see ``optimizer.analysis.axes``); a
-plain reduction may also hold resizes along its kept axes (``optimizer.schedulers.resize``).
+plain reduction may also hold resizes along its kept axes (``optimizer.kinds.resize``).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from optimizer.analysis.axes import AxisEntry, AxisMap, domain_axes
 from optimizer.analysis.opclass import Role, reindexes, role
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.ops_misc import reduction_axes
-from optimizer.schedulers.online import online_pairs
-from optimizer.schedulers.persistent import Extension, Persistence, analyze_persistence
-from optimizer.schedulers.profiles import DeviceProfile
-from optimizer.schedulers.resize import is_resize, place_through_partner, tie_resizes
+from optimizer.kinds.online import online_pairs
+from optimizer.kinds.persistent import Extension, Persistence, analyze_persistence
+from optimizer.kinds.resize import is_resize, place_through_partner, tie_resizes
+from optimizer.profiles import DeviceProfile
 
 
 class Kind(str, Enum):
@@ -79,11 +79,21 @@ class Schedule:
     by_position: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
     analysis: Persistence | None = field(default=None, compare=False, repr=False)
     # (max op, sum op) pairs computed in one pass by an online log-sum-exp accumulator (see
-    # ``optimizer.schedulers.online``); the ops between them are never evaluated on their own.
+    # ``optimizer.kinds.online``); the ops between them are never evaluated on their own.
     online: tuple[tuple[int, int], ...] = ()
 
     def __bool__(self) -> bool:
         return True
+
+    @property
+    def kernels(self) -> int:
+        """Kernels the segment launches: inner_outer adds a column finisher to its row kernel."""
+        return 2 if self.kind is Kind.INNER_OUTER else 1
+
+    @property
+    def on_tensor_cores(self) -> bool:
+        """A library call (matmul/linear): its arithmetic runs on tensor cores."""
+        return self.kind is Kind.LIBRARY
 
 
 REDUCTION_KINDS = frozenset({Kind.REDUCTION, Kind.NORMALIZATION, Kind.INNER_OUTER})
@@ -245,7 +255,7 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
             return Rejection(f"{op.name} ({op.outputs[0]}) re-indexes data and cannot join a "
                              f"reduction segment")
     axes, partner = facts.axes, {}
-    if resizes:  # see optimizer.schedulers.resize
+    if resizes:  # see optimizer.kinds.resize
         axes, partner = tie_resizes(bound, axes, (fusion.ops[i] for i in resizes))
 
     def signature(i: int):

@@ -20,7 +20,6 @@ class DeviceProfile:
     bandwidth: float  # bytes/s, copy bandwidth counting reads and writes
     sm_count: int
     smem_per_block: int  # bytes of shared memory a block may use (opt-in maximum)
-    regs_per_block: int  # 32-bit registers per block
     launch_overhead_s: float  # per kernel, as seen between back-to-back launches
     persistent_budget: int  # bytes of one row a persistent (normalization) kernel keeps on chip
     compute_rate: float  # simple fp32 ops per second, for the recomputation term
@@ -32,14 +31,14 @@ class DeviceProfile:
 
 PROFILES: dict[str, DeviceProfile] = {
     "H100": DeviceProfile("H100", bandwidth=2.94e12, sm_count=132, smem_per_block=227 * 1024,
-                          regs_per_block=65536, launch_overhead_s=4e-6,
-                          persistent_budget=96 * 1024, compute_rate=4.0e13, arch="sm_90"),
+                          launch_overhead_s=4e-6, persistent_budget=96 * 1024,
+                          compute_rate=4.0e13, arch="sm_90"),
     "H200": DeviceProfile("H200", bandwidth=4.3e12, sm_count=132, smem_per_block=227 * 1024,
-                          regs_per_block=65536, launch_overhead_s=4e-6,
-                          persistent_budget=96 * 1024, compute_rate=4.0e13, arch="sm_90"),
+                          launch_overhead_s=4e-6, persistent_budget=96 * 1024,
+                          compute_rate=4.0e13, arch="sm_90"),
     "A100": DeviceProfile("A100", bandwidth=1.7e12, sm_count=108, smem_per_block=163 * 1024,
-                          regs_per_block=65536, launch_overhead_s=5e-6,
-                          persistent_budget=64 * 1024, compute_rate=1.9e13, arch="sm_80"),
+                          launch_overhead_s=5e-6, persistent_budget=64 * 1024,
+                          compute_rate=1.9e13, arch="sm_80"),
 }
 DEFAULT_PROFILE = "H100"
 
