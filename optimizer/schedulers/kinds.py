@@ -19,7 +19,8 @@ the Schedule and relies on each rule below.
 - fallback: one op without a generated kernel, through the torch reference.
 In reduction kinds only axis-preserving ops may appear (no gather, no reshape but one that splits
 or merges axes), so every tensor's axes land on axes of P (see ``optimizer.analysis.axes``); a
-plain reduction may also hold resizes along its kept axes (``optimizer.schedulers.resize``).
+plain reduction may also hold resizes along its kept axes, of values computed before its
+reductions (``optimizer.schedulers.resize``).
 """
 
 from __future__ import annotations
