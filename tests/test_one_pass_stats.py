@@ -450,3 +450,15 @@ def test_rope_bwd_gqa_on_the_gpu(sizes):
             for m in parsed.inputs]
     plan = _gpu_close(parsed.fusion, parsed.inputs, args)
     assert ratio(plan) <= 1.3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("small", [False, True])
+def test_thunder_rope_bwd_gqa_region_on_the_gpu(small):
+    text = (CORPUS / "rope_bwd_gqa_thunder.py").read_text()
+    parsed = parse_text(small_definition(text, "rope_bwd_gqa_thunder") if small else text)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    args = [make_input(m, "cuda", generator=gen) for m in parsed.inputs]
+    plan = _gpu_close(parsed.fusion, parsed.inputs, args)
+    assert not [s for s in plan.segments if s.kind.value == "fallback"]
