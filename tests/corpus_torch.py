@@ -6,6 +6,8 @@ through ``EagerDefinition``, a direct torch evaluation of the frontend calls the
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 
@@ -139,6 +141,25 @@ def seed_4269_forward_full(t0):
     return [t0 + ones + ones]
 
 
+def rope_bwd_gqa_thunder(dk, dq, sin, dv, cos):
+    """Thunder's region of a Llama-3 block's backward: RoPE undone on q's and k's gradients (k's
+    first summed over the 2 query heads sharing each of the 8 key/value heads), v's summed."""
+    b, s, h, d = dk.shape
+    half = d // 2
+
+    def group_sum(g):  # [b, s, h, d] -> bf16 [b, 8, s, d]
+        return g.permute(0, 2, 1, 3).reshape(b, 8, h // 8, s, d).float().sum(2).to(bf16)
+
+    def rope_bwd(g):  # g: float [b, heads, s, d]
+        x = (sin * g).to(bf16)
+        rotated = F.pad((-x[..., :half].float()).to(bf16), (half, 0)).float() + \
+            F.pad(x[..., half:], (0, half)).float()
+        return (rotated + cos * g).to(bf16).permute(0, 2, 1, 3)
+
+    dv_sum = group_sum(dv).permute(0, 2, 1, 3).reshape(b, s, 8 * d)
+    return [dv_sum, rope_bwd(dq.permute(0, 2, 1, 3).float()), rope_bwd(group_sum(dk).float())]
+
+
 def silu_mul_fwd(a, b):
     a = a.float()
     return [(a * (1.0 / (1.0 + torch.exp(-a))) * b.float()).to(bf16)]
@@ -164,7 +185,19 @@ CASES = {f.__name__: f for f in (
     layernorm_bwd, layernorm_fwd, mlp_gelu, rmsnorm_bwd_2d_weight, rmsnorm_fwd,
     seed_2146_rmsnorm_bwd, seed_3334_reduction_broadcast_pointwise, seed_3366_neg_broadcast_mul,
     seed_4147_stream_set, seed_4147_stream_two_ops, seed_4269_forward_full, silu_mul_fwd,
-    softmax_bwd, softmax_fwd, transpose_add)}
+    softmax_bwd, softmax_fwd, transpose_add, rope_bwd_gqa_thunder)}
+
+# Cases whose definitions fix their sizes (a reshape's shape, slice and pad bounds): the numbers
+# to rewrite for the same definition at a size a CPU test runs quickly.
+FIXED_SIZES = {"rope_bwd_gqa_thunder": {"2048": "16", "1024": "256", "128": "32", "64": "16"}}
+
+
+def small_definition(text: str, name: str) -> str:
+    """A corpus case's definition text at small sizes (as it is where its sizes are free)."""
+    sizes = FIXED_SIZES.get(name, {})
+    if not sizes:
+        return text
+    return re.sub(r"\b(" + "|".join(sizes) + r")\b", lambda m: sizes[m.group(1)], text)
 
 
 class _Lazy:

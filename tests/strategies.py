@@ -82,7 +82,7 @@ def fusions(draw, max_ops: int = 10, views: bool = True, reductions: bool = True
             partners = [u for u in pool if len(u.shape) == len(t.shape)
                         and all(x == y or x == 1 or y == 1 for x, y in zip(u.shape, t.shape))]
             u = draw(st.sampled_from(partners))
-            shape = tuple(max(x, y) for x, y in zip(t.shape, u.shape))
+            shape = tuple(y if x == 1 else x for x, y in zip(t.shape, u.shape))  # 1 with 0: 0
             dtype = t.dtype if t.dtype == u.dtype else DType.float32
             if kind == "binary":
                 name = draw(st.sampled_from(BINARY))
@@ -173,3 +173,69 @@ def fusions(draw, max_ops: int = 10, views: bool = True, reductions: bool = True
     for t in outs:
         b.add_output(t.handle)
     return Drawn(b.fusion, metas)
+
+
+@st.composite
+def resized_reductions(draw) -> Drawn:
+    """A reduction meeting resizes (slice, pad, cat) along its kept axes on either side: rotated
+    halves of its input (a reduction kernel's prologue reads them at a shift) or of its result
+    (its epilogue would), optionally with Thunder's cast, broadcast to a size-1 axis and sum over
+    that axis in between. What RoPE's backward with grouped-query heads is made of."""
+    b = FusionBuilder()
+    rank = draw(st.integers(2, 3))
+    shape = tuple(draw(st.sampled_from([2, 3, 4, 8])) for _ in range(rank))
+    dtype = draw(st.sampled_from([DType.float32, DType.bfloat16]))
+    t = _T(b.define_tensor([-1] * rank, [True] * rank, dtype), shape, dtype)
+    reduced = sorted(set(draw(st.lists(st.integers(0, rank - 1), min_size=1,
+                                       max_size=rank - 1))))
+    kept = [a for a in range(rank) if a not in reduced]
+    if draw(st.booleans()):
+        t = _rotate_half(draw, b, t, draw(st.sampled_from(kept)))
+    (h,) = b.op(draw(st.sampled_from(["sum", "max"])), [t.handle], {"dims": reduced,
+                                                                   "keepdim": False})
+    r = _T(h, tuple(shape[a] for a in kept), dtype)
+    if draw(st.booleans()):
+        (c,) = b.op("cast", [r.handle], {"dtype": DType.bfloat16})
+        at = draw(st.integers(0, len(r.shape)))
+        (one,) = b.op("broadcast_in_dim", [c], {
+            "shape": list(r.shape[:at] + (1,) + r.shape[at:]),
+            "broadcast_dims": [a for a in range(len(r.shape) + 1) if a != at]})
+        (f,) = b.op("cast", [one], {"dtype": DType.float32})
+        (h,) = b.op("sum", [f], {"dims": [at], "keepdim": False})
+        r = _T(h, r.shape, DType.float32)
+    out = _rotate_half(draw, b, r, draw(st.integers(0, len(r.shape) - 1))) \
+        if draw(st.booleans()) else r
+    b.add_output(out.handle)
+    if out is not r and draw(st.booleans()):
+        b.add_output(r.handle)
+    return Drawn(b.fusion, [tensor_meta(shape, dtype)])
+
+
+def _rotate_half(draw, b: FusionBuilder, t: _T, axis: int) -> _T:
+    """``t + [-t[k:], t[:k]]`` along ``axis`` (RoPE's rotate_half at split ``k``), the halves
+    put together by a cat or by two pads and an add."""
+    e, rank = t.shape[axis], len(t.shape)
+    if e < 2:
+        return t
+    k = draw(st.integers(1, e - 1))
+
+    def cut(lo: int, hi: int):
+        (h,) = b.op("slice", [t.handle], {
+            "start_indices": [lo if a == axis else 0 for a in range(rank)],
+            "end_indices": [hi if a == axis else x for a, x in enumerate(t.shape)]})
+        return h
+
+    def pad(h, before: int, after: int):
+        widths = [0] * (2 * (rank - axis))
+        widths[-2:] = [before, after]
+        (p,) = b.op("pad", [h], {"pad_widths": widths})
+        return p
+
+    (hi,) = b.op("neg", [cut(k, e)], {})
+    lo = cut(0, k)
+    if draw(st.booleans()):
+        (rotated,) = b.op("cat", [[hi, lo]], {"dim": axis})
+    else:
+        (rotated,) = b.op("add", [pad(hi, 0, k), pad(lo, e - k, 0)], {})
+    (h,) = b.op("add", [t.handle, rotated], {})
+    return _T(h, t.shape, t.dtype)

@@ -11,7 +11,7 @@ from optimizer.ir import parse_text
 from runtime.reference import run_reference
 from runtime.tensors import make_input, meta_of
 from tests.conftest import CORPUS
-from tests.corpus_torch import CASES, EagerDefinition
+from tests.corpus_torch import CASES, EagerDefinition, small_definition
 from tests.helpers import small_metas
 
 SMALL = 1 << 15
@@ -44,7 +44,7 @@ def _eager(path, args):
 def test_reference_matches_torch(name):
     if name == "seed_2146_rmsnorm_bwd":
         pytest.skip("fixed 56x1024x1024 sizes: covered by the slow full-size test")
-    parsed = parse_text((CORPUS / f"{name}.py").read_text())
+    parsed = parse_text(small_definition((CORPUS / f"{name}.py").read_text(), name))
     args = _inputs(parsed)
     _close(run_reference(parsed.fusion, args), CASES[name](*args))
 

@@ -8,8 +8,10 @@ axis) then joins the sum over grouped-query heads instead of writing its full-si
 second kernel. For classification, a resize ties the axes it leaves alone, and each resized axis
 lands on the domain axis its operand's lands on (its *partner*): the same loop axis, read at
 another position. Such a segment must be a plain reduction (a persistent kernel keeps rows by
-the domain's extents), a resized axis must be a kept one, and no written tensor or reduced
-value may have a resized axis (those are indexed by the domain directly).
+the domain's extents), a resized axis must be a kept one, no written tensor or reduced
+value may have a resized axis (those are indexed by the domain directly), and no resize may read
+a value computed from the segment's reduction results (the epilogue holds a result only at the
+index its thread owns, not at the shifted one: Thunder's RoPE of a group sum).
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ the Schedule and relies on each rule below.
 - fallback: one op without a generated kernel, through the torch reference.
 In reduction kinds only axis-preserving ops may appear (no gather, no reshape but one that splits
 or merges axes), so every tensor's axes land on axes of P (see ``optimizer.analysis.axes``); a
-plain reduction may also hold resizes along its kept axes (``optimizer.kinds.resize``).
+plain reduction may also hold resizes along its kept axes, of values computed before its
+reductions (``optimizer.kinds.resize``).
 """
 
 from __future__ import annotations
@@ -380,6 +381,10 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
     if not needs_rows and any(persistence.stage[fusion.ops[i].inputs[0]] > 0
                               for i in row_reductions):
         return Rejection("a reduction reads another reduction's result")
+    if resizes and not needs_rows:
+        why = _resize_of_result(fusion, resizes, persistence.stage)
+        if why:
+            return Rejection(why)
     trailing = row_axes == tuple(range(len(domain) - len(row_axes), len(domain)))
     if not needs_rows:
         kind = Kind.REDUCTION
@@ -436,6 +441,20 @@ def _resize_misfit(fusion, resized: dict[str, list[int]], outputs, row_axes,
         if t in outputs or t in sources:
             return f"{t} is resized: it cannot be {'written' if t in outputs else 'reduced'} " \
                    f"in a reduction segment"
+    return None
+
+
+def _resize_of_result(fusion, resizes, stage: Mapping[str, int]) -> str | None:
+    """Why a resize in a plain reduction's epilogue cannot be there, or None. A resize reads its
+    operand at a shifted index; the kernel holds a reduction's result only at the reduced-domain
+    index its thread owns, so an operand computed from a result cannot be read elsewhere."""
+    for i in resizes:
+        op = fusion.ops[i]
+        for src in op.inputs:
+            if stage.get(src, 0) > 0:
+                return f"{op.name} ({op.outputs[0]}) reads {src}, computed from a reduction " \
+                       f"result, at a shifted index: the kernel holds that result only at " \
+                       f"its own index"
     return None
 
 
