@@ -15,8 +15,8 @@ from codegen import generate_segment
 from optimizer.analysis.shapes import bind
 from optimizer.ir import parse_text, tensor_meta
 from optimizer.ir.dtypes import DType
-from optimizer.planner import PlanOptions, make_plan
 from optimizer.kinds.rules import classify
+from optimizer.planner import PlanOptions, make_plan
 from optimizer.profiles import get_profile
 from optimizer.segmenters.cpsat import _Rules
 from runtime.compile import compile_cubin
