@@ -34,6 +34,7 @@ from runtime.program import (
     native_eligible,
     signature,
 )
+from runtime.stream_pool import entry_event, events_pool, segment_io
 from runtime.tensors import TORCH_DTYPE
 
 WHOLE, SLICE, SCALAR = 0, 1, 2  # where a program argument comes from (ArgRef in the launcher)
@@ -53,7 +54,6 @@ def describe(plan: Plan, args: list[Any], used: dict[tuple[int, int], list[Progr
     (implicit random seeds included), given the programs each (step, segment) ran; or why the
     C++ loop cannot run it (see the module's note). ``capsule_of``: a program's launcher
     capsule, or None where it cannot run in C++."""
-    from runtime.streams import segment_io
 
     fusion = plan.fusion
     position = {name: i for i, name in enumerate(fusion.inputs)}
@@ -168,7 +168,6 @@ def native_host_call(plan: Plan, args: list[Any], used: dict) -> tuple | str:
     """(the launcher's run_host, the host program's capsule, its device) for later calls with
     arguments like ``args`` (a GPU run's, after it filled ``used``), or why Python runs it."""
     from runtime import launcher
-    from runtime.streams import _pool, entry_event
 
     module = launcher.native()
     device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
@@ -179,7 +178,7 @@ def native_host_call(plan: Plan, args: list[Any], used: dict) -> tuple | str:
         if isinstance(description, str):
             return description
         pool = [(s.cuda_stream, s.stream_id, s.device_index, s.device_type, e.cuda_event)
-                for s, e in _pool(device, plan.host.num_streams)]
+                for s, e in events_pool(device, plan.host.num_streams)]
         capsule = host_capsule(module, description, event_functions(), device, pool,
                                entry_event(device).cuda_event)
     return module.run_host, capsule, device

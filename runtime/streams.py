@@ -15,7 +15,6 @@ become a few of C++.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,40 +25,8 @@ from runtime.executor import Execution, check_matches_plan, execute_plan, expand
 from runtime.kernels import current_stream
 from runtime.program import program_for, signature
 from runtime.rng import call_with_draw, with_implicit_rng
+from runtime.stream_pool import events_pool, segment_io
 from runtime.tensors import TORCH_DTYPE, unshare
-
-_pools: dict[int, list[tuple[torch.cuda.Stream, torch.cuda.Event]]] = {}
-_entries: dict[int, torch.cuda.Event] = {}
-_pool_lock = threading.Lock()
-
-
-def stream_pool(device: torch.device, count: int) -> list[torch.cuda.Stream]:
-    """``count`` streams of ``device``, created once and reused by every loop."""
-    return [stream for stream, _ in _pool(device, count)]
-
-
-def _pool(device: torch.device, count: int) -> list[tuple[torch.cuda.Stream, torch.cuda.Event]]:
-    """The pool's streams, each with an event that marks its latest iteration's end (recorded
-    once when made, so that its driver handle exists for the C++ loop)."""
-    with _pool_lock:
-        pool = _pools.setdefault(device.index, [])
-        while len(pool) < count:
-            stream, done = torch.cuda.Stream(device), torch.cuda.Event()
-            done.record(stream)
-            pool.append((stream, done))
-        return pool[:count]
-
-
-def entry_event(device: torch.device) -> torch.cuda.Event:
-    """The device's event that C++ loops record on the caller's stream before their first
-    iteration (the GIL orders its uses: the launcher holds it throughout a call)."""
-    with _pool_lock:
-        event = _entries.get(device.index)
-        if event is None:
-            event = _entries[device.index] = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(device))
-        return event
-
 
 # GPU runs of a host program that may hand its loop to C++. More than one: a segment program
 # that became native during the first run left its intermediates in another layout (a library
@@ -186,19 +153,6 @@ def _run_segment(plan: Plan, step: Step, j: int, env: dict[str, Any], scalars: d
     return {t: into.get(t, value) for t, value in zip(names, outs)}
 
 
-def segment_io(plan: Plan, j: int) -> tuple[list[tuple[str, bool]], list[str]]:
-    """Segment ``j``'s arguments (original names, whether a tensor) and results, once."""
-    cache = plan.__dict__.setdefault("_segment_io", {})
-    io = cache.get(j)
-    if io is None:
-        sub = plan.segments[j].sub
-        io = cache[j] = ([(sub.input_map[n], sub.input_map[n] in plan.fusion.tensors)
-                          for n in sub.fusion.inputs],
-                         [sub.output_map[n] for n in sub.fusion.outputs])
-    return io
-
-
-
 def _run_loop(plan: Plan, step: Step, env: dict[str, Any], scalars: dict[str, Any],
               gpu: bool, programs: _Programs) -> None:
     bound = plan.bound
@@ -212,7 +166,7 @@ def _run_loop(plan: Plan, step: Step, env: dict[str, Any], scalars: dict[str, An
         return
     caller = torch.cuda.current_stream(device)
     entry = caller.record_event()
-    pool = _pool(device, plan.host.num_streams)
+    pool = events_pool(device, plan.host.num_streams)
     set_stream = torch._C._cuda_setStream  # torch.cuda.set_stream without its Python checks
     try:
         for i in range(step.stage.extent):

@@ -303,7 +303,7 @@ def test_gpu_iterations_run_on_the_pools_streams(monkeypatch):
     """Every segment program of a loop iteration runs on its stream (the stream handle each
     program reads, in C++ or Python, to launch on)."""
     import runtime.program
-    from runtime.streams import stream_pool
+    from runtime.stream_pool import stream_pool
 
     parsed = corpus("seed_4147_stream_set")
     args = [torch.randn(8, 1 << 16, device="cuda")]
@@ -430,7 +430,8 @@ def test_the_cpp_loop_does_what_the_python_loop_does(case, monkeypatch):
 
     monkeypatch.setattr(programs, "launch_kernel", python_launch)
     pool = [(python.stream(100 + k), python.event(200 + k)) for k in range(3)]
-    monkeypatch.setattr(streams, "_pool", lambda device, count: pool[:count])
+    for user in (streams, native_host):  # the pool both loops take their streams from
+        monkeypatch.setattr(user, "events_pool", lambda device, count: pool[:count])
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: python.stream(7))
     monkeypatch.setattr(torch._C, "_cuda_setStream", lambda *a: None, raising=False)
     used: dict = {}
