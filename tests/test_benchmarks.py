@@ -330,3 +330,30 @@ def test_thunder_benchmark_reports_the_system_a_crashed_process_stopped_in():
            "not run: the process stopped (RuntimeError: CUDA error: illegal)"]]
     clean = list(child_rows(lines, lambda: 0, "m", "train", systems))
     assert [r[0] for r in clean] == [row_a]
+
+
+def test_torch_compile_skips_the_cases_it_cannot_warm_up(monkeypatch):
+    """A case in COMPILE_SKIP gets eager only, and its row says why; another case is compiled."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from benchmarks import e2e
+    from benchmarks.e2e_report import Row
+
+    compiled: list = []
+    monkeypatch.setattr(torch, "compile", lambda fn: compiled.append(fn) or fn)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # no GPU here
+    monkeypatch.setattr(e2e, "eager_function", lambda name, fusion, args: lambda *a: a)
+    clock = e2e.Clock(60)
+    skipped, other = next(iter(e2e.COMPILE_SKIP)), "transpose_add"
+    for name in (skipped, other):
+        case = e2e.Case(name, SimpleNamespace(fusion=None), [torch.zeros(2)], None, None,
+                        Row(name))
+        systems = [system for system, _ in e2e.warm_torch(case, e2e.Options(), clock)]
+        if name == skipped:
+            assert systems == ["eager"]
+            assert any("torch.compile not run" in note for note in case.row.notes)
+        else:
+            assert systems == ["torch.compile", "eager"] and not case.row.notes
+    assert len(compiled) == 1
