@@ -48,7 +48,7 @@ from codegen.kernel import (
 )
 from codegen.launch import segment_index_type, vector_width
 from codegen.layout import address, covering_grid, decompose, tensor_strides
-from codegen.reduction import _acc_size
+from codegen.online import accumulator_bytes
 from codegen.regions import LANE, Region, at_lane_zero, lane_loop
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
@@ -188,7 +188,7 @@ class _Persistent:
             if self.threads_per_row > 32:  # named barriers 1..15, one per group
                 groups = min(15, groups)
             # the groups' column sums meet in shared memory at the end
-            acc = max((_acc_size(r) for r in self.col_reducers), default=0)
+            acc = max((accumulator_bytes(r) for r in self.col_reducers), default=0)
             while groups > 1 and groups * self.row_len * acc > self.smem_budget:
                 groups //= 2
             self.threads = self.threads_per_row * groups
@@ -301,7 +301,7 @@ class _Persistent:
             -(-threads * fusion.tensors[t].dtype.itemsize // 16) * 16 for t in self.row_scalars)
         fixed = sum(row_bytes(t) for t in self.fixed)
         budget = self.smem_budget
-        combine = (groups * self.row_len * max(_acc_size(r) for r in self.col_reducers)
+        combine = (groups * self.row_len * max(accumulator_bytes(r) for r in self.col_reducers)
                    if groups > 1 and self.col_reducers else 0)
         stages = 0
         if per_stage:
@@ -622,7 +622,7 @@ class _Persistent:
             fcode, fk = self.column_finish(parts)
             code += [""] + fcode
             kernels.append(fk)
-            workspaces = [Workspace(f"c{k}", parts * self.row_len * _acc_size(r))
+            workspaces = [Workspace(f"c{k}", parts * self.row_len * accumulator_bytes(r))
                           for k, r in enumerate(self.col_reducers)]
         return SegmentKernels(self.index, self.kind.value, assemble(code), kernels, workspaces,
                               self.aligned, notes)
