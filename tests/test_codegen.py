@@ -460,13 +460,13 @@ def test_inner_outer_scheme_of_layernorm_bwd():
     """Resident blocks (one per SM) of row groups; rows prefetched through shared memory (bulk
     copies on sm_90, per-thread cp.async otherwise); one partial row per block for the
     finishing kernel."""
-    from codegen import persistent
+    from codegen import launch
 
     parsed = parse_text((CORPUS_FILES[0].parent / "layernorm_bwd.py").read_text())
     plan = make_plan(parsed.fusion, parsed.inputs, PlanOptions(time_limit_s=2))
     sk = _inner_outer(plan)
     main, finish = sk.kernels
-    blocks = plan.profile.sm_count * persistent.IO_BLOCKS_PER_SM
+    blocks = plan.profile.sm_count * launch.IO_BLOCKS_PER_SM
     assert main.grid == (blocks, 1, 1) and main.block == (512, 1, 1)
     assert sk.notes["rows_per_block"] == 2 and sk.notes["threads_per_row"] == 256
     # T0 and T1 rows in flight by bulk copy, the per-row mean and rstd per thread, the weight
@@ -559,9 +559,9 @@ def test_normalization_rows_of_whole_vectors_have_no_bounds_checks(cols, guarded
 
 def test_normalization_blocks_of_several_rows(monkeypatch):
     """Several rows per block: a group of threads per row on its own named barrier."""
-    from codegen import persistent
+    from codegen import launch
 
-    monkeypatch.setattr(persistent, "NORM_ROWS_PER_BLOCK", 2)
+    monkeypatch.setattr(launch, "NORM_ROWS_PER_BLOCK", 2)
     sk = _normalization((63, 4096))
     assert sk.kernels[0].block == (512, 1, 1) and sk.kernels[0].grid == (32, 1, 1)
     assert "fc_group_reduce_n<1, 256>(together, fc_welfordop()" in sk.source
