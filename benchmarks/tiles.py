@@ -42,8 +42,8 @@ TRANSPOSE_VARIANTS = {"pointwise (untiled)": UNTILED,
                       "tiles 64": {"codegen.transpose.TILES": (64,)},
                       "tiles 32": {"codegen.transpose.TILES": (32,)}}
 NORM_VARIANTS = {"rows streamed through shared memory": {}} | {
-    f"rows in registers, {n} threads per row": {"codegen.persistent.NORM_MAX_THREADS": n,
-                                                "codegen.persistent.NORM_STREAM_BYTES": 1 << 40}
+    f"rows in registers, {n} threads per row": {"codegen.launch.NORM_MAX_THREADS": n,
+                                                "codegen.launch.NORM_STREAM_BYTES": 1 << 40}
     for n in (1024, 256)}
 
 

@@ -77,3 +77,12 @@ def acc_size(r: Reducer) -> int:
     if isinstance(r, OnlineReducer):
         return 16 if r.acc_type == "fc_lse_d" else 8
     return 0
+
+
+def accumulator_bytes(r: Reducer) -> int:
+    """Bytes of a reducer's accumulator (in a workspace or shared memory)."""
+    if acc_size(r):
+        return acc_size(r)
+    if r.welford:
+        return 24 if r.acc_type == "fc_welford_d" else 16
+    return {"float": 4, "double": 8, "long long": 8, "int": 4, "bool": 1}[r.acc_type]

@@ -37,7 +37,7 @@ from codegen.launch import (
     segment_index_type,
 )
 from codegen.layout import decompose
-from codegen.online import acc_size, add_batched, segment_reducers
+from codegen.online import accumulator_bytes, add_batched, segment_reducers
 from codegen.regions import LANE, Region
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
@@ -172,7 +172,7 @@ class _Builder:
         return ps
 
     def workspaces(self, parts: int) -> list[Workspace]:
-        return [Workspace(f"r{k}", parts * self.rows * _acc_size(r))
+        return [Workspace(f"r{k}", parts * self.rows * accumulator_bytes(r))
                 for k, r in enumerate(self.reducers)]
 
     # ---- inner layout -------------------------------------------------------------------------
@@ -318,11 +318,3 @@ class _Builder:
         return SegmentKernels(self.index, "reduction", assemble(code), kernels, workspaces,
                               self.aligned, {"layout": "outer", "vector": vec, "split": split,
                                              "index_type": self.itype})
-
-
-def _acc_size(r) -> int:
-    if acc_size(r):
-        return acc_size(r)
-    if r.welford:
-        return 24 if r.acc_type == "fc_welford_d" else 16
-    return {"float": 4, "double": 8, "long long": 8, "int": 4, "bool": 1}[r.acc_type]

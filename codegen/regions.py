@@ -10,9 +10,10 @@ kernel itself holds there (reduction results, on-chip buffers).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from codegen import cuda
-from codegen.emit import Emitter, Names, value_name
+from codegen.emit import Emitter, Names, join_index, value_name
 from codegen.layout import address, compact_strides, tensor_strides
 from codegen.precision import fast_math_tensors
 from optimizer.analysis.axes import domain_axes
@@ -45,18 +46,7 @@ class Region:
     def index_of(self, tensor: str) -> tuple[str, ...]:
         """The tensor's index in this region, through its axis map onto the domain (an axis on
         a run of domain axes joins their indices, as the emitter's reshapes do)."""
-        domain = self.schedule.domain
-        out = []
-        for m in self.schedule.axis_map[tensor]:
-            run = domain_axes(m)
-            if not run:
-                out.append("0")
-            elif len(run) == 1:
-                out.append(self.p_idx[run[0]])
-            else:
-                out.append(self.em.join(tuple(self.p_idx[a] for a in run),
-                                        tuple(domain[a] for a in run)))
-        return tuple(out)
+        return tensor_index(self.schedule, self.p_idx, tensor, self.em.join)
 
     def value(self, tensor: str) -> str:
         return self.em.value(tensor, self.index_of(tensor))
@@ -136,6 +126,39 @@ class Region:
                 self.aligned[t] = self.vec * d.itemsize
             return cuda.to_compute(f"{self._vec_loads[key]}.v[{LANE}]", d)
         return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
+
+
+def tensor_index(schedule: Schedule, p_idx: tuple[str, ...], tensor: str,
+                 join: Callable[[tuple[str, ...], tuple[int, ...]], str] = join_index
+                 ) -> tuple[str, ...]:
+    """The tensor's index where the domain's axes are indexed by ``p_idx``, through its axis
+    map (an axis on a run of domain axes joins their indices with ``join``)."""
+    out = []
+    for m in schedule.axis_map[tensor]:
+        run = domain_axes(m)
+        if not run:
+            out.append("0")
+        elif len(run) == 1:
+            out.append(p_idx[run[0]])
+        else:
+            out.append(join(tuple(p_idx[a] for a in run),
+                            tuple(schedule.domain[a] for a in run)))
+    return tuple(out)
+
+
+def vector_address(bound: Bound, t: str, idx: tuple[str, ...], vec: int) -> str | None:
+    """The address of input t's first element at index ``idx`` (its lanes along the
+    innermost axis), if its ``vec`` lanes are contiguous in memory (else None)."""
+    strides = tensor_strides(bound, t)
+    lanes = [a for a, i in enumerate(idx) if LANE in i]
+    if vec == 1 and not lanes:
+        return address(idx, strides)
+    if (vec > 1 and len(lanes) == 1 and strides[lanes[0]] == 1
+            and all(x % vec == 0 for a, x in enumerate(strides) if a != lanes[0])):
+        a = lanes[0]
+        return address(tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx)),
+                       strides)
+    return None
 
 
 def at_lane_zero(component: str) -> str:

@@ -460,13 +460,13 @@ def test_inner_outer_scheme_of_layernorm_bwd():
     """Resident blocks (one per SM) of row groups; rows prefetched through shared memory (bulk
     copies on sm_90, per-thread cp.async otherwise); one partial row per block for the
     finishing kernel."""
-    from codegen import persistent
+    from codegen import launch
 
     parsed = parse_text((CORPUS_FILES[0].parent / "layernorm_bwd.py").read_text())
     plan = make_plan(parsed.fusion, parsed.inputs, PlanOptions(time_limit_s=2))
     sk = _inner_outer(plan)
     main, finish = sk.kernels
-    blocks = plan.profile.sm_count * persistent.IO_BLOCKS_PER_SM
+    blocks = plan.profile.sm_count * launch.IO_BLOCKS_PER_SM
     assert main.grid == (blocks, 1, 1) and main.block == (512, 1, 1)
     assert sk.notes["rows_per_block"] == 2 and sk.notes["threads_per_row"] == 256
     # T0 and T1 rows in flight by bulk copy, the per-row mean and rstd per thread, the weight
@@ -524,6 +524,28 @@ def test_inner_outer_variants_compile(shape, smem):
         assert compile_cubin(sk.source, arch, sk.kernels[0].name)
 
 
+def test_persistent_launch_is_decided_before_any_code_is_written():
+    """codegen.launch decides a persistent kernel's block, grid and prefetch from the schedule
+    alone; the generator renders exactly that (layernorm_bwd: two row groups of 256 threads,
+    rows of T0 and T1 by bulk copy, the weight read once)."""
+    from codegen.launch import persistent_launch, prefetch_plan
+
+    parsed = parse_text((CORPUS_FILES[0].parent / "layernorm_bwd.py").read_text())
+    plan = make_plan(parsed.fusion, parsed.inputs, PlanOptions(time_limit_s=2))
+    [seg] = [s for s in plan.segments if s.kind.value == "inner_outer"]
+    launch = persistent_launch(plan.bound, seg.schedule, plan.profile, 8)
+    fetch = prefetch_plan(plan.bound, seg.schedule, plan.profile, launch)
+    assert (launch.rows_per_block, launch.threads_per_row, launch.groups) == (2, 256, True)
+    assert fetch.bulk == ("T0", "T1") and fetch.fixed == ("T4",) and fetch.stages >= 2
+    sk = generate_segment(plan, seg)
+    main = sk.kernels[0]
+    assert main.block == (launch.threads, 1, 1) and main.grid == (launch.blocks, 1, 1)
+    assert main.smem == fetch.dyn_smem and sk.notes["prefetch_stages"] == fetch.stages
+    assert sk.notes["read_once"] == list(fetch.fixed)
+    assert sk.notes["prefetched"] == list(fetch.staged + fetch.row_scalars)
+    assert all(f"fc_bulk_copy(sm_{t}" in sk.source for t in fetch.bulk)
+
+
 NORM_SMALL = """
 T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
 T1 = fd.ops.cast(T0, dtype=DataType.Float)
@@ -559,9 +581,9 @@ def test_normalization_rows_of_whole_vectors_have_no_bounds_checks(cols, guarded
 
 def test_normalization_blocks_of_several_rows(monkeypatch):
     """Several rows per block: a group of threads per row on its own named barrier."""
-    from codegen import persistent
+    from codegen import launch
 
-    monkeypatch.setattr(persistent, "NORM_ROWS_PER_BLOCK", 2)
+    monkeypatch.setattr(launch, "NORM_ROWS_PER_BLOCK", 2)
     sk = _normalization((63, 4096))
     assert sk.kernels[0].block == (512, 1, 1) and sk.kernels[0].grid == (32, 1, 1)
     assert "fc_group_reduce_n<1, 256>(together, fc_welfordop()" in sk.source

@@ -36,6 +36,19 @@ BIG_POINTWISE = ("T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True],
                  "dtype=DataType.Float)\nT1 = fd.ops.mul(T0, T0)\nfd.add_output(T1)")
 SIZED = {"row_sum_short": (ROW_SUM, (8192, 96)), "row_sum_long_split": (ROW_SUM, (4, 1 << 20)),
          "pointwise_int64": (BIG_POINTWISE, (1 << 16, 1 << 16))}
+# inner-outer variants (tests/test_codegen.py::test_inner_outer_variants_compile): odd row
+# lengths (per-thread copies, no bulk copy), fewer rows than row groups, and shared memory too
+# small for two rows per group (no prefetch; the groups' column sums still meet there)
+IO_SMALL = ("T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)\n"
+            "T1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)\n"
+            "T2 = fd.ops.mul(T0, T1)\nT3 = fd.ops.sum(T2, dims=[1])\n"
+            "T4 = fd.ops.broadcast_in_dim(T3, shape=T0.shape(), broadcast_dims=[0])\n"
+            "T5 = fd.ops.sub(T2, T4)\nT6 = fd.ops.sum(T0, dims=[0])\n"
+            "T7 = fd.ops.sum(T5, dims=[0])\n"
+            "fd.add_output(T5)\nfd.add_output(T6)\nfd.add_output(T7)")
+IO_SIZED = {"inner_outer_few_rows": ((3, 37), None),
+            "inner_outer_rows_of_300": ((1000, 300), None), "inner_outer_bulk": ((512, 4096), None),
+            "inner_outer_no_prefetch": ((512, 4096), 40 * 1024)}
 
 
 def _digest(kernels) -> str:
@@ -59,6 +72,11 @@ def plans():
         f = fusion(body)
         dtype = f.tensors[f.inputs[0]].dtype
         yield name, make_plan(f, [tensor_meta(shape, dtype)], GREEDY)
+    for name, (shape, smem) in IO_SIZED.items():
+        f = fusion(IO_SMALL)
+        options = PlanOptions(segmenter="greedy", time_limit_s=30,
+                              device_overrides={"smem_per_block": smem} if smem else {})
+        yield name, make_plan(f, [tensor_meta(shape, f.tensors[f.inputs[0]].dtype)] * 2, options)
 
 
 def emitted() -> dict[str, str]:
