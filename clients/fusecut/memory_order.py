@@ -11,6 +11,7 @@ as permuted views of that layout.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ def orders_of(args: Sequence[object]) -> tuple[Order | None, ...]:
     return tuple(memory_order(a) if isinstance(a, torch.Tensor) else None for a in args)
 
 
-def output_orders(args: Sequence[object], in_orders: Sequence[Order | None],
+def output_orders(args: Sequence[Any], in_orders: Sequence[Order | None],
                   out_ranks: Sequence[int]) -> tuple[Order | None, ...]:
     """Per output, the memory order to write it in: that of the largest permuted input of its
     rank, if any."""
@@ -47,7 +48,7 @@ def output_orders(args: Sequence[object], in_orders: Sequence[Order | None],
     for a, order in zip(args, in_orders):
         if order is None:
             continue
-        size = a.numel()  # type: ignore[attr-defined]
+        size = a.numel()
         if len(order) not in by_rank or size > by_rank[len(order)][0]:
             by_rank[len(order)] = (size, order)
     return tuple(by_rank[r][1] if r in by_rank else None for r in out_ranks)

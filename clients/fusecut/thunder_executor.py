@@ -337,7 +337,9 @@ class _Variant:
 
     definition: FusionDefinition
     in_orders: tuple[Order | None, ...]
-    out_orders: tuple[Order | None, ...]  # per computed output, in the definition's order
+    # per computed output, in the definition's order: the permutation that views it in the
+    # logical order (the inverse of the memory order it was written in)
+    out_views: tuple[Order | None, ...]
 
     def inputs(self, args: list[Any]) -> list[Any]:
         if not self.in_orders:
@@ -345,10 +347,9 @@ class _Variant:
         return [a if o is None else a.permute(o) for a, o in zip(args, self.in_orders)]
 
     def outputs(self, results: list[Any]) -> list[Any]:
-        if not self.out_orders:
+        if not self.out_views:
             return results
-        return [r if o is None else r.permute(inverse(o))
-                for r, o in zip(results, self.out_orders)]
+        return [r if v is None else r.permute(v) for r, v in zip(results, self.out_views)]
 
 
 class FusecutRegion:
@@ -397,11 +398,11 @@ class FusecutRegion:
         variant = self._variants.get(key)
         if variant is None:
             per_output = output_orders(args, in_orders, self._out_ranks)
-            computed = [o for o, (where, _) in zip(per_output, self.translation.outputs)
-                        if where == "out"]
+            views = tuple(None if o is None else inverse(o)
+                          for o, (where, _) in zip(per_output, self.translation.outputs)
+                          if where == "out")
             translation = self._retranslate(in_orders, per_output)
-            variant = _Variant(shared_definition(translation.definition), in_orders,
-                               tuple(computed))
+            variant = _Variant(shared_definition(translation.definition), in_orders, views)
             with self._lock:
                 variant = self._variants.setdefault(key, variant)
         return variant
