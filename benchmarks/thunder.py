@@ -13,9 +13,9 @@ process on the same weights and inputs:
 - ``torch.compile`` and eager.
 
 Per row: ms per step (median of warm steps, CUDA events, timed in rounds of rotating order
-across the systems), GPU busy ms per step and GPU ops per
-step (kernels, copies and memsets, from torch.profiler over a few steps), and for fusecut the bytes
-its regions planned against their lower bound. A second table lists each system's top kernels.
+across the systems), GPU busy ms per step and GPU ops per step (kernels, copies and memsets,
+from torch.profiler over a few steps), and for fusecut the bytes its regions planned against
+their lower bound. A second table lists each system's top kernels.
 
     python -m benchmarks.thunder [--steps train,infer] [--models nanogpt_block,...] [--iters 10]
 """
@@ -156,7 +156,7 @@ def run_model(step: str, model: str, iters: int, width: int, emit,
             ready.append((system, fn, time.perf_counter() - start))
         except Exception as e:  # one failing system never aborts the table
             traceback.print_exc()
-            emit([name, step, system, "-", "-", "-", "-", f"fails: {one_line(e)}"], "")
+            emit(failed_row(name, step, system, e), "")
     steps = [lambda fn=fn: run_step(fn, x, extra, grad) for _, fn, _ in ready]
     seconds = medians_in_rounds(steps, iters, rounds=len(ready)) if ready else []
     for (system, fn, first), median in zip(ready, seconds):
@@ -172,10 +172,14 @@ def run_model(step: str, model: str, iters: int, width: int, emit,
             top = "; ".join(f"{k} {ms:.3f} ms x{n:.0f}" for k, ms, n in top_ops)
         except Exception as e:
             traceback.print_exc()
-            row, top = [name, step, system, "-", "-", "-", "-", f"fails: {one_line(e)}"], ""
+            row, top = failed_row(name, step, system, e), ""
         emit(row, top)
     del ready, steps
     torch.cuda.empty_cache()
+
+
+def failed_row(model: str, step: str, system: str, e: BaseException) -> list[str]:
+    return [model, step, system, "-", "-", "-", "-", f"fails: {one_line(e)}"]
 
 
 def one_line(e: BaseException | str) -> str:
