@@ -96,7 +96,16 @@ class CountRequests:
             return await self.app(scope, receive, send)
         start = time.perf_counter()
         status = 500
+        counted = False
         entry = dict(scope)  # as it came: routing rewrites a mounted app's path
+
+        def count() -> None:
+            nonlocal counted
+            if not counted:
+                counted = True
+                route = route_template(scope, entry)
+                HTTP.labels(route, f"{status // 100}xx").inc()
+                HTTP_SECONDS.labels(route).observe(time.perf_counter() - start)
 
         async def send_status(message):
             nonlocal status
@@ -105,14 +114,16 @@ class CountRequests:
                 spent = f"app;dur={(time.perf_counter() - start) * 1e3:.3f}".encode()
                 message = {**message, "headers": [*message.get("headers", ()),
                                                   (b"server-timing", spent)]}
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                # Counted before the last body goes out: a file response closes its file in a
+                # worker thread after it, and a client's next request could see no count yet.
+                count()
             await send(message)
 
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = route_template(scope, entry)
-            HTTP.labels(route, f"{status // 100}xx").inc()
-            HTTP_SECONDS.labels(route).observe(time.perf_counter() - start)
+            count()  # a request that failed before its response ended
 
 
 def route_template(scope, entry) -> str:
