@@ -167,7 +167,10 @@ def finish_blocks(outputs: int, profile: DeviceProfile) -> int:
 NORM_VECTORS = 2
 NORM_ROWS_PER_BLOCK = 1
 NORM_MAX_THREADS = 1024  # threads of one row: longer rows hold more vectors per thread
-NORM_STREAM_BYTES = 32 * 1024  # input bytes per row from which rows stream (streams_rows)
+# Input bytes per row from which rows stream (streams_rows): rows of 32 KiB were slower
+# streamed on H100 (seed_3334, two f32 rows: 280 against 264 us in registers), group norm's 80 KiB
+# rows faster (0.61 of copy bandwidth against 0.34).
+NORM_STREAM_BYTES = 64 * 1024
 # Inner-outer blocks: threads per block (row groups of threads_per_row), blocks per SM, input
 # bytes each SM keeps in flight through the prefetch pipeline (32 KiB gives two stages for the
 # corpus cases, the fastest measured), and vectors per thread per row.
@@ -249,8 +252,12 @@ def streams_rows(bound: Bound, schedule: Schedule, profile: DeviceProfile,
     last = len(schedule.domain) - 1
     if last not in row_axes:
         return False
-    # the inputs read along the row (a weight varying along part of it stays in cache)
-    along = [t for t in schedule.inputs if domain_steps(bound, schedule, t).get(last) == 1]
+    # the inputs read along the row and different in every row: a weight the same in every
+    # row (or varying along part of it) is read once and stays in cache
+    rows_axes = [a for a in range(len(schedule.domain)) if a not in row_axes]
+    along = [t for t in schedule.inputs
+             if (steps := domain_steps(bound, schedule, t)).get(last) == 1
+             and any(a in steps for a in rows_axes)]
     nbytes = sum(-(-row_len * bound.fusion.tensors[t].dtype.itemsize // 16) * 16
                  for t in along)
     return NORM_STREAM_BYTES <= nbytes and 2 * nbytes <= io_smem_budget(profile)
