@@ -171,6 +171,11 @@ NORM_MAX_THREADS = 1024  # threads of one row: longer rows hold more vectors per
 # streamed on H100 (seed_3334, two f32 rows: 280 against 264 us in registers), group norm's 80 KiB
 # rows faster (0.61 of copy bandwidth against 0.34).
 NORM_STREAM_BYTES = 64 * 1024
+# Rows that draw random numbers (Philox, tens of instructions a value) stream from 16 KiB: the
+# next row's copy then overlaps the arithmetic (bias_dropout_add_layernorm's two 8 KiB rows:
+# 192 us streamed against 207 in registers).
+NORM_STREAM_RANDOM_BYTES = 16 * 1024
+RANDOM_OPS = ("uniform", "normal")
 # Inner-outer blocks: threads per block (row groups of threads_per_row), blocks per SM, input
 # bytes each SM keeps in flight through the prefetch pipeline (32 KiB gives two stages for the
 # corpus cases, the fastest measured), and vectors per thread per row.
@@ -260,7 +265,9 @@ def streams_rows(bound: Bound, schedule: Schedule, profile: DeviceProfile,
              and any(a in steps for a in rows_axes)]
     nbytes = sum(-(-row_len * bound.fusion.tensors[t].dtype.itemsize // 16) * 16
                  for t in along)
-    return NORM_STREAM_BYTES <= nbytes and 2 * nbytes <= io_smem_budget(profile)
+    random = any(bound.fusion.ops[i].name in RANDOM_OPS for i in schedule.ops)
+    least = NORM_STREAM_RANDOM_BYTES if random else NORM_STREAM_BYTES
+    return least <= nbytes and 2 * nbytes <= io_smem_budget(profile)
 
 
 def persistent_launch(bound: Bound, schedule: Schedule, profile: DeviceProfile,
