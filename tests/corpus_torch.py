@@ -160,6 +160,17 @@ def rope_bwd_gqa_thunder(dk, dq, sin, dv, cos):
     return [dv_sum, rope_bwd(dq.permute(0, 2, 1, 3).float()), rope_bwd(group_sum(dk).float())]
 
 
+def rmsnorm_bwd_thunder(g0, g1, w, x, rstd, g_res):
+    """Thunder's RMSNorm backward region of a Llama-3 block: the input's gradient plus the
+    residual's, and the weight's gradient."""
+    g = g0.float() + g1.float()
+    wg = w.float() * g
+    xf = x.float()
+    d = -0.5 * (xf * wg).sum(-1, keepdim=True) * rstd ** 3 / x.shape[-1]
+    dx = rstd * wg + 2 * d * xf
+    return [(g_res.float() + dx).to(bf16), (xf * rstd * g).sum((0, 1)).to(bf16)]
+
+
 def silu_mul_fwd(a, b):
     a = a.float()
     return [(a * (1.0 / (1.0 + torch.exp(-a))) * b.float()).to(bf16)]
@@ -185,11 +196,12 @@ CASES = {f.__name__: f for f in (
     layernorm_bwd, layernorm_fwd, mlp_gelu, rmsnorm_bwd_2d_weight, rmsnorm_fwd,
     seed_2146_rmsnorm_bwd, seed_3334_reduction_broadcast_pointwise, seed_3366_neg_broadcast_mul,
     seed_4147_stream_set, seed_4147_stream_two_ops, seed_4269_forward_full, silu_mul_fwd,
-    softmax_bwd, softmax_fwd, transpose_add, rope_bwd_gqa_thunder)}
+    softmax_bwd, softmax_fwd, transpose_add, rope_bwd_gqa_thunder, rmsnorm_bwd_thunder)}
 
 # Cases whose definitions fix their sizes (a reshape's shape, slice and pad bounds): the numbers
 # to rewrite for the same definition at a size a CPU test runs quickly.
-FIXED_SIZES = {"rope_bwd_gqa_thunder": {"2048": "16", "1024": "256", "128": "32", "64": "16"}}
+FIXED_SIZES = {"rope_bwd_gqa_thunder": {"2048": "16", "1024": "256", "128": "32", "64": "16"},
+               "rmsnorm_bwd_thunder": {"2048": "16"}}
 
 
 def small_definition(text: str, name: str) -> str:
