@@ -162,16 +162,17 @@ def unary(op: str, x: str, d: DType, fast: bool = False) -> str:
     raise PlanError(f"no CUDA code for {op} on {d.value}")
 
 
-# Exponents torch's pow_tensor_scalar computes by multiplication, division or square root;
+# Exponents torch's pow_tensor_scalar computes by multiplication, division or square root (1: the
+# value itself, 0: one; Thunder's RMSNorm backward raises x to the power 1);
 # the same here, so that results match eager torch and cost a few instructions.
-SMALL_POWERS = (2.0, 3.0, 0.5, -0.5, -1.0, -2.0)
+SMALL_POWERS = (2.0, 3.0, 0.5, -0.5, -1.0, -2.0, 1.0, 0.0)
 
 
 def small_power(a: str, exponent: float, d: DType) -> str:
     one = literal(1.0, d)
     return {2.0: f"({a} * {a})", 3.0: f"({a} * {a} * {a})", 0.5: f"{_f('sqrt', d)}({a})",
             -0.5: f"{_f('rsqrt', d)}({a})", -1.0: f"({one} / {a})",
-            -2.0: f"({one} / ({a} * {a}))"}[exponent]
+            -2.0: f"({one} / ({a} * {a}))", 1.0: f"({a})", 0.0: one}[exponent]
 
 
 def binary(op: str, a: str, b: str, d: DType, fast: bool = False) -> str:

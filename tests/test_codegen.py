@@ -234,10 +234,12 @@ def test_fast_math_only_where_it_cannot_show():
 
 @pytest.mark.parametrize(("exponent", "code"), [
     ("2.0", "(T0 * T0)"), ("3.0", "(T0 * T0 * T0)"), ("0.5", "sqrtf(T0)"),
-    ("-0.5", "rsqrtf(T0)"), ("-1.0", "(1.0f / T0)"), ("2.5", "powf(T0, (float)(2.5))")])
+    ("-0.5", "rsqrtf(T0)"), ("-1.0", "(1.0f / T0)"), ("1.0", "(T0)"), ("0.0", "1.0f"),
+    ("2.5", "powf(T0, (float)(2.5))")])
 def test_pow_by_a_small_constant_is_arithmetic(exponent, code):
     """As torch's pow_tensor_scalar: x.pow(2) of RMSNorm is x * x (powf costs tens of
-    instructions per element); other exponents keep powf."""
+    instructions per element; Thunder's RMSNorm backward has a pow by 1); other exponents keep
+    powf."""
     f = fusion(f"""
 T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)
 S1 = fd.define_scalar({exponent}, dtype=DataType.Double)
