@@ -126,11 +126,14 @@ class ColumnReductionLaunch:
     split: int
 
 
+COLUMN_MAX_VECTOR = 4  # columns a thread of a column reduction sums
+
+
 def column_reduction_launch(bound: Bound, schedule: Schedule, profile: DeviceProfile,
                             cols: int, rows: int, max_vector: int) -> ColumnReductionLaunch:
     """``cols``: the kept extent; ``rows``: the reduced one."""
     innermost = schedule.domain[-1] if schedule.domain else 1
-    vec = vector_width(bound, schedule.inputs, innermost, min(4, max_vector))
+    vec = vector_width(bound, schedule.inputs, innermost, min(COLUMN_MAX_VECTOR, max_vector))
     col_vecs = -(-cols // vec)
     bx = 32
     while bx > 1 and bx // 2 >= col_vecs:
