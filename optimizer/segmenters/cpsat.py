@@ -44,6 +44,7 @@ from optimizer.analysis.axes import AxisMap
 from optimizer.analysis.cost import KIB, launch_kib, lower_bound_bytes, objective_kib, recompute_kib
 from optimizer.analysis.opclass import Role, reindexes
 from optimizer.ir.ops_misc import reduction_axes
+from optimizer.kinds.gather import may_gather_rows
 from optimizer.kinds.online import OnlinePair, online_pairs
 from optimizer.kinds.resize import is_resize
 from optimizer.kinds.rules import Kind
@@ -301,11 +302,13 @@ class _Model:
         sig = {i: self.rules.signature[i] for ops in self.units for i in ops
                if i in self.rules.signature}
         red_units = sorted({self.unit_of[i] for i in sig})
-        # (resizes may join a reduction along kept axes: classify decides, see
-        # optimizer.kinds.resize)
+        # (resizes may join a reduction along kept axes, and gathers of one element per row
+        # its epilogue: classify decides, see optimizer.kinds.resize and .gather)
         view_units = sorted({u for u, ops in enumerate(self.units)
                              if any(reindexes(fusion.ops[i], graph.bound)
-                                    and not is_resize(fusion.ops[i]) for i in ops)})
+                                    and not is_resize(fusion.ops[i])
+                                    and not may_gather_rows(graph.bound, fusion.ops[i])
+                                    for i in ops)})
         inner_outer = Kind.INNER_OUTER in graph.kinds
 
         def conflict(ua: int, ub: int) -> None:
