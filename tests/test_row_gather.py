@@ -133,6 +133,10 @@ def test_small_cross_entropy_plans_two_segments_and_equals_torch(rows, classes):
     gathered = [line for line in sources[0].splitlines()
                 if "in_T0[" in line and "fc_clampi<" in line]
     assert len(gathered) == 1 and f"+ {classes} :" in gathered[0], gathered
+    split = generate_segment(plan, plan.segments[0]).notes["split"] > 1
+    # issued before the row streams in, unless a finishing kernel combines the row's parts
+    before = sources[0].index(gathered[0]) < sources[0].index("for (index_t c =")
+    assert before != split and (rows, split) != (2, False)
     logits, target = logits_and_targets(rows, classes)
     loss, lse = execute_plan(plan, [logits, target]).outputs
     torch.testing.assert_close(lse, torch.logsumexp(logits.float(), dim=1))
