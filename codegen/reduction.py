@@ -41,12 +41,19 @@ from codegen.online import accumulator_bytes, add_batched, segment_reducers
 from codegen.regions import LANE, Region
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
+from optimizer.kinds.gather import ROW_GATHERS
 from optimizer.kinds.rules import Schedule
 from optimizer.profiles import DeviceProfile
 
 
 def _varies_along(schedule: Schedule, tensor: str, axes) -> bool:
     return any(a in axes for m in schedule.axis_map[tensor] for a in domain_axes(m))
+
+
+def gathers_rows(bound: Bound, schedule: Schedule) -> bool:
+    """Whether the segment holds a gather of one element per row (``optimizer.kinds.gather``):
+    the only gathers a reduction segment may hold."""
+    return any(bound.fusion.ops[i].name in ROW_GATHERS for i in schedule.ops)
 
 
 def generate_reduction(bound: Bound, schedule: Schedule, profile: DeviceProfile,
@@ -196,6 +203,7 @@ class _Builder:
         inner = decompose("row", [self.domain[a] for a in self.keep_axes], keep_names, "index_t")
         inner += [f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}"
                   for k, r in enumerate(self.reducers)]
+        before_loop = len(inner)
         begin = f"(index_t)blockIdx.y * {chunk}" if split > 1 else "0"
         end = f"min((index_t){self.row_len}, {begin} + {chunk})" if split > 1 else \
             f"(index_t){self.row_len}"
@@ -225,8 +233,17 @@ class _Builder:
                          self.p_idx(keep_names, ["0"] * len(self.red_axes), None), 1,
                          self.aligned, epi_params, self.names)
             self.epilogue(epi, lambda r: f"acc{self.reducers.index(r)}")
+            lines = epi.finish()
+            if gathers_rows(self.bound, sched) and epi.pre:
+                # a row gather's loads (the index, then the element it picks) go out before
+                # the row streams in, instead of after its reduction; every thread issues them
+                # (one address per row: a broadcast)
+                early = ["// the row's gathered elements, loaded while the row streams in",
+                         *epi.pre]
+                inner[before_loop:before_loop] = early
+                lines = lines[len(epi.pre):]
             inner.append(f"if ({tid} == 0) {{")
-            inner += indent(epi.finish(), 2)
+            inner += indent(lines, 2)
             inner.append("}")
             out_params = list(sched.outputs)
         body += indent(inner, 2) + ["}"]

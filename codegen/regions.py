@@ -21,6 +21,8 @@ from optimizer.analysis.shapes import Bound
 from optimizer.kinds.rules import Schedule
 
 LANE = "_lane"
+_DECLARED = re.compile(r"\s*const [\w<>, :]+? (\w+) = ")
+_WORD = re.compile(r"[A-Za-z_]\w*")
 
 
 class Region:
@@ -40,6 +42,8 @@ class Region:
         self.decls: list[str] = []  # registers of vectorised stores (before the lane loop)
         self.post: list[str] = []  # the vector stores (after the lane loop)
         self._vec_loads: dict[tuple, str] = {}
+        self._computed: set[str] = set()  # names the statements declare (see _reads_computed)
+        self._scanned = 0
         self.em = Emitter(bound, schedule.ops, set(schedule.inputs), self._load, itype, names,
                           fast_math_tensors(bound, schedule))
 
@@ -105,7 +109,7 @@ class Region:
         d = bound.fusion.tensors[t].dtype
         strides = tensor_strides(bound, t)
         st, ct = cuda.storage(d), cuda.compute(d)
-        if all(LANE not in i for i in idx):
+        if all(LANE not in i for i in idx) and not self._reads_computed(idx):
             name = em.names.fresh(value_name(t))
             self.pre.append(f"const {ct} {name} = "
                             f"{cuda.to_compute(f'in_{t}[{address(idx, strides)}]', d)};")
@@ -126,6 +130,17 @@ class Region:
                 self.aligned[t] = self.vec * d.itemsize
             return cuda.to_compute(f"{self._vec_loads[key]}.v[{LANE}]", d)
         return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
+
+    def _reads_computed(self, idx: tuple[str, ...]) -> bool:
+        """Whether an index reads a value the region's statements compute (a gather's index
+        computed from its input): a load at it cannot be hoisted above them."""
+        lines = self.em.lines
+        for line in lines[self._scanned:]:
+            m = _DECLARED.match(line)
+            if m:
+                self._computed.add(m.group(1))
+        self._scanned = len(lines)
+        return any(w in self._computed for i in idx for w in _WORD.findall(i))
 
 
 def tensor_index(schedule: Schedule, p_idx: tuple[str, ...], tensor: str,

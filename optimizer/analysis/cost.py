@@ -1,7 +1,8 @@
 """The cost model: every price the planner puts on a segment, in one place.
 
 A segment reads each of its inputs once and writes each of its outputs once, all in compact form
-(broadcast and stride-0 axes are not stored). Its estimated time is the larger of its memory time
+(broadcast and stride-0 axes are not stored); an input that it reads only through gathers costs
+the elements they select. Its estimated time is the larger of its memory time
 (bytes over copy bandwidth) and its arithmetic time, plus a launch overhead per kernel. The lower
 bound of a fusion reads every used input once and writes every output once.
 
@@ -13,7 +14,7 @@ The plan totals (``segment_time``, ``read_bytes``, ``write_bytes``), the CP-SAT 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from optimizer.analysis.shapes import Bound
@@ -71,8 +72,51 @@ def rescale_units(bound: Bound, online: Iterable[tuple[int, int]]) -> float:
 
 
 def read_bytes(bound: Bound, segment: PricedSegment) -> int:
-    """Bytes a segment reads from global memory: each input once, compact."""
-    return sum(bound.nbytes(t) for t in segment.inputs)
+    """Bytes a segment reads from global memory: each input once, compact, or only the
+    elements its gathers select (``gathered_elements``)."""
+    partial = gathered_elements(bound, segment.ops, segment.outputs)
+    return sum(input_bytes(bound, t, partial) for t in segment.inputs)
+
+
+def input_bytes(bound: Bound, tensor: str, partial: Mapping[str, int]) -> int:
+    """Bytes reading ``tensor`` moves: compact, or its ``partial`` elements where fewer."""
+    full = bound.nbytes(tensor)
+    if tensor not in partial:
+        return full
+    return min(full, partial[tensor] * bound.fusion.tensors[tensor].dtype.itemsize)
+
+
+def gathered_elements(bound: Bound, ops: Iterable[int], written: Iterable[str]
+                      ) -> dict[str, int]:
+    """The tensors that ``ops`` read only in part, with the elements they read: a gather
+    (take_along_axis, gather, index_select) reads of its input one element per element of its
+    result it computes, and an elementwise op of the same shape one per element of its result.
+    A tensor read in any other way, or written (``written``), is read whole. Empty where the
+    ops hold no gather (the common case, at no cost)."""
+    fusion = bound.fusion
+    ops = sorted(set(ops))
+    if not any(get_spec(fusion.ops[i].name).op_class is OpClass.GATHER for i in ops):
+        return {}
+    written = set(written)
+    need: dict[str, int] = {}  # tensor -> elements its consumers (seen so far) read of it
+    for i in reversed(ops):  # program order is topological: consumers first
+        op = fusion.ops[i]
+        outs = [o for o in op.outputs if o in fusion.tensors]
+        got = [bound.numel(o) if o in written else min(need.get(o, 0), bound.numel(o))
+               for o in outs]
+        cls = get_spec(op.name).op_class
+        for t in dict.fromkeys(op.inputs):
+            if t not in fusion.tensors:
+                continue
+            if cls is OpClass.GATHER and t == op.inputs[0] and t not in op.inputs[1:]:
+                n = got[0]
+            elif cls is OpClass.POINTWISE and all(bound.shapes[o] == bound.shapes[t]
+                                                  for o in outs):
+                n = max(got, default=0)
+            else:
+                n = bound.numel(t)
+            need[t] = need.get(t, 0) + n
+    return {t: n for t, n in need.items() if n < bound.numel(t)}
 
 
 def write_bytes(bound: Bound, segment: PricedSegment) -> int:
@@ -89,11 +133,13 @@ def segment_time(bound: Bound, segment: PricedSegment, profile: DeviceProfile) -
 
 
 def lower_bound_bytes(bound: Bound) -> int:
-    """Every used fusion input read once and every output written once."""
+    """Every used fusion input read once (only the elements the fusion's gathers select, where
+    nothing else reads it) and every output written once."""
     fusion = bound.fusion
-    used = {n for i in fusion.live_tensor_ops() for n in fusion.ops[i].inputs
-            if n in fusion.tensors}
-    reads = sum(bound.nbytes(t) for t in fusion.tensor_inputs() if t in used)
+    live = fusion.live_tensor_ops()
+    used = {n for i in live for n in fusion.ops[i].inputs if n in fusion.tensors}
+    partial = gathered_elements(bound, live, fusion.outputs)
+    reads = sum(input_bytes(bound, t, partial) for t in fusion.tensor_inputs() if t in used)
     writes = sum(bound.nbytes(t) for t in dict.fromkeys(fusion.outputs)
                  if t not in fusion.inputs)
     return reads + writes
@@ -101,9 +147,10 @@ def lower_bound_bytes(bound: Bound) -> int:
 
 # ---- the CP-SAT objective, in KiB of traffic ------------------------------------------------
 
-def objective_kib(bound: Bound, tensor: str) -> int:
-    """What reading or writing ``tensor`` once costs in the objective."""
-    return math.ceil(bound.nbytes(tensor) / KIB)
+def objective_kib(bound: Bound, tensor: str, partial: Mapping[str, int] | None = None) -> int:
+    """What reading or writing ``tensor`` once costs in the objective (``partial``: the
+    elements read where only some are, see ``gathered_elements``)."""
+    return math.ceil(input_bytes(bound, tensor, partial or {}) / KIB)
 
 
 def launch_kib(profile: DeviceProfile, weight: float) -> int:

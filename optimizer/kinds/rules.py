@@ -20,7 +20,8 @@ the Schedule and relies on each rule below.
 In reduction kinds only axis-preserving ops may appear (no gather, no reshape but one that splits
 or merges axes), so every tensor's axes land on axes of P (see ``optimizer.analysis.axes``); a
 plain reduction may also hold resizes along its kept axes, of values computed before its
-reductions (``optimizer.kinds.resize``).
+reductions (``optimizer.kinds.resize``), or gathers of one element per reduced row
+(``optimizer.kinds.gather``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from optimizer.analysis.axes import AxisEntry, AxisMap, domain_axes
 from optimizer.analysis.opclass import Role, reindexes, role
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.ops_misc import reduction_axes
+from optimizer.kinds.gather import may_gather_rows, row_gather_misfit, tie_row_gathers
 from optimizer.kinds.online import online_pairs
 from optimizer.kinds.persistent import Extension, Persistence, analyze_persistence
 from optimizer.kinds.resize import is_resize, place_through_partner, tie_resizes
@@ -250,14 +252,21 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
                facts: SegmentFacts) -> Schedule | Rejection:
     fusion = bound.fusion
     resizes = [i for i in facts.views if is_resize(fusion.ops[i])]
+    gathers = [i for i in facts.views if may_gather_rows(bound, fusion.ops[i])]
     for i in facts.views:
-        if i not in resizes:
+        if i not in resizes and i not in gathers:
             op = fusion.ops[i]
             return Rejection(f"{op.name} ({op.outputs[0]}) re-indexes data and cannot join a "
                              f"reduction segment")
+    if resizes and gathers:
+        op = fusion.ops[gathers[0]]
+        return Rejection(f"{op.name} ({op.outputs[0]}) cannot share a reduction segment with a "
+                         f"resize")
     axes, partner = facts.axes, {}
     if resizes:  # see optimizer.kinds.resize
         axes, partner = tie_resizes(bound, axes, (fusion.ops[i] for i in resizes))
+    if gathers:  # see optimizer.kinds.gather
+        axes = tie_row_gathers(bound, axes, (fusion.ops[i] for i in gathers))
 
     def signature(i: int):
         op = fusion.ops[i]
@@ -315,7 +324,8 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
     row_reductions = tuple(sigs[inner_key])
     col_reductions = tuple(sigs[outer_key]) if outer_key else ()
     base = facts.base if facts.base is not None and facts.base.kind in REDUCTION_KINDS and \
-        facts.consumers is not None and facts.producer is not None and not resizes else None
+        facts.consumers is not None and facts.producer is not None and not resizes \
+        and not gathers else None
     if base is None:
         tensors = list(dict.fromkeys(list(inputs) + [o for i in ops for o in fusion.ops[i].outputs
                                                      if o in fusion.tensors]))
@@ -371,6 +381,7 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
     if isinstance(persistence, str):
         return Rejection(persistence)
     analysis = persistence
+    stage = persistence.stage  # (the online re-analysis below drops the absorbed ops' stages)
     online = ()
     if persistence.broadcasts_back and not col_reductions:
         persistence, online = _online(bound, ops, inputs, outputs, domain, axis_map, row_axes,
@@ -405,8 +416,15 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
         op = fusion.ops[resizes[0]]
         return Rejection(f"{op.name} ({op.outputs[0]}) re-indexes data and cannot join a "
                          f"{kind.value} segment")
-    if resizes:
-        analysis = None  # the resize ties are this classification's: extend none of it
+    if gathers:
+        why = row_gather_misfit(bound, gathers, axis_map, row_axes, stage)
+        if why is None and kind is not Kind.REDUCTION:
+            why = f"{fusion.ops[gathers[0]].name} ({fusion.ops[gathers[0]].outputs[0]}) " \
+                  f"gathers a row: only a plain reduction computes it in its epilogue"
+        if why:
+            return Rejection(why)
+    if resizes or gathers:
+        analysis = None  # the ties are this classification's: extend none of it
     return Schedule(kind, ops, inputs, outputs, domain, p_ref, axis_map, row_axes, col_axes,
                     row_reductions, col_reductions, persistence, frozenset(by_position),
                     analysis, online)

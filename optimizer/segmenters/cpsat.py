@@ -41,9 +41,17 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from optimizer.analysis.axes import AxisMap
-from optimizer.analysis.cost import KIB, launch_kib, lower_bound_bytes, objective_kib, recompute_kib
+from optimizer.analysis.cost import (
+    KIB,
+    gathered_elements,
+    launch_kib,
+    lower_bound_bytes,
+    objective_kib,
+    recompute_kib,
+)
 from optimizer.analysis.opclass import Role, reindexes
 from optimizer.ir.ops_misc import reduction_axes
+from optimizer.kinds.gather import may_gather_rows
 from optimizer.kinds.online import OnlinePair, online_pairs
 from optimizer.kinds.resize import is_resize
 from optimizer.kinds.rules import Kind
@@ -230,16 +238,27 @@ class _Model:
         produced_by = {o: u for u, ops in enumerate(self.units) for i in ops
                        for o in fusion.ops[i].outputs if o in fusion.tensors}
         needs: dict[int, set[str]] = {}  # unit -> tensors it reads from outside itself
+        # unit -> what it reads only in part (through gathers), in KiB; a slot may read such a
+        # tensor in part (rp) where no unit of it needs the whole (r)
+        partial: dict[int, dict[str, int]] = {}
+        part_kib: dict[str, int] = {}
         for u, ops in enumerate(self.units):
             closure = graph.closure(ops)
             made = graph.produced(closure)
             needs[u] = {n for i in closure for n in fusion.ops[i].inputs
                         if n in fusion.tensors and n not in made}
+            leaving = {o for i in ops for o in fusion.ops[i].outputs if o in fusion.tensors and (
+                o in graph.outputs or any(c not in closure for c in graph.consumers.get(o, ())))}
+            some = gathered_elements(bound, closure, leaving)
+            partial[u] = {t: objective_kib(bound, t, some) for t in needs[u] if t in some}
+            for t, kib in partial[u].items():
+                part_kib[t] = max(part_kib.get(t, 0), kib)
         boundary = {t for u in U for t in needs[u] if t in produced_by} | \
             {t for t in must_write if t in produced_by}
         self.w = {(t, k): m.NewBoolVar(f"w{t}_{k}") for t in sorted(boundary) for k in K}
         readable = sorted({t for u in U for t in needs[u]})
         self.r = {(t, k): m.NewBoolVar(f"r{t}_{k}") for t in readable for k in K}
+        self.rp = {(t, k): m.NewBoolVar(f"rp{t}_{k}") for t in sorted(part_kib) for k in K}
         for u in U:
             segment_set_inputs = {fusion.ops[i].inputs[0] for i in self.units[u]
                                   if fusion.ops[i].name == "segment_set"}
@@ -248,13 +267,14 @@ class _Model:
                 m.AddImplication(xu, self.used[k])
                 for t in sorted(needs[u]):
                     p = produced_by.get(t)
+                    reads = [self.r[t, k]] + ([self.rp[t, k]] if t in partial[u] else [])
                     if p is None or t in segment_set_inputs:
-                        m.AddImplication(xu, self.r[t, k])
+                        m.AddBoolOr([xu.Not(), *reads])
                         if p is not None:
                             m.AddBoolOr([xu.Not(), self.x[p, k].Not()])
                     else:
-                        m.AddBoolOr([xu.Not(), self.x[p, k], self.r[t, k]])
-        for (t, k), rv in self.r.items():
+                        m.AddBoolOr([xu.Not(), self.x[p, k], *reads])
+        for (t, k), rv in list(self.r.items()) + list(self.rp.items()):
             if t in produced_by and t not in available:
                 earlier = [self.w[t, j] for j in range(k)]
                 if earlier:
@@ -280,6 +300,7 @@ class _Model:
             size = objective_kib(bound, t)
             if size:
                 terms.append(size * v)
+        terms += [part_kib[t] * v for (t, _), v in self.rp.items() if part_kib[t]]
         terms += [launch * v for v in self.used]
         for u, ops in enumerate(self.units):
             c = recompute_kib(bound, ops, profile, options.compute_weight)
@@ -301,11 +322,13 @@ class _Model:
         sig = {i: self.rules.signature[i] for ops in self.units for i in ops
                if i in self.rules.signature}
         red_units = sorted({self.unit_of[i] for i in sig})
-        # (resizes may join a reduction along kept axes: classify decides, see
-        # optimizer.kinds.resize)
+        # (resizes may join a reduction along kept axes, and gathers of one element per row
+        # its epilogue: classify decides, see optimizer.kinds.resize and .gather)
         view_units = sorted({u for u, ops in enumerate(self.units)
                              if any(reindexes(fusion.ops[i], graph.bound)
-                                    and not is_resize(fusion.ops[i]) for i in ops)})
+                                    and not is_resize(fusion.ops[i])
+                                    and not may_gather_rows(graph.bound, fusion.ops[i])
+                                    for i in ops)})
         inner_outer = Kind.INNER_OUTER in graph.kinds
 
         def conflict(ua: int, ub: int) -> None:
