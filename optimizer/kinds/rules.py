@@ -459,8 +459,11 @@ def _resize_of_result(fusion, resizes, stage: Mapping[str, int]) -> str | None:
 
 
 def _place(axes: AxisMap, axis_id, pos: dict) -> AxisEntry:
-    """The domain axis of an axis id, or the run of domain axes a compound axis is made of
-    (consecutive, outer first); None if it has neither."""
+    """The domain axis of an axis id, or the domain axes a compound axis is made of (outer
+    first); None if it has neither. The parts need not be adjacent in the domain, nor in its
+    order: a kernel indexes the axis as their row-major join (``i1 * 128 + i4``), so a group
+    sum writes a permute + reshape of its result (Thunder's dv, [B, S, H * D] of [B, H, S, D])
+    itself instead of leaving a copy kernel."""
     if axis_id is None:
         return None
     if axis_id in pos:
@@ -468,10 +471,7 @@ def _place(axes: AxisMap, axis_id, pos: dict) -> AxisEntry:
     parts = axes.parts(axis_id)
     if not parts or any(p not in pos for p in parts):
         return None
-    run = tuple(pos[p] for p in parts)
-    if run != tuple(range(run[0], run[0] + len(run))):
-        return None
-    return run
+    return tuple(pos[p] for p in parts)
 
 
 def _complete_by_position(bound: Bound, axes: AxisMap, tensors, pos: dict, domain) -> None:
