@@ -8,6 +8,7 @@ torch, and every generated kernel through NVRTC.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from codegen import generate_segment
@@ -20,7 +21,8 @@ from optimizer.planner import PlanOptions, make_plan
 from optimizer.profiles import get_profile
 from runtime.compile import compile_cubin
 from runtime.executor import execute_plan
-from tests.conftest import CORPUS
+from runtime.reference import run_reference
+from tests.conftest import CORPUS, HAS_GPU
 from tests.helpers import fusion
 
 PLAN = PlanOptions(time_limit_s=2)
@@ -134,3 +136,89 @@ def test_thunder_region_writes_dv_from_its_group_sum():
     assert fusion_.ops[plan.bound.producers["T52"]].name == "sum"
     assert plan.bound.producers["T52"] in dv.schedule.ops
     assert dv.schedule.reductions == (plan.bound.producers["T28"],)
+
+
+# ---- k's RoPE in the group-sum kernel: results read at other columns --------------------------
+
+def rope_of_group_sum(rows: int, group: int, d: int, dtype: str = "Float") -> str:
+    """rotate_half of a sum over ``group`` rows, times a [rows, d] table, plus the sum: the
+    pattern of Thunder's dk (slices and pads of the innermost axis of a reduction result)."""
+    h = d // 2
+    return f"""
+T0 = fd.define_tensor(shape=[-1, -1, -1], dtype=DataType.{dtype})
+T9 = fd.define_tensor(shape=[-1, -1], dtype=DataType.Float)
+T10 = fd.ops.cast(T0, dtype=DataType.Float)
+T1 = fd.ops.sum(T10, dims=[1], keepdim=False, dtype=DataType.Null)
+T11 = fd.ops.mul(T1, T9)
+T2 = fd.ops.slice(T11, start_indices=[0, 0], end_indices=[{rows}, {h}], strides=[1, 1])
+T3 = fd.ops.slice(T11, start_indices=[0, {h}], end_indices=[{rows}, {d}], strides=[1, 1])
+T4 = fd.ops.neg(T2)
+T5 = fd.ops.pad(T4, [{h}, 0, 0, 0], None)
+T6 = fd.ops.pad(T3, [0, {h}, 0, 0], None)
+T7 = fd.ops.add(T5, T6)
+T8 = fd.ops.add(T7, T1)
+T12 = fd.ops.cast(T8, dtype=DataType.{dtype})
+fd.add_output(T12)
+"""
+
+
+def torch_rope_of_group_sum(x, table):
+    s = x.float().sum(1)
+    g, h = s * table, s.shape[1] // 2
+    return (torch.cat([g[:, h:], -g[:, :h]], dim=1) + s).to(x.dtype)
+
+
+# (rows, group, head dim, dtype): 4 lanes and 32-thread rows, 2 lanes and 3-thread rows (129
+# threads a block), a 1024-wide row (a block of 256 threads), rows that end mid-block, bf16
+STAGED_SHAPES = [(64, 2, 32, "Float"), (50, 3, 6, "Float"), (8, 4, 1024, "Float"),
+                 (1000, 2, 40, "Float"), (300, 2, 128, "BFloat16")]
+TORCH_DTYPES = {"Float": torch.float32, "BFloat16": torch.bfloat16}
+
+
+def staged_plan(rows, group, d, dtype):
+    f = fusion(rope_of_group_sum(rows, group, d, dtype))
+    metas = [tensor_meta((rows, group, d), DType.bfloat16 if dtype == "BFloat16"
+                         else DType.float32), tensor_meta((rows, d), DType.float32)]
+    return f, make_plan(f, metas, PLAN)
+
+
+def test_rope_of_a_group_sum_is_one_staged_kernel():
+    for shape in STAGED_SHAPES:
+        f, plan = staged_plan(*shape)
+        assert [s.kind for s in plan.segments] == [Kind.REDUCTION], shape
+        assert plan.io_bytes == plan.lower_bound_bytes
+        sk = generate_segment(plan, plan.segments[0])
+        (kernel,) = sk.kernels
+        vec, d = sk.notes["vector"], shape[2]
+        assert (kernel.block[0] * vec) % d == 0 and kernel.grid[1] == 1, (shape, kernel)
+        assert kernel.block[0] * kernel.block[1] <= max(256, d // vec)
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(shape[:3], generator=gen).to(TORCH_DTYPES[shape[3]])
+        table = torch.randn(shape[0], d, generator=gen)
+        (got,) = execute_plan(plan, [x, table]).outputs
+        torch.testing.assert_close(got.float(), torch_rope_of_group_sum(x, table).float(),
+                                   rtol=2e-2, atol=2e-2)
+        compiles(plan)
+
+
+def test_a_row_longer_than_a_block_stages_stays_out():
+    f, plan = staged_plan(4, 2, 2048, "Float")
+    assert len(plan.segments) == 2
+    bound = plan.bound
+    why = classify(bound, range(len(f.ops)), ["T12"], get_profile())
+    assert not why and "over the 1024 a block stages" in why.reason, why
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("shape", STAGED_SHAPES)
+def test_staged_rope_kernel_on_the_gpu(shape):
+    from runtime.kernels import cuda_runner
+    from tests.test_gpu import close
+
+    f, plan = staged_plan(*shape)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(shape[:3], generator=gen, device="cuda").to(TORCH_DTYPES[shape[3]])
+    table = torch.randn(shape[0], shape[2], generator=gen, device="cuda")
+    got = execute_plan(plan, [x, table], cuda_runner, "cuda").outputs
+    close(got, run_reference(f, [x, table]))

@@ -36,7 +36,12 @@ from optimizer.analysis.shapes import Bound
 from optimizer.ir.ops_misc import reduction_axes
 from optimizer.kinds.online import online_pairs
 from optimizer.kinds.persistent import Extension, Persistence, analyze_persistence
-from optimizer.kinds.resize import is_resize, place_through_partner, tie_resizes
+from optimizer.kinds.resize import (
+    is_resize,
+    place_through_partner,
+    shifted_result_misfit,
+    tie_resizes,
+)
 from optimizer.profiles import DeviceProfile
 
 
@@ -382,7 +387,8 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
                               for i in row_reductions):
         return Rejection("a reduction reads another reduction's result")
     if resizes and not needs_rows:
-        why = _resize_of_result(fusion, resizes, persistence.stage)
+        why = shifted_result_misfit(bound, resizes, persistence.stage, domain, axis_map,
+                                    row_axes)
         if why:
             return Rejection(why)
     trailing = row_axes == tuple(range(len(domain) - len(row_axes), len(domain)))
@@ -441,20 +447,6 @@ def _resize_misfit(fusion, resized: dict[str, list[int]], outputs, row_axes,
         if t in outputs or t in sources:
             return f"{t} is resized: it cannot be {'written' if t in outputs else 'reduced'} " \
                    f"in a reduction segment"
-    return None
-
-
-def _resize_of_result(fusion, resizes, stage: Mapping[str, int]) -> str | None:
-    """Why a resize in a plain reduction's epilogue cannot be there, or None. A resize reads its
-    operand at a shifted index; the kernel holds a reduction's result only at the reduced-domain
-    index its thread owns, so an operand computed from a result cannot be read elsewhere."""
-    for i in resizes:
-        op = fusion.ops[i]
-        for src in op.inputs:
-            if stage.get(src, 0) > 0:
-                return f"{op.name} ({op.outputs[0]}) reads {src}, computed from a reduction " \
-                       f"result, at a shifted index: the kernel holds that result only at " \
-                       f"its own index"
     return None
 
 
