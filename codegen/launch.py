@@ -131,8 +131,11 @@ COLUMN_MAX_VECTOR = 4  # columns a thread of a column reduction sums
 
 
 def column_reduction_launch(bound: Bound, schedule: Schedule, profile: DeviceProfile,
-                            cols: int, rows: int, max_vector: int) -> ColumnReductionLaunch:
-    """``cols``: the kept extent; ``rows``: the reduced one."""
+                            cols: int, rows: int, max_vector: int, whole_rows: bool = False
+                            ) -> ColumnReductionLaunch:
+    """``cols``: the kept extent; ``rows``: the reduced one. ``whole_rows``: each block takes
+    whole rows of the innermost axis and the reduction is not split across blocks (the
+    epilogue reads results of the block's other columns, see ``optimizer.kinds.resize``)."""
     innermost = schedule.domain[-1] if schedule.domain else 1
     vec = vector_width(bound, schedule.inputs, innermost, min(COLUMN_MAX_VECTOR, max_vector))
     col_vecs = -(-cols // vec)
@@ -145,9 +148,14 @@ def column_reduction_launch(bound: Bound, schedule: Schedule, profile: DevicePro
         # take fewer rows at a time and more columns.
         by //= 2
         bx *= 2
+    if whole_rows:  # a multiple of a row's vectors; 256 threads a block where a row allows
+        row_vecs = innermost // vec  # (vec divides the innermost extent)
+        bx = row_vecs * max(1, round(bx / row_vecs))
+        while by > 1 and bx * by > 256:
+            by //= 2
     grid_x = -(-col_vecs // bx)
     split = 1
-    if grid_x < 2 * profile.sm_count and rows >= 64 * by:
+    if not whole_rows and grid_x < 2 * profile.sm_count and rows >= 64 * by:
         split = min(-(-4 * profile.sm_count // grid_x), rows // (16 * by))
         split = max(split, 1)
     return ColumnReductionLaunch(vec, segment_index_type(bound, schedule), bx, by, grid_x,

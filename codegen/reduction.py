@@ -41,7 +41,9 @@ from codegen.online import accumulator_bytes, add_batched, segment_reducers
 from codegen.regions import LANE, Region
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
+from optimizer.errors import PlanError
 from optimizer.kinds.gather import ROW_GATHERS
+from optimizer.kinds.resize import reads_results_shifted
 from optimizer.kinds.rules import Schedule
 from optimizer.profiles import DeviceProfile
 
@@ -76,8 +78,9 @@ def generate_reduction(bound: Bound, schedule: Schedule, profile: DeviceProfile,
         loaded = [t for t in schedule.inputs if _varies_along(schedule, t, red_axes)]
         return builder.build_inner(row_reduction_launch(
             bound, schedule, profile, rows, row_len, loaded or schedule.inputs, max_vector))
+    staged = reads_results_shifted(bound, schedule.ops, schedule.reductions)
     return builder.build_outer(column_reduction_launch(bound, schedule, profile, rows, row_len,
-                                                       max_vector))
+                                                       max_vector, staged), staged)
 
 
 class _Builder:
@@ -268,9 +271,40 @@ class _Builder:
                               {"layout": "inner", "vector": vec, "split": split,
                                "index_type": self.itype})
 
+    def staged_results(self, epi: Region, vec: int):
+        """The outer epilogue's delegate: a reduction result at another column of the thread's
+        row (along the innermost axis; the block holds whole rows) is read from row 0 of the
+        combining buffer, where the block staged its results."""
+        last = len(self.domain) - 1
+        first_col = self.keep_names[-1]  # the innermost index of the thread's lane 0
+        results = {}
+        for k, r in enumerate(self.reducers):
+            for out, _ in r.results(self.bound, "acc"):
+                results[out] = (k, r)
+
+        def staged(tensor: str, idx) -> str | None:
+            if tensor not in results:
+                return None
+            own = epi.index_of(tensor)
+            amap = self.schedule.axis_map[tensor]
+            along = [j for j, m in enumerate(amap) if m == last]
+            if len(along) != 1 or any(a != b for j, (a, b) in enumerate(zip(idx, own))
+                                      if j != along[0]):
+                raise PlanError(f"{tensor} is read at {list(idx)}: a reduction result is "
+                                f"staged along the innermost axis only")
+            k, r = results[tensor]
+            col = f"threadIdx.x * {vec} + {idx[along[0]]} - {first_col}"
+            expr = dict(r.results(self.bound, f"smem{k}[0][{col}]"))[tensor]
+            return epi.em.let_value(tensor, expr, note=" (staged, another column)")
+
+        return staged
+
     # ---- outer layout -------------------------------------------------------------------------
 
-    def build_outer(self, launch: ColumnReductionLaunch) -> SegmentKernels:
+    def build_outer(self, launch: ColumnReductionLaunch, staged: bool = False
+                    ) -> SegmentKernels:
+        """``staged``: the epilogue reads results at other columns of the thread's row (RoPE's
+        rotate-half of a group sum): the block stages them in shared memory first."""
         sched = self.schedule
         cols, rows_r = self.rows, self.row_len  # kept ("columns") and reduced extents
         vec, bx, by, grid_x, split = launch.vector, launch.bx, launch.by, launch.grid_x, \
@@ -314,7 +348,17 @@ class _Builder:
                          self.p_idx(keep_names, ["0"] * len(self.red_axes),
                                     len(self.domain) - 1 if vec > 1 else None),
                          vec, self.aligned, params, self.names)
+            if staged:
+                epi.em.delegate_to(self.staged_results(epi, vec))
             self.epilogue(epi, lambda r: f"acc{self.reducers.index(r)}[{LANE}]")
+            if staged:  # row 0 of each combining buffer takes the block's results
+                for k in range(len(self.reducers)):
+                    comb.append(f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) "
+                                f"smem{k}[0][threadIdx.x * {vec} + {LANE}] = acc{k}[{LANE}];")
+                body += indent(comb, 2) + ["}", "__syncthreads();",
+                                           "// the epilogue: results of other columns from there",
+                                           "if (threadIdx.y == 0 && active) {"]
+                comb = []
             comb += epi.lane_block([])
             out_params = list(sched.outputs)
         body += indent(comb, 2) + ["}"]

@@ -9,23 +9,72 @@ second kernel. For classification, a resize ties the axes it leaves alone, and e
 lands on the domain axis its operand's lands on (its *partner*): the same loop axis, read at
 another position. Such a segment must be a plain reduction (a persistent kernel keeps rows by
 the domain's extents), a resized axis must be a kept one, no written tensor or reduced
-value may have a resized axis (those are indexed by the domain directly), and no resize may read
-a value computed from the segment's reduction results (the epilogue holds a result only at the
-index its thread owns, not at the shifted one: Thunder's RoPE of a group sum).
+value may have a resized axis (those are indexed by the domain directly). A resize may read a
+value computed from the segment's reduction results (Thunder's RoPE of a group sum) only along
+the innermost domain axis, kept and at most ``STAGED_ROW_LIMIT`` long: the kernel stages its
+results in shared memory, each block holding whole rows of that axis (``codegen/reduction.py``),
+so the epilogue reads them at the shifted column; along any other axis the shifted index would
+be another block's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
-from optimizer.analysis.axes import AxisKey, AxisMap
+from optimizer.analysis.axes import AxisEntry, AxisKey, AxisMap
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.fusion import Op
 from optimizer.ir.opspec import OpClass, get_spec
 
+# The longest innermost axis along which an epilogue reads reduction results at a shifted
+# column: a block's threads cover whole rows of it (1024 one-lane threads at most).
+STAGED_ROW_LIMIT = 1024
+
 
 def is_resize(op: Op) -> bool:
     return get_spec(op.name).op_class is OpClass.RESIZE
+
+
+def shifted_result_misfit(bound: Bound, resizes: Iterable[int], stage: Mapping[str, int],
+                          domain: Sequence[int], axis_map: Mapping[str, tuple[AxisEntry, ...]],
+                          row_axes: Sequence[int]) -> str | None:
+    """Why a resize in a plain reduction's epilogue cannot be there, or None: one that reads a
+    value computed from a reduction result (``stage`` > 0) must shift along the innermost
+    domain axis alone, kept, and at most ``STAGED_ROW_LIMIT`` long."""
+    fusion = bound.fusion
+    last = len(domain) - 1
+    for i in resizes:
+        op = fusion.ops[i]
+        src = next((n for n in op.inputs if stage.get(n, 0) > 0), None)
+        if src is None:
+            continue
+        along = {axis_map[op.outputs[0]][a] for a in _resized_axes(bound, op)}
+        why = None
+        if along != {last} or last in row_axes:
+            why = "along an axis other than the innermost kept one, where a thread's block " \
+                  "holds other results"
+        elif domain[last] > STAGED_ROW_LIMIT:
+            why = f"along an innermost axis of {domain[last]}, over the {STAGED_ROW_LIMIT} " \
+                  f"a block stages"
+        if why:
+            return f"{op.name} ({op.outputs[0]}) reads {src}, computed from a reduction " \
+                   f"result, at a shifted index {why}"
+    return None
+
+
+def reads_results_shifted(bound: Bound, ops: Sequence[int], reductions: Sequence[int]) -> bool:
+    """Whether a resize among ``ops`` reads a value computed from the results of
+    ``reductions`` (the kernel then stages its results in shared memory)."""
+    fusion = bound.fusion
+    derived = {o for i in reductions for o in fusion.ops[i].outputs}
+    for i in sorted(ops):
+        op = fusion.ops[i]
+        if i in reductions or not derived.intersection(op.inputs):
+            continue
+        if is_resize(op):
+            return True
+        derived.update(op.outputs)
+    return False
 
 
 def tie_resizes(bound: Bound, axes: AxisMap, ops: Iterable[Op]

@@ -38,7 +38,12 @@ from optimizer.ir.ops_misc import reduction_axes
 from optimizer.kinds.gather import may_gather_rows, row_gather_misfit, tie_row_gathers
 from optimizer.kinds.online import online_pairs
 from optimizer.kinds.persistent import Extension, Persistence, analyze_persistence
-from optimizer.kinds.resize import is_resize, place_through_partner, tie_resizes
+from optimizer.kinds.resize import (
+    is_resize,
+    place_through_partner,
+    shifted_result_misfit,
+    tie_resizes,
+)
 from optimizer.profiles import DeviceProfile
 
 
@@ -393,7 +398,8 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
                               for i in row_reductions):
         return Rejection("a reduction reads another reduction's result")
     if resizes and not needs_rows:
-        why = _resize_of_result(fusion, resizes, persistence.stage)
+        why = shifted_result_misfit(bound, resizes, persistence.stage, domain, axis_map,
+                                    row_axes)
         if why:
             return Rejection(why)
     trailing = row_axes == tuple(range(len(domain) - len(row_axes), len(domain)))
@@ -462,23 +468,12 @@ def _resize_misfit(fusion, resized: dict[str, list[int]], outputs, row_axes,
     return None
 
 
-def _resize_of_result(fusion, resizes, stage: Mapping[str, int]) -> str | None:
-    """Why a resize in a plain reduction's epilogue cannot be there, or None. A resize reads its
-    operand at a shifted index; the kernel holds a reduction's result only at the reduced-domain
-    index its thread owns, so an operand computed from a result cannot be read elsewhere."""
-    for i in resizes:
-        op = fusion.ops[i]
-        for src in op.inputs:
-            if stage.get(src, 0) > 0:
-                return f"{op.name} ({op.outputs[0]}) reads {src}, computed from a reduction " \
-                       f"result, at a shifted index: the kernel holds that result only at " \
-                       f"its own index"
-    return None
-
-
 def _place(axes: AxisMap, axis_id, pos: dict) -> AxisEntry:
-    """The domain axis of an axis id, or the run of domain axes a compound axis is made of
-    (consecutive, outer first); None if it has neither."""
+    """The domain axis of an axis id, or the domain axes a compound axis is made of (outer
+    first); None if it has neither. The parts need not be adjacent in the domain, nor in its
+    order: a kernel indexes the axis as their row-major join (``i1 * 128 + i4``), so a group
+    sum writes a permute + reshape of its result (Thunder's dv, [B, S, H * D] of [B, H, S, D])
+    itself instead of leaving a copy kernel."""
     if axis_id is None:
         return None
     if axis_id in pos:
@@ -486,10 +481,7 @@ def _place(axes: AxisMap, axis_id, pos: dict) -> AxisEntry:
     parts = axes.parts(axis_id)
     if not parts or any(p not in pos for p in parts):
         return None
-    run = tuple(pos[p] for p in parts)
-    if run != tuple(range(run[0], run[0] + len(run))):
-        return None
-    return run
+    return tuple(pos[p] for p in parts)
 
 
 def _complete_by_position(bound: Bound, axes: AxisMap, tensors, pos: dict, domain) -> None:
