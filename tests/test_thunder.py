@@ -172,6 +172,9 @@ def test_blocks_have_no_layout_only_region_and_match_torch(name, dtype):
     ours = thunder.jit(model, executors=[fusecut_ex])
     theirs = thunder.jit(reference, executors=[thunder.pytorch_executor])
     atol, rtol = TOLERANCE[dtype]
+    # a fixed input: in bf16 one element in about 30 draws lands past the tolerance (two
+    # roundings of a gradient apart), whichever test ran before
+    torch.manual_seed(0)
     x = torch.randn(2, 8, 32, dtype=dtype)
     assert_same_step(ours, theirs, model, reference, x, *extra, atol=atol, rtol=rtol)
     if dtype == torch.float32:
