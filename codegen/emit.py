@@ -227,14 +227,20 @@ class Emitter:
         conds = [c for clamp, c in self._piece_guards.items() if clamp in component]
         return " && ".join(conds) if conds else None
 
-    def vector_piece(self, base: str, offset: int, extent: int) -> tuple[str, str]:
+    def vector_piece(self, base: str, offset: int, extent: int, axis: int) -> tuple[str, str]:
         """A whole vector's index into a piece of ``extent`` elements at ``offset`` along an
-        axis, where ``base`` (a multiple of the vector width) indexes the vector's first lane,
-        and the condition that the vector lies in the piece: (index, condition). The index is
-        clamped into the piece, so a read outside its condition stays in bounds."""
+        axis of ``axis`` elements, where ``base`` (a multiple of the vector width) indexes the
+        vector's first lane, and the condition that the vector lies in the piece: (index,
+        condition). The index is clamped into the piece, so a read outside its condition stays
+        in bounds."""
         local = f"({base} - {offset})" if offset else base
         clamp = f"fc_clampi<{self.itype}>({local}, {extent - self.resizes.width})"
-        bounds = ([f"{base} >= {offset}"] if offset else []) + [f"{base} < {offset + extent}"]
+        # (a bound the axis implies is left out: a weaker condition, where it differs, only
+        # reads more)
+        bounds = ([f"{base} >= {offset}"] if offset else []) + \
+            ([f"{base} < {offset + extent}"] if offset + extent < axis else [])
+        if not bounds:  # the piece is the whole axis
+            return f"({clamp} + {LANE})", "true"
         cond = f"({' && '.join(bounds)})"
         self._piece_guards[clamp] = cond
         return f"({clamp} + {LANE})", cond
@@ -527,7 +533,8 @@ class Emitter:
                 continue
             lane = self._whole_vector(tensor, a, idx[a])
             if lane is not None:  # the whole vector is data or padding
-                piece, cond = self.vector_piece(lane, lo, shape[a])
+                piece, cond = self.vector_piece(lane, lo, shape[a],
+                                                self.bound.shapes[tensor][a])
                 conds.append(cond)
                 src_idx.append(piece)
                 continue
@@ -550,7 +557,8 @@ class Emitter:
             if extent:
                 flags = self.bound.broadcast[name]
                 if lane is not None:
-                    at = self.vector_piece(lane, offset, extent)[0]
+                    at = self.vector_piece(lane, offset, extent,
+                                           self.bound.shapes[tensor][dim])[0]
                 else:
                     local = f"({idx[dim]} - {offset})" if offset else idx[dim]
                     at = f"fc_clampi<{self.itype}>({local}, {extent - 1})"

@@ -30,7 +30,8 @@ from tests.host_kernels import run_on_host
 ROWS = 48
 # rotate_half of a 128-wide row split at SPLIT (a slice, a negation, a cat), the lower part
 # padded back to the row from the left, and a slice starting at column 4 padded back from the
-# right: aligned for bf16 vectors of 8 at SPLIT 64 (the last pair never is), misaligned at 60
+# right, and the lower part padded on both sides: aligned for bf16 vectors of 8 at SPLIT 64
+# (the slice from column 4 never is), misaligned at 60
 RESIZES = """
 T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
 T1 = fd.ops.slice(T0, start_indices=[0, SPLIT], end_indices=[ROWS, 128], strides=[1, 1])
@@ -47,8 +48,10 @@ T11 = fd.ops.add(T9, T10)
 T12 = fd.ops.cast(T11, dtype=DataType.BFloat16)
 T13 = fd.ops.slice(T0, start_indices=[0, 4], end_indices=[ROWS, 128], strides=[1, 1])
 T14 = fd.ops.pad(T13, pad_widths=[0, 4, 0, 0])
+T15 = fd.ops.pad(T2, pad_widths=[HALF, HALF, 0, 0])
 fd.add_output(T12)
 fd.add_output(T14)
+fd.add_output(T15)
 """
 # a read that is a vector of a piece, under the condition that the vector lies in it
 GUARDED_READ = re.compile(r"\) \? \*reinterpret_cast<const fc_vec<__nv_bfloat16, 8>\*>")
@@ -63,7 +66,8 @@ def _plan(body: str, *metas):
 
 
 def _resizes(split: int):
-    body = RESIZES.replace("SPLIT", str(split)).replace("REST", str(128 - split))
+    body = RESIZES.replace("SPLIT", str(split)).replace("REST", str(128 - split)) \
+        .replace("HALF", str((128 - split) // 2))
     return _plan(body.replace("ROWS", str(ROWS)), tensor_meta((ROWS, 128), DType.bfloat16))
 
 
@@ -80,12 +84,16 @@ def _host_outputs(plan, seg, inputs: list[torch.Tensor], tmp_path, vector=None):
 
 def test_aligned_pieces_are_read_as_whole_vectors():
     src = generate_segment(*_one(_resizes(64))).source
-    # the cat's two pieces: one guarded vector read each, the conditions per vector (x1 is
-    # its first lane's column); the pad's data is the second piece's read, shared
-    assert len(GUARDED_READ.findall(src)) == 2, src
+    # the cat's two pieces and the two-sided pad's data: one guarded vector read each, the
+    # conditions per vector (x1 is its first lane's column); the left pad's data is the cat's
+    # second piece's read, shared
+    assert len(GUARDED_READ.findall(src)) == 3, src
     assert "(x1 < 64) ? *reinterpret_cast" in src
-    assert "(x1 >= 64 && x1 < 128) ? *reinterpret_cast" in src
+    assert "(x1 >= 64) ? *reinterpret_cast" in src
     assert "(x1 < 64 ? " in src  # the cat selects once per vector
+    # the pad on both sides: its data is the vectors of the lower half, moved by 32
+    assert "(x1 >= 32 && x1 < 96) ? *reinterpret_cast" in src
+    assert "const float T15 = ((x1 >= 32 && x1 < 96)) ? " in src
     # the slice from column 4, padded back, is not aligned: it alone stays lane by lane
     assert len(LANE_CLAMP.findall(src)) == 1, src
     assert "in_T0[x0 * 128 + (4 + fc_clampi<int>((x1 + _lane), 123))]" in src
