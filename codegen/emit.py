@@ -212,11 +212,19 @@ class Emitter:
             return hit
         if len(extents) == 1:
             return (expr,)
+        first = lane_base(expr)
+        # the lanes of a vector within the innermost part share every other part: they are
+        # the first lane's, and the innermost part is a vector's index again
+        lanes = first is not None and self.resizes.width > 1 and \
+            extents[-1] % self.resizes.width == 0
+        whole = (first if re.fullmatch(r"\w+", first) else f"({first})") if lanes else expr
         out, stride = [], math.prod(extents)
         for e in extents:
             stride //= e
-            q = f"({expr} / {stride})" if stride > 1 else expr
+            q = f"({whole} / {stride})" if stride > 1 else whole
             out.append(q if len(out) == 0 else f"({q} % {e})")
+        if lanes:
+            out[-1] = f"({out[-1]} + {LANE})"
         self.joined_from[(tuple(out), extents)] = expr
         return tuple(out)
 

@@ -156,11 +156,14 @@ class _Tiled:
         self.domain_idx = tuple(self.lane_of if k == self.a and self.vec > 1 else x
                                 for k, x in enumerate(self.xs))
         self.resizes = whole_vector_resizes(bound, schedule.ops, self.vec)
-        if self.resizes.axes and any(lane_base(i) not in (None, self.xs[self.a])
+        self.reads_writes = self.accesses()
+        if any(lane_base(i) not in (None, self.xs[self.a])
                and not self.whole_vector(r.tensor, r.idx)
-               for r in self.accesses()[0] for i in r.idx):
-            # a piece read across its rows: read it lane by lane, so that it can be staged
+               for r in self.reads_writes[0] for i in r.idx):
+            # a piece, or a split axis, read across its rows: read it lane by lane, so that it
+            # can be staged
             self.resizes = NO_RESIZES
+            self.reads_writes = self.accesses()
 
     def whole_vector(self, t: str, idx: tuple[str, ...]) -> bool:
         """Whether input t is read at ``idx`` as one vector (the lanes walk its unit stride)."""
@@ -214,7 +217,7 @@ class _Tiled:
         a = self.a
         if self.domain[a] < MIN_EXTENT:
             return None
-        reads, writes = self.accesses()
+        reads, writes = self.reads_writes
         weight: dict[int, int] = {}
         for acc in reads + writes:
             if acc.follows(a):

@@ -147,7 +147,7 @@ def _one(plan):
     return plan, plan.segments[0]
 
 
-# ---- the RoPE regions ----------------------------------------------------------------------------
+# ---- the RoPE regions ---------------------------------------------------------------------------
 
 def _rope_fwd(seq: int | None = None):
     """tests/corpus/rope_fwd_thunder.py, at its own size or with a shorter sequence."""
@@ -190,3 +190,32 @@ def test_rope_fwd_equals_the_reference_on_the_cpu(tmp_path, monkeypatch):
     want = run_reference(parsed.fusion, inputs)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w.contiguous(), rtol=0, atol=0)
+
+
+# ---- a vector's lanes inside a split axis ------------------------------------------------------
+
+HEADS_MERGED = """
+T0 = fd.define_tensor(shape=[-1, -1, -1], contiguity=[True, True, True], dtype=DataType.BFloat16)
+T1 = fd.ops.permute(T0, dims=[1, 0, 2])
+T2 = fd.ops.reshape(T1, new_shape=[16, WIDTH])
+fd.add_output(T2)
+"""
+
+
+@pytest.mark.parametrize("head", [128, 60])
+def test_lanes_inside_one_head_of_a_merged_axis_are_one_vector(head, tmp_path):
+    """[heads, seq, head] -> [seq, heads * head], as the RoPE backward writes k's and v's
+    gradients: with 128-wide heads a vector of 8 lanes lies in one head, read as one vector at
+    the first lane's head and column; 60-wide heads split vectors, read lane by lane."""
+    plan = _plan(HEADS_MERGED.replace("WIDTH", str(8 * head)),
+                 tensor_meta((8, 16, head), DType.bfloat16))
+    src = generate_segment(plan, plan.segments[0]).source
+    if head == 128:
+        assert f"in_T0 + (x1 / {head}) * 2048 + x0 * {head} + ((x1 % {head})))" in src, src
+        assert "in_T0[" not in src
+    else:
+        assert f"in_T0[((x1 + _lane) / {head}) * 960 + x0 * {head} + ((x1 + _lane) % {head})]" \
+            in src, src
+    x = torch.randn(8, 16, head).to(torch.bfloat16)
+    got = _host_outputs(plan, plan.segments[0], [x], tmp_path)
+    torch.testing.assert_close(got[0], run_reference(plan.bound.fusion, [x])[0], rtol=0, atol=0)
