@@ -30,6 +30,7 @@ import re
 from collections.abc import Callable
 
 from codegen import cuda
+from codegen.resize import NO_RESIZES, VectorResizes
 from optimizer.analysis.axes import reshape_spans
 from optimizer.analysis.opclass import Role, role
 from optimizer.analysis.shapes import Bound
@@ -40,8 +41,9 @@ from optimizer.ir.ops_misc import reduction_axes
 from optimizer.ir.ops_shape import pad_widths_by_axis, slice_bounds
 
 Index = tuple[str, ...]
+LANE = "_lane"  # a vectorised kernel's lane within a vector
 _SIMPLE = re.compile(r"[A-Za-z_]\w*(\[\w+\]|\.\w+)*")  # a name, maybe indexed: no work to repeat
-_LANE_SUM = re.compile(r"\((.+) \+ (_lane)\)")  # a vectorised kernel's innermost index
+_LANE_SUM = re.compile(rf"\((.+) \+ ({LANE})\)")  # a vectorised kernel's innermost index
 BOOL_OPS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"}
 PULL_DEPTH = 50  # producers one pull may go through (about 5 Python frames each)
 
@@ -103,11 +105,13 @@ class Emitter:
     reads an input; ``fast``: tensors whose op may use fast math; ``flat_index``: a kernel that
     knows the row-major position of an index in its domain cheaply (the pointwise loop's flat
     counter) supplies it, flat_index(tensor, idx) -> (base, lane) expressions or None (random
-    numbers need the linear index of each element)."""
+    numbers need the linear index of each element); ``resizes``: the slices, pads and cats
+    that keep the kernel's vectors whole (their pieces are read a vector at a time)."""
 
     def __init__(self, bound: Bound, ops: tuple[int, ...], inputs: set[str],
                  load: Callable[[str, Index], str], itype: str, names: Names | None = None,
-                 fast: frozenset[str] = frozenset(), flat_index: FlatIndex | None = None):
+                 fast: frozenset[str] = frozenset(), flat_index: FlatIndex | None = None,
+                 resizes: VectorResizes = NO_RESIZES):
         self.bound = bound
         self.fusion = bound.fusion
         self.producer = {o: i for i in ops for o in self.fusion.ops[i].outputs}
@@ -131,6 +135,10 @@ class Emitter:
         # joined index expression and extents -> the parts (see join)
         self.joined: dict[tuple[str, tuple[int, ...]], Index] = {}
         self.joined_from: dict[tuple[Index, tuple[int, ...]], str] = {}  # the reverse of split
+        # resizes read a vector at a time (codegen.resize), and the condition under which each
+        # clamped vector index they made is read at all (see lane_guard)
+        self.resizes = resizes
+        self._piece_guards: dict[str, str] = {}
 
     def delegate_to(self, delegate: Callable[[str, Index], str | None]) -> None:
         """Compute what ``delegate`` answers for elsewhere (see ``self.delegate``)."""
@@ -204,13 +212,51 @@ class Emitter:
             return hit
         if len(extents) == 1:
             return (expr,)
+        first = lane_base(expr)
+        # the lanes of a vector within the innermost part share every other part: they are
+        # the first lane's, and the innermost part is a vector's index again
+        lanes = first is not None and self.resizes.width > 1 and \
+            extents[-1] % self.resizes.width == 0
+        whole = (first if re.fullmatch(r"\w+", first) else f"({first})") if lanes else expr
         out, stride = [], math.prod(extents)
         for e in extents:
             stride //= e
-            q = f"({expr} / {stride})" if stride > 1 else expr
+            q = f"({whole} / {stride})" if stride > 1 else whole
             out.append(q if len(out) == 0 else f"({q} % {e})")
+        if lanes:
+            out[-1] = f"({out[-1]} + {LANE})"
         self.joined_from[(tuple(out), extents)] = expr
         return tuple(out)
+
+    def lane_guard(self, component: str) -> str | None:
+        """The condition under which a vector read at the index ``component`` is needed: a
+        clamped piece index (``vector_piece``) is only read where the vector lies in its piece,
+        as the condition is a function of the clamp's text, shared values stay sound."""
+        conds = [c for clamp, c in self._piece_guards.items() if clamp in component]
+        return " && ".join(conds) if conds else None
+
+    def vector_piece(self, base: str, offset: int, extent: int, axis: int) -> tuple[str, str]:
+        """A whole vector's index into a piece of ``extent`` elements at ``offset`` along an
+        axis of ``axis`` elements, where ``base`` (a multiple of the vector width) indexes the
+        vector's first lane, and the condition that the vector lies in the piece: (index,
+        condition). The index is clamped into the piece, so a read outside its condition stays
+        in bounds."""
+        local = f"({base} - {offset})" if offset else base
+        clamp = f"fc_clampi<{self.itype}>({local}, {extent - self.resizes.width})"
+        # (a bound the axis implies is left out: a weaker condition, where it differs, only
+        # reads more)
+        bounds = ([f"{base} >= {offset}"] if offset else []) + \
+            ([f"{base} < {offset + extent}"] if offset + extent < axis else [])
+        if not bounds:  # the piece is the whole axis
+            return f"({clamp} + {LANE})", "true"
+        cond = f"({' && '.join(bounds)})"
+        self._piece_guards[clamp] = cond
+        return f"({clamp} + {LANE})", cond
+
+    def _whole_vector(self, tensor: str, axis: int, component: str) -> str | None:
+        """The first lane's index of a vector read whole by resize ``tensor`` along ``axis``
+        (where launch decided the resize keeps vectors whole and the lanes run along it)."""
+        return lane_base(component) if self.resizes.whole(tensor, axis) else None
 
     def ref_int(self, x) -> int:
         return int(self.bound.scalars[x.name]) if isinstance(x, Ref) else int(x)
@@ -460,6 +506,10 @@ class Emitter:
                 s, _ = slice_bounds(shape[a], self.ref_int(op.attrs["start_indices"][a]),
                                     self.ref_int(op.attrs["end_indices"][a]),
                                     op.attrs["manual_normalization"])
+                lane = self._whole_vector(op.outputs[0], a, idx[a]) if s else None
+                if lane is not None:  # the vector, moved whole
+                    out.append(f"({s} + {lane} + {LANE})")
+                    continue
                 term = idx[a] if strides[a] == 1 else f"{idx[a]} * {strides[a]}"
                 out.append(term if s == 0 else f"({s} + {term})")
             return tuple(out)
@@ -489,6 +539,13 @@ class Emitter:
             if lo == 0 and shape[a] == self.bound.shapes[tensor][a]:
                 src_idx.append("0" if flags[a] else idx[a])
                 continue
+            lane = self._whole_vector(tensor, a, idx[a])
+            if lane is not None:  # the whole vector is data or padding
+                piece, cond = self.vector_piece(lane, lo, shape[a],
+                                                self.bound.shapes[tensor][a])
+                conds.append(cond)
+                src_idx.append(piece)
+                continue
             shifted = f"({idx[a]} - {lo})" if lo else idx[a]
             conds.append(f"({shifted} >= 0 && {shifted} < {shape[a]})")
             src_idx.append("0" if flags[a] else f"fc_clampi<{self.itype}>({shifted}, "
@@ -500,23 +557,28 @@ class Emitter:
 
     def _op_cat(self, op, tensor, idx):
         dim = op.attrs["dim"] % len(self.bound.shapes[tensor])
+        lane = self._whole_vector(tensor, dim, idx[dim])  # each vector in one piece
         pieces = []
         offset = 0
         for name in op.inputs:
             extent = self.bound.shapes[name][dim]
             if extent:
                 flags = self.bound.broadcast[name]
-                local = f"({idx[dim]} - {offset})" if offset else idx[dim]
-                src_idx = tuple("0" if flags[a] else (
-                    f"fc_clampi<{self.itype}>({local}, {extent - 1})" if a == dim else idx[a])
-                    for a in range(len(idx)))
+                if lane is not None:
+                    at = self.vector_piece(lane, offset, extent,
+                                           self.bound.shapes[tensor][dim])[0]
+                else:
+                    local = f"({idx[dim]} - {offset})" if offset else idx[dim]
+                    at = f"fc_clampi<{self.itype}>({local}, {extent - 1})"
+                src_idx = tuple("0" if flags[a] else (at if a == dim else idx[a])
+                                for a in range(len(idx)))
                 pieces.append((offset + extent, self.value(name, src_idx)))
             offset += extent
         if not pieces:  # every operand is empty along dim: so is the output, never read
             return self.let_value(tensor, cuda.literal(0, self.dtype(tensor)))
         expr = pieces[-1][1]
         for end, val in reversed(pieces[:-1]):
-            expr = f"({idx[dim]} < {end} ? {val} : {expr})"
+            expr = f"({idx[dim] if lane is None else lane} < {end} ? {val} : {expr})"
         return self.let_value(tensor, expr)
 
     def _gather_index(self, index_tensor: str, idx: Index, extent: int) -> str:
@@ -564,10 +626,10 @@ class Emitter:
             if hit is not None:
                 return hit
         lane = "0u"
-        last = _LANE_SUM.fullmatch(idx[-1]) if idx else None
+        first = lane_base(idx[-1]) if idx else None
         # the vector lane apart: the lanes of a vector may then share a Philox block
-        if last is not None and _balanced(last.group(1)):
-            idx, lane = (*idx[:-1], last.group(1)), f"(unsigned int){last.group(2)}"
+        if first is not None:
+            idx, lane = (*idx[:-1], first), f"(unsigned int){LANE}"
         terms, stride = [], 1
         for i, e in zip(reversed(idx), reversed(self.bound.shapes[tensor])):
             if i != "0" and e != 1:
@@ -624,6 +686,13 @@ def join_index(parts: Index, extents: tuple[int, ...]) -> str:
     if not terms:
         return "0"
     return f"({' + '.join(reversed(terms))})"
+
+
+def lane_base(component: str) -> str | None:
+    """``B`` of a vector's index component ``(B + _lane)`` (B, the first lane's index, is a
+    multiple of the vector width), or None when the component is not of that form."""
+    m = _LANE_SUM.fullmatch(component)
+    return m.group(1) if m is not None and _balanced(m.group(1)) else None
 
 
 def _linearize(idx: Index, shape) -> str:

@@ -18,6 +18,7 @@ from codegen.kernel import reducer
 from codegen.layout import address, covering_grid, index_type, tensor_strides
 from codegen.online import accumulator_bytes
 from codegen.regions import LANE, tensor_index, vector_address
+from codegen.resize import NO_RESIZES, VectorResizes, whole_vector_resizes
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.opspec import get_spec
@@ -31,11 +32,13 @@ MAX_VECTOR = 8  # lanes: 16-byte vectors of 16-bit values
 @dataclass(frozen=True)
 class LaunchDecision:
     """What every generated kernel decides first: ``vector`` lanes per load and store, its
-    ``index_type`` (``int`` or ``int64``) and ``unroll`` vectors per thread per step."""
+    ``index_type`` (``int`` or ``int64``), ``unroll`` vectors per thread per step and the
+    ``resizes`` (slices, pads, cats) that keep its vectors whole."""
 
     vector: int
     index_type: str
     unroll: int = 1
+    resizes: VectorResizes = NO_RESIZES
 
 
 def vector_width(bound: Bound, tensors: Sequence[str], innermost: int,
@@ -68,8 +71,9 @@ def pointwise_launch(bound: Bound, schedule: Schedule, innermost: int,
     """A pointwise kernel's decisions; ``innermost``: the extent its vectors run along;
     ``vector``: a width the caller imposes (1: the scalar fallback)."""
     tensors = list(schedule.inputs) + list(schedule.outputs)
-    return LaunchDecision(vector or vector_width(bound, tensors, innermost),
-                          segment_index_type(bound, schedule), unroll_for(bound, schedule))
+    vec = vector or vector_width(bound, tensors, innermost)
+    return LaunchDecision(vec, segment_index_type(bound, schedule), unroll_for(bound, schedule),
+                          whole_vector_resizes(bound, schedule.ops, vec))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 from codegen import cuda
-from codegen.emit import Emitter, Names
+from codegen.emit import Emitter, Names, lane_base
 from codegen.kernel import (
     Kernel,
     SegmentKernels,
@@ -40,13 +40,13 @@ from codegen.layout import (
     tensor_strides,
 )
 from codegen.precision import fast_math_tensors
+from codegen.regions import LANE, at_lane_zero, vector_read
 from codegen.transpose import generate_transpose
 from optimizer.analysis.shapes import Bound
 from optimizer.kinds.rules import Schedule
 from optimizer.profiles import DeviceProfile
 
 THREADS = 256
-LANE = "_lane"
 
 
 class _Unmergeable(Exception):
@@ -151,16 +151,18 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
             pre.append(f"{name_}[u] = {value};")
             return f"{name_}[u]"
         lanes = [a for a, i in enumerate(idx) if LANE in i]
-        if (vec > 1 and len(lanes) == 1 and idx[lanes[0]] == run_lane
-                and strides[lanes[0]] == 1
+        # the innermost index, or a whole vector of a slice, pad or cat piece (codegen.resize)
+        first = lane_base(idx[lanes[0]]) if vec > 1 and len(lanes) == 1 else None
+        if (first is not None and strides[lanes[0]] == 1
                 and all(s % vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
-            base = tuple(run_names[-1] if a == lanes[0] else i for a, i in enumerate(idx))
+            base = tuple(at_lane_zero(i) if a == lanes[0] else i for a, i in enumerate(idx))
             key = (t, base)
             if key not in vec_loads:
                 vname = em.names.fresh(f"vec_{t}")
                 decls.append(f"fc_vec<{st}, {vec}> {vname}[{unroll}];")
-                pre.append(f"{vname}[u] = *reinterpret_cast<const fc_vec<{st}, {vec}>*>(in_{t} + "
-                           f"{address(base, strides)});")
+                read = vector_read(st, vec, f"in_{t} + {address(base, strides)}",
+                                   em.lane_guard(idx[lanes[0]]))
+                pre.append(f"{vname}[u] = {read};")
                 vec_loads[key] = vname
                 aligned[t] = vec * d.itemsize
             return cuda.to_compute(f"{vec_loads[key]}[u].v[{LANE}]", d)
@@ -177,7 +179,7 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
                 else None
 
     em = Emitter(bound, schedule.ops, set(schedule.inputs), load, itype, Names(recomputed),
-                 fast_math_tensors(bound, schedule), flat_index)
+                 fast_math_tensors(bound, schedule), flat_index, launch.resizes)
     stores_after: list[str] = []
     vec_outputs: list[str] = []
     for t in schedule.outputs:

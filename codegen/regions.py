@@ -13,14 +13,14 @@ import re
 from collections.abc import Callable
 
 from codegen import cuda
-from codegen.emit import Emitter, Names, join_index, value_name
+from codegen.emit import LANE, Emitter, Names, join_index, value_name
 from codegen.layout import address, compact_strides, tensor_strides
 from codegen.precision import fast_math_tensors
+from codegen.resize import whole_vector_resizes
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.shapes import Bound
 from optimizer.kinds.rules import Schedule
 
-LANE = "_lane"
 _DECLARED = re.compile(r"\s*const [\w<>, :]+? (\w+) = ")
 _WORD = re.compile(r"[A-Za-z_]\w*")
 
@@ -45,7 +45,8 @@ class Region:
         self._computed: set[str] = set()  # names the statements declare (see _reads_computed)
         self._scanned = 0
         self.em = Emitter(bound, schedule.ops, set(schedule.inputs), self._load, itype, names,
-                          fast_math_tensors(bound, schedule))
+                          fast_math_tensors(bound, schedule),
+                          resizes=whole_vector_resizes(bound, schedule.ops, vec))
 
     def index_of(self, tensor: str) -> tuple[str, ...]:
         """The tensor's index in this region, through its axis map onto the domain (an axis on
@@ -123,9 +124,9 @@ class Region:
             key = (t, base)
             if key not in self._vec_loads:
                 vname = em.names.fresh(f"vec_{t}")
-                self.pre.append(f"const fc_vec<{st}, {self.vec}> {vname} = *reinterpret_cast<"
-                                f"const fc_vec<{st}, {self.vec}>*>(in_{t} + "
-                                f"{address(base, strides)});")
+                read = vector_read(st, self.vec, f"in_{t} + {address(base, strides)}",
+                                   em.lane_guard(idx[a]))
+                self.pre.append(f"const fc_vec<{st}, {self.vec}> {vname} = {read};")
                 self._vec_loads[key] = vname
                 self.aligned[t] = self.vec * d.itemsize
             return cuda.to_compute(f"{self._vec_loads[key]}.v[{LANE}]", d)
@@ -159,6 +160,15 @@ def tensor_index(schedule: Schedule, p_idx: tuple[str, ...], tensor: str,
             out.append(join(tuple(p_idx[a] for a in run),
                             tuple(schedule.domain[a] for a in run)))
     return tuple(out)
+
+
+def vector_read(storage: str, vec: int, pointer: str, guard: str | None = None) -> str:
+    """A vector of ``vec`` values of C type ``storage`` at ``pointer`` (aligned to the
+    vector); where ``guard`` is given, read only under it (zeros otherwise: a piece of a cat or
+    pad the vector does not lie in)."""
+    vt = f"fc_vec<{storage}, {vec}>"
+    read = f"*reinterpret_cast<const {vt}*>({pointer})"
+    return f"{guard} ? {read} : {vt}{{}}" if guard else read
 
 
 def vector_address(bound: Bound, t: str, idx: tuple[str, ...], vec: int) -> str | None:

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 
 from codegen import cuda
-from codegen.emit import Emitter, Names
+from codegen.emit import Emitter, Names, lane_base
 from codegen.kernel import Kernel, SegmentKernels, assemble, indent, signature, tensor_params
 from codegen.launch import segment_index_type, vector_width
 from codegen.layout import (
@@ -41,7 +41,8 @@ from codegen.layout import (
     tensor_strides,
 )
 from codegen.precision import fast_math_tensors
-from codegen.regions import LANE, lane_loop
+from codegen.regions import LANE, at_lane_zero, lane_loop, vector_read
+from codegen.resize import NO_RESIZES, whole_vector_resizes
 from optimizer.analysis.shapes import Bound
 from optimizer.kinds.rules import Schedule
 from optimizer.profiles import DeviceProfile
@@ -154,6 +155,23 @@ class _Tiled:
         self.lane_of = f"({self.xs[self.a]} + {LANE})" if self.vec > 1 else ""
         self.domain_idx = tuple(self.lane_of if k == self.a and self.vec > 1 else x
                                 for k, x in enumerate(self.xs))
+        self.resizes = whole_vector_resizes(bound, schedule.ops, self.vec)
+        self.reads_writes = self.accesses()
+        if any(lane_base(i) not in (None, self.xs[self.a])
+               and not self.whole_vector(r.tensor, r.idx)
+               for r in self.reads_writes[0] for i in r.idx):
+            # a piece, or a split axis, read across its rows: read it lane by lane, so that it
+            # can be staged
+            self.resizes = NO_RESIZES
+            self.reads_writes = self.accesses()
+
+    def whole_vector(self, t: str, idx: tuple[str, ...]) -> bool:
+        """Whether input t is read at ``idx`` as one vector (the lanes walk its unit stride)."""
+        lanes = [k for k, i in enumerate(idx) if LANE in i]
+        strides = tensor_strides(self.bound, t)
+        return (self.vec > 1 and len(lanes) == 1 and lane_base(idx[lanes[0]]) is not None
+                and strides[lanes[0]] == 1
+                and all(s % self.vec == 0 for k, s in enumerate(strides) if k != lanes[0]))
 
     def unfold(self, comp: str) -> str:
         """An index component with the vector lane folded into the innermost index: what the
@@ -177,7 +195,7 @@ class _Tiled:
             return f"ld{len(reads)}"
 
         em = Emitter(self.bound, self.schedule.ops, set(self.schedule.inputs), record,
-                     self.itype, Names())
+                     self.itype, Names(), resizes=self.resizes)
         for t in self.schedule.outputs:
             em.raw(t, self.out_idx(t))
         writes = []
@@ -199,7 +217,7 @@ class _Tiled:
         a = self.a
         if self.domain[a] < MIN_EXTENT:
             return None
-        reads, writes = self.accesses()
+        reads, writes = self.reads_writes
         weight: dict[int, int] = {}
         for acc in reads + writes:
             if acc.follows(a):
@@ -342,22 +360,22 @@ class _Tiled:
                 pre.append(f"{name}[it] = {value};")
                 return f"{name}[it]"
             lanes = [k for k, i in enumerate(idx) if LANE in i]
-            if (vec > 1 and len(lanes) == 1 and idx[lanes[0]] == self.lane_of
-                    and strides[lanes[0]] == 1
-                    and all(s % vec == 0 for k, s in enumerate(strides) if k != lanes[0])):
-                base = tuple(xa if k == lanes[0] else i for k, i in enumerate(idx))
+            if self.whole_vector(t, idx):
+                base = tuple(at_lane_zero(i) if k == lanes[0] else i for k, i in enumerate(idx))
                 if (t, base) not in vec_loads:
                     vname = em.names.fresh(f"vec_{t}")
                     decls.append(f"fc_vec<{st}, {vec}> {vname}[{cph.iters}];")
-                    pre.append(f"{vname}[it] = *reinterpret_cast<const fc_vec<{st}, {vec}>*>("
-                               f"in_{t} + {address(base, strides)});")
+                    read = vector_read(st, vec, f"in_{t} + {address(base, strides)}",
+                                       em.lane_guard(idx[lanes[0]]))
+                    pre.append(f"{vname}[it] = {read};")
                     vec_loads[(t, base)] = vname
                     aligned[t] = max(aligned.get(t, 1), vec * d.itemsize)
                 return cuda.to_compute(f"{vec_loads[(t, base)]}[it].v[{LANE}]", d)
             return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
 
         em = Emitter(self.bound, sched.ops, set(sched.inputs), load, self.itype,
-                     Names(self.recomputed), fast_math_tensors(self.bound, sched))
+                     Names(self.recomputed), fast_math_tensors(self.bound, sched),
+                     resizes=self.resizes)
         out_decls, stores_after = [], []
         for t in sched.outputs:
             d = fusion.tensors[t].dtype

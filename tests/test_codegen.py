@@ -821,7 +821,8 @@ def test_pointwise_threads_take_two_vectors_a_step_and_one_for_long_chains():
     source = generate_segment(plan, plan.segments[0]).source
     assert "// 2 vectors per thread per step" in source
     assert generate_segment(plan, plan.segments[0]).kernels[0].grid == (8192, 1, 1)
-    chain = "\n".join(["T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)"]
-                      + [f"T{i + 1} = fd.ops.tanh(T{i})" for i in range(40)] + ["fd.add_output(T40)"])
+    chain = "\n".join(
+        ["T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)"]
+        + [f"T{i + 1} = fd.ops.tanh(T{i})" for i in range(40)] + ["fd.add_output(T40)"])
     plan = make_plan(fusion(chain), [tensor_meta((1 << 20,), DType.float32)])
     assert "// 1 vectors per thread per step" in generate_segment(plan, plan.segments[0]).source

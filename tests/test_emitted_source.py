@@ -23,10 +23,11 @@ from tests.helpers import fusion, small_metas
 
 PINS = Path(__file__).parent / "data" / "emitted_sources.json"
 # one or more of each generated kind: pointwise, transpose, reduction, normalization,
-# inner_outer, at a small size and at the repro's own (64-bit indexing, other launch shapes)
+# inner_outer, at a small size and at the repro's own (64-bit indexing, other launch shapes);
+# rope_fwd_thunder: a cat of slices read a vector at a time (its sizes are fixed: both are its own)
 CASES = ("gelu_tanh_fwd", "adam_step", "transpose_add", "seed_3334_reduction_broadcast_pointwise",
          "layernorm_fwd", "rmsnorm_fwd", "layernorm_bwd", "seed_2146_rmsnorm_bwd",
-         "bias_dropout_add_layernorm", "group_norm_fwd")
+         "bias_dropout_add_layernorm", "group_norm_fwd", "rope_fwd_thunder")
 GREEDY = PlanOptions(segmenter="greedy", time_limit_s=30)
 # row sums: short rows (a warp per row), long rows split across blocks, and a pointwise kernel
 # past 2**31 elements (64-bit indexing); sizes as metadata, nothing is allocated
