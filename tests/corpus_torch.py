@@ -171,6 +171,28 @@ def rmsnorm_bwd_thunder(g0, g1, w, x, rstd, g_res):
     return [(g_res.float() + dx).to(bf16), (xf * rstd * g).sum((0, 1)).to(bf16)]
 
 
+def rope_fwd_thunder(v, cos, q, sin, k):
+    """Thunder's RoPE forward region of a Llama-3 block traced on the CPU: q's and k's RoPE, k
+    and v repeated from 8 to 16 heads, q and k scaled for the attention's product (k
+    transposed for it)."""
+    scale = 0.29730177875068026
+    b, s, kv_heads, d = k.shape
+
+    def rope(x):  # bf16 [b, heads, s, d] -> float
+        half = d // 2
+        rotated = torch.cat([(-x[..., half:].float()).to(bf16), x[..., :half]], -1)
+        return x.float() * cos + rotated.float() * sin
+
+    def repeat(x):  # [b, 8, s, d] -> [b, 16, s, d], each head twice in a row
+        return x.unsqueeze(2).expand(b, kv_heads, 2, s, d).reshape(b, 2 * kv_heads, s, d)
+
+    vh = v.reshape(b, s, kv_heads, d).permute(0, 2, 1, 3)
+    k16 = repeat(rope(k.permute(0, 2, 1, 3)).to(bf16))
+    q_out = (rope(q.permute(0, 2, 1, 3)) * scale).to(bf16).permute(0, 2, 1, 3)
+    k_out = (k16.transpose(2, 3).float() * scale).to(bf16).permute(0, 2, 1, 3)
+    return [repeat(vh).permute(0, 2, 1, 3), q_out, k_out]
+
+
 def silu_mul_fwd(a, b):
     a = a.float()
     return [(a * (1.0 / (1.0 + torch.exp(-a))) * b.float()).to(bf16)]
@@ -196,12 +218,13 @@ CASES = {f.__name__: f for f in (
     layernorm_bwd, layernorm_fwd, mlp_gelu, rmsnorm_bwd_2d_weight, rmsnorm_fwd,
     seed_2146_rmsnorm_bwd, seed_3334_reduction_broadcast_pointwise, seed_3366_neg_broadcast_mul,
     seed_4147_stream_set, seed_4147_stream_two_ops, seed_4269_forward_full, silu_mul_fwd,
-    softmax_bwd, softmax_fwd, transpose_add, rope_bwd_gqa_thunder, rmsnorm_bwd_thunder)}
+    softmax_bwd, softmax_fwd, transpose_add, rope_bwd_gqa_thunder, rmsnorm_bwd_thunder,
+    rope_fwd_thunder)}
 
 # Cases whose definitions fix their sizes (a reshape's shape, slice and pad bounds): the numbers
 # to rewrite for the same definition at a size a CPU test runs quickly.
 FIXED_SIZES = {"rope_bwd_gqa_thunder": {"2048": "16", "1024": "256", "128": "32", "64": "16"},
-               "rmsnorm_bwd_thunder": {"2048": "16"}}
+               "rmsnorm_bwd_thunder": {"2048": "16"}, "rope_fwd_thunder": {"2048": "32"}}
 
 
 def small_definition(text: str, name: str) -> str:
