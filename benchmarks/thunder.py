@@ -261,6 +261,9 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown models {unknown}; known: {', '.join(MODEL_NAMES)}")
     if args.child:
+        from runtime import launcher
+
+        launcher.native(wait=True)  # steps are timed on the path users get once it is built
         for step in args.steps.split(","):
             for model in models:
                 run_model(step, model, args.iters, args.width,
