@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from codegen import cuda
 from codegen.emit import describe_op
-from codegen.preamble import preamble
+from codegen.preamble import HEADER, PIECES, preamble
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.dtypes import DType
 from optimizer.ir.fusion import Op
@@ -137,6 +137,34 @@ def assemble(body: list[str]) -> str:
     """The source of a segment's kernels: the helpers they use, then their code."""
     code = "\n".join(drop_unread(body)) + "\n"
     return preamble(code) + "\n" + code
+
+
+def code_of(source: str) -> str | None:
+    """The kernels' code of a source ``assemble`` made (what follows its preamble), or None if
+    it is not one. The preamble is its header and pieces in ``PIECES`` order, none of whose
+    texts begins another's, so stripping them in that order is exact; the result is checked."""
+    rest = source.removeprefix(HEADER)
+    for piece in PIECES:
+        rest = rest.removeprefix("\n" + piece.text)
+    code = rest.removeprefix("\n")
+    return code if preamble(code) + "\n" + code == source else None
+
+
+def joined(parts: list[SegmentKernels], notes: dict[str, object]) -> SegmentKernels | None:
+    """One segment's kernels generated apart (each part's kernels already named apart), launched
+    in the parts' order: one source with one preamble, then each part's code (None if a part's
+    source is not an assembled one). A tensor two parts read keeps the larger alignment."""
+    codes = [code_of(p.source) for p in parts]
+    if any(c is None for c in codes):
+        return None
+    code = "".join(codes)
+    aligned: dict[str, int] = {}
+    for p in parts:
+        for t, a in p.vector_aligned.items():
+            aligned[t] = max(aligned.get(t, 1), a)
+    return SegmentKernels(parts[0].segment, parts[0].kind, preamble(code) + "\n" + code,
+                          [k for p in parts for k in p.kernels],
+                          [w for p in parts for w in p.workspaces], aligned, notes)
 
 
 _DECLARATION = re.compile(r"\s*const [\w<>, :]+? (\w+) = [^;]*;(\s*//.*)?")

@@ -17,6 +17,7 @@ and a kernel that needs a per-axis index anyway (slice, pad, iota, a guarded sto
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from codegen import cuda
 from codegen.emit import Emitter, Names, lane_base
@@ -26,10 +27,11 @@ from codegen.kernel import (
     assemble,
     drop_unread,
     indent,
+    joined,
     signature,
     tensor_params,
 )
-from codegen.launch import pointwise_launch
+from codegen.launch import pointwise_launch, segment_index_type
 from codegen.layout import (
     address,
     compact_strides,
@@ -47,6 +49,9 @@ from optimizer.kinds.rules import Schedule
 from optimizer.profiles import DeviceProfile
 
 THREADS = 256
+# a tiled segment splits off its untiled part only where the inputs both kernels read are at
+# most this fraction of its bytes (read twice, they should cost next to nothing)
+SHARED_READS = 16
 
 
 class _Unmergeable(Exception):
@@ -60,13 +65,89 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
     segment, marked in comments), indexing adjacent domain axes that every tensor it
     reads or writes walks contiguously (or not at all) with one flat index: the per-axis
     indices of a row-major domain cost a division and a remainder per vector (by a constant, but
-    several instructions and registers for each of the vectors in flight)."""
-    domain = list(schedule.domain)
-    if numel(domain) == 0:
+    several instructions and registers for each of the vectors in flight). A segment whose
+    tensors disagree on the innermost axis gets the tiled kernel (``codegen.transpose``), or
+    two kernels where part of it needs no tiles (``_split_off_untiled``)."""
+    if numel(schedule.domain) == 0:
         return SegmentKernels(index, "pointwise", "", [])
     tiled = generate_transpose(bound, schedule, profile, index, vector, recomputed)
     if tiled is not None:  # its tensors disagree on the innermost axis
-        return tiled
+        return _split_off_untiled(bound, schedule, profile, index, vector, recomputed) or tiled
+    return _direct(bound, schedule, index, vector, recomputed)
+
+
+def _split_off_untiled(bound: Bound, schedule: Schedule, profile: DeviceProfile, index: int,
+                       vector: int | None, recomputed: frozenset[int]) -> SegmentKernels | None:
+    """A tiled segment as two kernels, or None: the components of its op graph whose own
+    kernel would not be tiled run in a direct kernel (vectorised, axes merged where it can),
+    the rest in the tiled one, instead of being walked tile by tile with it (RoPE forward: q's
+    RoPE and v's repeat beside k's transposed RoPE). Only where both kernels index alike (one
+    ``index_t`` per source) and the inputs both read are small: they are read twice."""
+    direct_ops: list[int] = []
+    tiled_ops: list[int] = []
+    for ops in op_components(bound, schedule):
+        part = restricted(bound, schedule, ops)
+        needs_tiles = generate_transpose(bound, part, profile, index, vector, recomputed)
+        (direct_ops if needs_tiles is None else tiled_ops).extend(ops)
+    direct, tiled = restricted(bound, schedule, direct_ops), restricted(bound, schedule, tiled_ops)
+    if (not direct.outputs or not tiled.outputs
+            or sorted(direct.outputs + tiled.outputs) != sorted(schedule.outputs)
+            or segment_index_type(bound, direct) != segment_index_type(bound, tiled)):
+        return None  # an output no op of the segment writes; or two index types
+    total = sum(bound.nbytes(t) for t in schedule.inputs + schedule.outputs)
+    shared = set(direct.inputs) & set(tiled.inputs)
+    if sum(bound.nbytes(t) for t in shared) * SHARED_READS > total:
+        return None
+    second = generate_transpose(bound, tiled, profile, index, vector, recomputed)
+    if second is None:
+        return None
+    first = _direct(bound, direct, index, vector, recomputed)
+    writes = {first.kernels[0].name: list(direct.outputs),
+              second.kernels[0].name: list(tiled.outputs)}
+    return joined([first, second], second.notes | {"writes": writes, "direct": first.notes})
+
+
+def op_components(bound: Bound, schedule: Schedule) -> list[list[int]]:
+    """The segment's ops (program order) in the connected components of its own op graph: ops
+    connected through a tensor or scalar one of them computes; what they read from global
+    memory connects nothing. Components in the order of their first op."""
+    fusion = bound.fusion
+    producer = {t: i for i in schedule.ops for t in fusion.ops[i].outputs}
+    parent = {i: i for i in schedule.ops}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in schedule.ops:
+        for t in fusion.ops[i].inputs:
+            if t in producer:
+                parent[root(i)] = root(producer[t])
+    components: dict[int, list[int]] = {}
+    for i in schedule.ops:
+        components.setdefault(root(i), []).append(i)
+    return list(components.values())
+
+
+def restricted(bound: Bound, schedule: Schedule, ops) -> Schedule:
+    """The part of a pointwise schedule that runs ``ops``: the inputs they read and the outputs
+    they write, over the segment's domain (so its kernel indexes them as the segment's would)."""
+    fusion = bound.fusion
+    kept = set(ops)
+    read = {t for i in kept for t in fusion.ops[i].inputs}
+    written = {t for i in kept for t in fusion.ops[i].outputs}
+    outputs = tuple(t for t in schedule.outputs if t in written)
+    return replace(schedule, ops=tuple(i for i in schedule.ops if i in kept),
+                   inputs=tuple(t for t in schedule.inputs if t in read), outputs=outputs,
+                   axis_map={t: schedule.axis_map[t] for t in outputs})
+
+
+def _direct(bound: Bound, schedule: Schedule, index: int, vector: int | None,
+            recomputed: frozenset[int]) -> SegmentKernels:
+    """The direct (untiled) kernel, with adjacent axes merged where every access allows."""
+    domain = list(schedule.domain)
     per_axis = [(a, a) for a in range(len(domain))]
     kernels, rows = _generate(bound, schedule, index, vector, recomputed, per_axis)
     if rows is None:  # an access that is not a plain domain index (slice, pad, gather...)

@@ -235,6 +235,20 @@ def small_definition(text: str, name: str) -> str:
     return re.sub(r"\b(" + "|".join(sizes) + r")\b", lambda m: sizes[m.group(1)], text)
 
 
+def assert_cpu_path_equals_oracle(name: str, parsed, plan) -> None:
+    """``plan`` of corpus case ``name`` (``parsed``), run on the CPU path on seeded inputs,
+    equals the case's torch code (to a bf16 rounding)."""
+    from runtime.executor import execute_plan
+    from runtime.tensors import make_input
+
+    gen = torch.Generator().manual_seed(0)
+    args = [make_input(m, generator=gen) for m in parsed.inputs]
+    got = execute_plan(plan, args).outputs
+    for a, e in zip(got, CASES[name](*args), strict=True):
+        assert a.shape == e.shape and a.dtype == e.dtype
+        torch.testing.assert_close(a.float(), e.float(), rtol=2e-2, atol=2e-2)
+
+
 class _Lazy:
     def __init__(self, fn, args):
         self.fn, self.args = fn, args

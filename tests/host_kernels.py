@@ -1,7 +1,9 @@
 """Generated pointwise kernels run on the CPU: the source compiled as C++ by the host compiler,
 with the CUDA built-ins such a kernel uses defined for the host, and every thread of every block
 run in turn. Only kernels without shared memory or barriers (each thread's work stands alone);
-enough to check, without a GPU, the values a kernel computes, its vector reads included.
+enough to check, without a GPU, the values a kernel computes, its vector reads included. Another
+kernel of the same source may use them: it is compiled (shared memory as static arrays, barriers
+as nothing), never run.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ HOST_CUDA = r"""
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __shared__ static
+static inline void __syncthreads() {}
 struct fc_dim3 { unsigned int x, y, z; };
 static fc_dim3 threadIdx, blockIdx, blockDim, gridDim;
 struct __nv_bfloat16 { unsigned short x; };
@@ -41,13 +45,17 @@ static inline __nv_bfloat16 __float2bfloat16(float f) {
 """
 
 
-def run_on_host(sk: SegmentKernels, args: dict[str, torch.Tensor], workdir: Path) -> None:
-    """Run the segment's one kernel over CPU tensors: ``args`` maps each tensor parameter (an
-    input read or an output written in place) to its tensor."""
+def run_on_host(sk: SegmentKernels, args: dict[str, torch.Tensor], workdir: Path,
+                name: str | None = None) -> None:
+    """Run the segment's kernel ``name`` (default: its one kernel) over CPU tensors: ``args``
+    maps each tensor parameter (an input read or an output written in place) to its tensor."""
     cxx = compiler()
     assert cxx is not None, "no C++ compiler"
-    assert len(sk.kernels) == 1 and "__shared__" not in sk.source
-    kernel = sk.kernels[0]
+    assert name is not None or len(sk.kernels) == 1
+    kernel = next(k for k in sk.kernels if name in (None, k.name))
+    # its code: from its name to the next kernel's declaration
+    code = sk.source.split(f" {kernel.name}(", 1)[1].split('extern "C"', 1)[0]
+    assert "__shared__" not in code and "__syncthreads" not in code, "threads that cooperate"
     assert all(p.kind in ("in", "out") for p in kernel.params), "tensor parameters only"
     (grid, _, _), (block, _, _) = kernel.grid, kernel.block
     casts = [re.sub(r"\s*__restrict__", "", p.ctype) for p in kernel.params]

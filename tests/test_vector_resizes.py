@@ -169,8 +169,9 @@ def test_rope_fwd_reads_the_rotated_halves_as_vectors():
     assert len(GUARDED_READ.findall(src)) == 4, src
     assert "fc_clampi<int>((x3 - 64), 56)" in src
     assert re.search(r"fc_clampi<\w+>\(\(*x3 \+ _lane\)", src) is None
-    # v, read through the reshape that splits its heads, is a vector too
-    assert "vec_T0[it] = *reinterpret_cast" in src
+    # v, read through the reshape that splits its heads, is a vector too (in the direct kernel
+    # beside the tiled one: tests/test_tiled_split.py)
+    assert "vec_T0[u] = *reinterpret_cast" in src
     assert "in_T0[" not in src and "in_T2[" not in src and "in_T5[" not in src
     compile_cubin(src, "sm_90", sk.kernels[0].name)
 
