@@ -197,3 +197,25 @@ def test_the_code_of_an_assembled_source_is_what_follows_its_preamble():
     assert code_of(source) == "\n".join(body) + "\n" and source != code_of(source)
     assert code_of("// no preamble\n") is None
     assert code_of(source.replace("fc_max(x", "x + (x")) is None  # a piece nothing uses
+
+
+def test_batched_tiles_run_consecutively_in_a_block():
+    """Where the domain has batch axes a block takes TILES_PER_BLOCK consecutive tiles, the
+    batch index fastest, so they share the window of the batch-broadcast cos/sin tables; a
+    transpose without batch axes keeps one tile per block."""
+    from codegen import transpose
+
+    def _plan(name):
+        parsed = parse_text((CORPUS / f"{name}.py").read_text())
+        return make_plan(parsed.fusion, parsed.inputs, PlanOptions(time_limit_s=2))
+
+    run = transpose.TILES_PER_BLOCK
+    plan = _plan("rope_fwd_thunder")
+    sk = generate_segment(plan, plan.segments[0])
+    tiled = [k for k in sk.kernels if k.name.endswith("_transpose")][0]
+    assert tiled.grid == (-(-8192 // run), 1, 1)
+    assert f"for (index_t tile = (index_t)blockIdx.x * {run}; tile < tile_end; ++tile)" in sk.source
+    assert "const index_t batch = tile % 128;" in sk.source
+    plan = _plan("transpose_add")
+    source = generate_segment(plan, plan.segments[0]).source
+    assert "tile += gridDim.x" in source and "tile_end" not in source
