@@ -55,6 +55,7 @@ SMEM_LIMIT = 48 * 1024  # static shared memory of one block
 # then comes from L1 instead of L2 (H100, rope_fwd_thunder: 179 us against 189 at one tile a
 # block; 4 and 16 were slower than 8).
 TILES_PER_BLOCK = 8
+MIN_RUN_BLOCKS = 1024  # blocks the grid keeps when it does (rope_fwd_thunder: 1024)
 TILES = (64, 32)  # tile edge, largest first: 64 keeps 8-16 KiB per block in flight
 
 # index components the emitter writes for a plain domain index ``xk`` (after the vector lane is
@@ -452,7 +453,10 @@ class _Tiled:
         batch = math.prod(self.domain[k] for k in batch_axes)
         n_tiles = tiles_a * tiles_b * batch
         name = f"fusecut_segment{self.index}_transpose"
-        run = TILES_PER_BLOCK if batch_axes else 1
+        # several tiles a block where they share a window (as many batch indices as tiles) and
+        # the grid stays about a wave of resident blocks or more
+        run = TILES_PER_BLOCK if (batch_axes and batch >= TILES_PER_BLOCK
+                                  and n_tiles >= MIN_RUN_BLOCKS * TILES_PER_BLOCK) else 1
         if run > 1:  # a block's tiles share their window of the batch-broadcast inputs
             tile_pos = [f"const index_t batch = tile % {batch};",
                         f"const index_t a0 = ((tile / {batch}) % {tiles_a}) * {tile};",
