@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from codegen import cuda
 from codegen.emit import describe_op
-from codegen.preamble import HEADER, PIECES, preamble
+from codegen.preamble import preamble
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.dtypes import DType
 from optimizer.ir.fusion import Op
@@ -39,16 +40,21 @@ class Workspace:
 
 @dataclass
 class SegmentKernels:
-    """Everything the runtime needs to run one segment: one CUDA source, its kernels in launch
-    order, scratch buffers, and which tensors must be 16-byte-vector aligned."""
+    """Everything the runtime needs to run one segment: one CUDA source (the helpers its kernels'
+    ``code`` uses, then that code), its kernels in launch order, scratch buffers, and which
+    tensors must be 16-byte-vector aligned."""
 
     segment: int
     kind: str
-    source: str
+    code: str  # the kernels' code (``kernel_code``); empty where the segment has no kernel
     kernels: list[Kernel]
     workspaces: list[Workspace] = field(default_factory=list)
     vector_aligned: dict[str, int] = field(default_factory=dict)  # tensor -> alignment bytes
     notes: dict[str, object] = field(default_factory=dict)
+
+    @cached_property
+    def source(self) -> str:
+        return preamble(self.code) + "\n" + self.code if self.code else ""
 
 
 @dataclass
@@ -133,36 +139,21 @@ def reducer(bound: Bound, op_index: int) -> Reducer:
     return Reducer(op_index, op, src, ct, identity, functor, False, vt)
 
 
-def assemble(body: list[str]) -> str:
-    """The source of a segment's kernels: the helpers they use, then their code."""
-    code = "\n".join(drop_unread(body)) + "\n"
-    return preamble(code) + "\n" + code
+def kernel_code(body: list[str]) -> str:
+    """A segment's kernels' code from their lines, without the values nothing reads (its source
+    adds the helpers the code uses: ``SegmentKernels.source``)."""
+    return "\n".join(drop_unread(body)) + "\n"
 
 
-def code_of(source: str) -> str | None:
-    """The kernels' code of a source ``assemble`` made (what follows its preamble), or None if
-    it is not one. The preamble is its header and pieces in ``PIECES`` order, none of whose
-    texts begins another's, so stripping them in that order is exact; the result is checked."""
-    rest = source.removeprefix(HEADER)
-    for piece in PIECES:
-        rest = rest.removeprefix("\n" + piece.text)
-    code = rest.removeprefix("\n")
-    return code if preamble(code) + "\n" + code == source else None
-
-
-def joined(parts: list[SegmentKernels], notes: dict[str, object]) -> SegmentKernels | None:
+def joined(parts: list[SegmentKernels], notes: dict[str, object]) -> SegmentKernels:
     """One segment's kernels generated apart (each part's kernels already named apart), launched
-    in the parts' order: one source with one preamble, then each part's code (None if a part's
-    source is not an assembled one). A tensor two parts read keeps the larger alignment."""
-    codes = [code_of(p.source) for p in parts]
-    if any(c is None for c in codes):
-        return None
-    code = "".join(codes)
+    in the parts' order: one source, one preamble. A tensor two parts read keeps the larger
+    alignment."""
     aligned: dict[str, int] = {}
     for p in parts:
         for t, a in p.vector_aligned.items():
             aligned[t] = max(aligned.get(t, 1), a)
-    return SegmentKernels(parts[0].segment, parts[0].kind, preamble(code) + "\n" + code,
+    return SegmentKernels(parts[0].segment, parts[0].kind, "".join(p.code for p in parts),
                           [k for p in parts for k in p.kernels],
                           [w for p in parts for w in p.workspaces], aligned, notes)
 

@@ -37,8 +37,8 @@ from codegen.kernel import (
     KernelParam,
     SegmentKernels,
     Workspace,
-    assemble,
     indent,
+    kernel_code,
     reducer,
     signature,
     tensor_params,
@@ -403,7 +403,7 @@ class _Persistent:
             kernels.append(fk)
             workspaces = [Workspace(f"c{k}", parts * self.row_len * accumulator_bytes(r))
                           for k, r in enumerate(self.col_reducers)]
-        return SegmentKernels(self.index, self.kind.value, assemble(code), kernels, workspaces,
+        return SegmentKernels(self.index, self.kind.value, kernel_code(code), kernels, workspaces,
                               self.aligned, notes)
 
     def stage(self, s: int, row_region: Region, persisted: list[str], tid: str) -> list[str]:

@@ -24,10 +24,10 @@ from codegen.emit import Emitter, Names, lane_base
 from codegen.kernel import (
     Kernel,
     SegmentKernels,
-    assemble,
     drop_unread,
     indent,
     joined,
+    kernel_code,
     signature,
     tensor_params,
 )
@@ -332,5 +332,5 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
         raise _Unmergeable
     kernel = Kernel(name, params, (blocks, 1, 1), (THREADS, 1, 1))
     notes = {"vector": vec, "index_type": itype} | ({"indexed_as": extents} if merged else {})
-    return SegmentKernels(index, "pointwise", assemble(body), [kernel], [], aligned,
+    return SegmentKernels(index, "pointwise", kernel_code(body), [kernel], [], aligned,
                           notes), rows

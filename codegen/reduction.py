@@ -21,8 +21,8 @@ from codegen.kernel import (
     KernelParam,
     SegmentKernels,
     Workspace,
-    assemble,
     indent,
+    kernel_code,
     signature,
     tensor_params,
 )
@@ -266,7 +266,7 @@ class _Builder:
             kernels_code += [""] + code
             kernels.append(k)
             workspaces = self.workspaces(split)
-        return SegmentKernels(self.index, "reduction", assemble(kernels_code), kernels,
+        return SegmentKernels(self.index, "reduction", kernel_code(kernels_code), kernels,
                               workspaces, self.aligned,
                               {"layout": "inner", "vector": vec, "split": split,
                                "index_type": self.itype})
@@ -376,6 +376,6 @@ class _Builder:
             code += [""] + fcode
             kernels.append(fk)
             workspaces = self.workspaces(split)
-        return SegmentKernels(self.index, "reduction", assemble(code), kernels, workspaces,
+        return SegmentKernels(self.index, "reduction", kernel_code(code), kernels, workspaces,
                               self.aligned, {"layout": "outer", "vector": vec, "split": split,
                                              "index_type": self.itype})

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from codegen import cuda
 from codegen.emit import Emitter, Names, lane_base
-from codegen.kernel import Kernel, SegmentKernels, assemble, indent, signature, tensor_params
+from codegen.kernel import Kernel, SegmentKernels, indent, kernel_code, signature, tensor_params
 from codegen.launch import segment_index_type, vector_width
 from codegen.layout import (
     address,
@@ -500,7 +500,7 @@ class _Tiled:
         notes = {"scheme": "transpose", "tile": tile, "tile_axes": (b, a), "vector": vec,
                  "staged": list(dict.fromkeys(t for t, _ in staged_reads)),
                  "written_through_tiles": staged_writes, "index_type": self.itype}
-        return SegmentKernels(self.index, "pointwise", assemble(body), [kernel], [], aligned,
+        return SegmentKernels(self.index, "pointwise", kernel_code(body), [kernel], [], aligned,
                               notes)
 
 

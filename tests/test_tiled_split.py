@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from codegen import generate_segment
-from codegen.kernel import assemble, code_of
+from codegen.kernel import SegmentKernels, kernel_code
 from codegen.pointwise import op_components
-from codegen.preamble import HEADER
+from codegen.preamble import HEADER, preamble
 from optimizer.ir import parse_text
 from optimizer.ir.dtypes import DType
 from optimizer.ir.inputs import tensor_meta
@@ -190,13 +190,13 @@ def test_a_transpose_of_one_component_is_unchanged():
     assert [k.name for k in sk.kernels] == [TILED] and "writes" not in sk.notes
 
 
-def test_the_code_of_an_assembled_source_is_what_follows_its_preamble():
+def test_a_source_is_the_preamble_its_code_uses_then_the_code():
     body = ["typedef int index_t;", "// fc_vec<float, 4> names a preamble piece",
             "__device__ float f(float x) { return fc_max(x, 0.f); }"]
-    source = assemble(body)
-    assert code_of(source) == "\n".join(body) + "\n" and source != code_of(source)
-    assert code_of("// no preamble\n") is None
-    assert code_of(source.replace("fc_max(x", "x + (x")) is None  # a piece nothing uses
+    sk = SegmentKernels(0, "pointwise", kernel_code(body), [])
+    assert sk.code == "\n".join(body) + "\n"
+    assert sk.source == preamble(sk.code) + "\n" + sk.code and "fc_max(float a" in sk.source
+    assert SegmentKernels(0, "pointwise", "", []).source == ""  # no kernel, no source
 
 
 def test_batched_tiles_run_consecutively_in_a_block():
