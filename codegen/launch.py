@@ -20,6 +20,7 @@ from codegen.online import accumulator_bytes
 from codegen.regions import LANE, tensor_index, vector_address
 from codegen.resize import NO_RESIZES, VectorResizes, whole_vector_resizes
 from optimizer.analysis.axes import domain_axes
+from optimizer.analysis.scalars import RANDOM_OPS
 from optimizer.analysis.shapes import Bound
 from optimizer.ir.opspec import get_spec
 from optimizer.kinds.persistent import COLUMN, is_row_tensor
@@ -191,7 +192,6 @@ NORM_STREAM_BYTES = 64 * 1024
 # next row's copy then overlaps the arithmetic (bias_dropout_add_layernorm's two 8 KiB rows:
 # 192 us streamed against 207 in registers).
 NORM_STREAM_RANDOM_BYTES = 16 * 1024
-RANDOM_OPS = ("uniform", "normal")
 # Inner-outer blocks: threads per block (row groups of threads_per_row), blocks per SM, input
 # bytes each SM keeps in flight through the prefetch pipeline (32 KiB gives two stages for the
 # corpus cases, the fastest measured), and vectors per thread per row.
@@ -275,10 +275,9 @@ def streams_rows(bound: Bound, schedule: Schedule, profile: DeviceProfile,
         return False
     # the inputs read along the row and different in every row: a weight the same in every
     # row (or varying along part of it) is read once and stays in cache
-    rows_axes = [a for a in range(len(schedule.domain)) if a not in row_axes]
     along = [t for t in schedule.inputs
              if (steps := domain_steps(bound, schedule, t)).get(last) == 1
-             and any(a in steps for a in rows_axes)]
+             and not steps.keys() <= set(row_axes)]
     nbytes = sum(-(-row_len * bound.fusion.tensors[t].dtype.itemsize // 16) * 16
                  for t in along)
     random = any(bound.fusion.ops[i].name in RANDOM_OPS for i in schedule.ops)
