@@ -424,39 +424,53 @@ class _Tiled:
                                            f"loads along axis {a}") if pre else [])
         compute = _tile_loop(cph.iters, cpos, cinside, body_lines, "compute and store")
 
-        # phase 3: outputs along B
+        batch_axes = [k for k, e in enumerate(self.domain) if k not in (a, b) and e > 1]
+        repeat = repeated_axis(self.xs, self.domain, batch_axes,
+                               stage_loads + direct_loads + stage_stores + compute)
+        if staged_writes != list(sched.outputs):
+            repeat = None  # an output the compute phase stores needs its own tile per copy
+        copies = repeat[1] if repeat else 1
+
+        # phase 3: outputs along B (to every copy along a repeated axis)
         writes: list[str] = []
         for t in staged_writes:
             d = fusion.tensors[t].dtype
             st = cuda.storage(d)
             v = self.write_vector(t, b, tile)
             ph = TilePhase(tile, v)
-            idx = tuple(self.xs[m] if m is not None else "0" for m in sched.axis_map[t])
+            idx = tuple((self.xs[m] if repeat is None or m != repeat[0] else
+                         f"({self.xs[m]} + rep)") if m is not None else "0"
+                        for m in sched.axis_map[t])
             where = address(idx, compact_strides(self.bound, t))
+            copy_loop = [] if repeat is None else \
+                ["#pragma unroll", f"for (int rep = 0; rep < {copies}; ++rep)"]
             pos = [f"const int sl = {ph.slow('it')};  // along axis {a}",
                    f"const int fa = {ph.fast()};  // along axis {b}",
                    f"const index_t {xa} = a0 + sl;", f"const index_t {xb} = b0 + fa;"]
             inside = f"sl < {tile} && {xa} < {self.domain[a]} && {xb} < {self.domain[b]}"
             if v > 1:
                 put = [f"fc_vec<{st}, {v}> w;", "#pragma unroll",
-                       f"for (int j = 0; j < {v}; ++j) w.v[j] = {out_tile[t]}[fa + j][sl];",
+                       f"for (int j = 0; j < {v}; ++j) w.v[j] = {out_tile[t]}[fa + j][sl];"
+                       ] + copy_loop + [
                        f"*reinterpret_cast<fc_vec<{st}, {v}>*>(out_{t} + {where}) = w;"]
                 aligned[t] = max(aligned.get(t, 1), v * d.itemsize)
             else:
-                put = [f"out_{t}[{where}] = {out_tile[t]}[fa][sl];"]
+                put = [f"const {st} w = {out_tile[t]}[fa][sl];"] + copy_loop + \
+                    [f"out_{t}[{where}] = w;"]
             writes += _tile_loop(ph.iters, pos, inside, put, f"{t}: written along axis {b}")
 
         params = tensor_params(self.bound, sched.inputs, sched.outputs, em.params)
         tiles_a = -(-self.domain[a] // tile)
         tiles_b = -(-self.domain[b] // tile)
-        batch_axes = [k for k, e in enumerate(self.domain) if k not in (a, b) and e > 1]
-        batch = math.prod(self.domain[k] for k in batch_axes)
+        extents = [self.domain[k] // (copies if repeat and k == repeat[0] else 1)
+                   for k in batch_axes]
+        batch = math.prod(extents)
         n_tiles = tiles_a * tiles_b * batch
         name = f"fusecut_segment{self.index}_transpose"
         # several tiles a block where they share a window (as many batch indices as tiles) and
-        # the grid stays about a wave of resident blocks or more
-        run = TILES_PER_BLOCK if (batch_axes and batch >= TILES_PER_BLOCK
-                                  and n_tiles >= MIN_RUN_BLOCKS * TILES_PER_BLOCK) else 1
+        # the grid stays about a wave of resident blocks or more (counting the tiles written)
+        run = TILES_PER_BLOCK if (batch_axes and batch >= TILES_PER_BLOCK and n_tiles * copies
+                                  >= MIN_RUN_BLOCKS * TILES_PER_BLOCK) else 1
         if run > 1:  # a block's tiles share their window of the batch-broadcast inputs
             tile_pos = [f"const index_t batch = tile % {batch};",
                         f"const index_t a0 = ((tile / {batch}) % {tiles_a}) * {tile};",
@@ -467,8 +481,12 @@ class _Tiled:
         if batch_axes and run == 1:
             tile_pos.append(f"const index_t batch = tile / {tiles_a * tiles_b};")
         if batch_axes:
-            tile_pos += decompose("batch", [self.domain[k] for k in batch_axes],
-                                  [self.xs[k] for k in batch_axes], "index_t")
+            names = [self.xs[k] + ("_copy" if repeat and k == repeat[0] else "")
+                     for k in batch_axes]
+            tile_pos += decompose("batch", extents, names, "index_t")
+            if repeat:  # the first copy's index: the loads name it only divided by ``copies``
+                tile_pos.append(f"const index_t {self.xs[repeat[0]]} = "
+                                f"{self.xs[repeat[0]]}_copy * {copies};")
         # every global load of the step is issued before the first barrier
         step = tile_pos
         if staged_reads:
@@ -481,7 +499,9 @@ class _Tiled:
             step += ["__syncthreads();", f"// 3. the outputs laid out along axis {b}"] + writes
         step.append("__syncthreads();  // the tiles are free for the next step")
         body = [f"// segment {self.index}: pointwise over {self.domain}, tiled transpose: "
-                f"{tile} x {tile} tiles of axes ({b}, {a}), staged: "
+                f"{tile} x {tile} tiles of axes ({b}, {a})"
+                + (f", each written to {copies} copies along axis {repeat[0]}" if repeat else "")
+                + ", staged: "
                 + (", ".join(dict.fromkeys(t for t, _ in staged_reads)) or "-")
                 + "; written through tiles: " + (", ".join(staged_writes) or "-"),
                 f"typedef {self.itype} index_t;",
@@ -499,9 +519,28 @@ class _Tiled:
         kernel = Kernel(name, params, (blocks, 1, 1), (THREADS, 1, 1))
         notes = {"scheme": "transpose", "tile": tile, "tile_axes": (b, a), "vector": vec,
                  "staged": list(dict.fromkeys(t for t, _ in staged_reads)),
-                 "written_through_tiles": staged_writes, "index_type": self.itype}
+                 "written_through_tiles": staged_writes, "index_type": self.itype,
+                 "copies": {repeat[0]: copies} if repeat else {}}
         return SegmentKernels(self.index, "pointwise", kernel_code(body), [kernel], [], aligned,
                               notes)
+
+
+def repeated_axis(xs: list[str], domain: list[int], batch_axes: list[int], lines: list[str]
+                  ) -> tuple[int, int] | None:
+    """A batch axis k and a factor g > 1 such that the loads and the compute of a tile name
+    ``xk`` only as ``(xk / g)``: the g tiles at xk = g*i ... g*i + g-1 hold the same values (a
+    repeat, as grouped-query attention's k heads shared by g query heads), so one tile is
+    computed and written g times. The first such axis (one factor for all its uses)."""
+    text = "\n".join(lines)
+    for k in batch_axes:
+        uses = re.findall(rf"\b{xs[k]}\b", text)
+        divided = re.findall(rf"\({xs[k]} / (\d+)\)", text)
+        factors = {int(g) for g in divided}
+        if uses and len(divided) == len(uses) and len(factors) == 1:
+            g = factors.pop()
+            if g > 1 and domain[k] % g == 0:
+                return k, g
+    return None
 
 
 def _tile_loop(iters: int, pos: list[str], inside: str, lines: list[str], what: str) -> list[str]:

@@ -213,9 +213,40 @@ def test_batched_tiles_run_consecutively_in_a_block():
     plan = _plan("rope_fwd_thunder")
     sk = generate_segment(plan, plan.segments[0])
     tiled = [k for k in sk.kernels if k.name.endswith("_transpose")][0]
-    assert tiled.grid == (-(-8192 // run), 1, 1)
+    # 8 batches x 8 kv heads (each tile written to both query heads of its group) x 64 tiles
+    assert tiled.grid == (-(-4096 // run), 1, 1)
     assert f"for (index_t tile = (index_t)blockIdx.x * {run}; tile < tile_end; ++tile)" in sk.source
-    assert "const index_t batch = tile % 128;" in sk.source
+    assert "const index_t batch = tile % 64;" in sk.source
     plan = _plan("transpose_add")
     source = generate_segment(plan, plan.segments[0]).source
     assert "tile += gridDim.x" in source and "tile_end" not in source
+
+
+def test_a_repeated_head_is_computed_once_and_written_to_each_copy():
+    """k's 8 heads are repeated to 16 (grouped-query attention): the tiled kernel reads them only
+    as ``(x2 / 2)``, so it computes a tile once per kv head and stores it to both query heads."""
+    _, plan = _rope_fwd(small=False)
+    sk = generate_segment(plan, plan.segments[0])
+    assert sk.notes["copies"] == {2: 2}
+    tiled_code = sk.source.split(f" {TILED}(")[1]
+    assert "const index_t x2_copy = batch % 8;" in tiled_code
+    assert "const index_t x2 = x2_copy * 2;" in tiled_code
+    assert "for (int rep = 0; rep < 2; ++rep)" in tiled_code
+    assert "(x2 + rep) * 2048" in tiled_code  # the store, per copy
+    # every load names the head only divided by the group: both copies hold the same values
+    loads = tiled_code.split("// 3. the outputs")[0]
+    assert re.findall(r"\bx2\b", loads.split("x2_copy * 2;")[1]) == \
+        re.findall(r"\bx2\b(?= / 2\))", loads.split("x2_copy * 2;")[1])
+    compile_cubin(sk.source, "sm_90", TILED)
+
+
+def test_repeated_axis_needs_every_use_divided_by_one_factor():
+    from codegen.transpose import repeated_axis
+
+    xs, domain = ["x0", "x1", "x2", "x3"], [8, 64, 16, 128]
+    divided = ["v = in_T5[x0 * 9 + (x2 / 2) * 128 + x3];", "w = in_T1[(x2 / 2) + x1];"]
+    assert repeated_axis(xs, domain, [0, 2], divided) == (2, 2)
+    assert repeated_axis(xs, domain, [0, 2], divided + ["u = in_T6[x2 * 128 + x3];"]) is None
+    assert repeated_axis(xs, domain, [0, 2], divided + ["u = in_T6[(x2 / 4) + x3];"]) is None
+    assert repeated_axis(xs, [8, 64, 6, 128], [0, 2], divided[:1] + ["u = (x2 / 4);"]) is None
+    assert repeated_axis(xs, [8, 64, 6, 128], [0, 2], ["u = in[(x2 / 4) + x3];"]) is None  # 6 % 4
