@@ -22,7 +22,6 @@ from codegen.resize import NO_RESIZES, VectorResizes, whole_vector_resizes
 from optimizer.analysis.axes import domain_axes
 from optimizer.analysis.scalars import RANDOM_OPS
 from optimizer.analysis.shapes import Bound
-from optimizer.ir.opspec import get_spec
 from optimizer.kinds.persistent import COLUMN, is_row_tensor
 from optimizer.kinds.rules import Schedule
 from optimizer.profiles import DeviceProfile
@@ -60,11 +59,12 @@ def segment_index_type(bound: Bound, schedule: Schedule) -> str:
 
 
 def unroll_for(bound: Bound, schedule: Schedule) -> int:
-    """Vectors per thread per step: two (memory-level parallelism; on H100 four were no faster
-    on any corpus case and 1.6% slower on seed_4269's 64 MiB kernels, whose grid then runs
-    fewer, longer blocks), one for long chains, whose registers the extra vector would spill."""
-    work = sum(get_spec(bound.fusion.ops[i].name).cost for i in schedule.ops)
-    return 2 if work <= 64 else 1
+    """Vectors per thread per step: one. On H100 two were never faster on 16 pointwise
+    regions (corpus and Thunder's) and up to 1.5x slower where a vector's loads take many
+    registers: Llama-3's RoPE forward (q, k, v, their rotated halves, f32 cos and sin) 179 ->
+    133 us at one, rope_bwd_gqa's pointwise kernel 76 -> 52, nanoGPT's GELU backward 157 ->
+    139. (Four had been slower than two.) The kernels keep the loop over a thread's vectors."""
+    return 1
 
 
 def pointwise_launch(bound: Bound, schedule: Schedule, innermost: int,

@@ -310,7 +310,8 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
         compute += ["// per element"] + em.lines
     if stores_after:
         compute += ["// vector stores"] + stores_after
-    step = [f"// {unroll} vectors per thread per step: all loads first, then compute and store"]
+    step = [f"// {unroll} vectors per thread per step: all loads first, then compute and store"
+            if unroll > 1 else "// a vector per thread per step: its loads, then compute and store"]
     step += decls
     # each loop declares the indices it needs (a broadcast or unit axis may need none)
     for what, lines in (("load", drop_unread(loads)), ("compute", drop_unread(compute))):
