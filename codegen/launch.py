@@ -133,6 +133,9 @@ class ColumnReductionLaunch:
 
 
 COLUMN_MAX_VECTOR = 8  # columns a thread of a column reduction sums (16-byte bf16 loads)
+# Reductions of at most this many rows: each thread sums its columns' rows alone, no shared
+# memory (H100: the GQA head sums of rope_bwd_gqa 60 -> 44 us, rope_bwd_gqa_thunder's 59 -> 53)
+COLUMN_ALONE_ROWS = 4
 
 
 def column_reduction_launch(bound: Bound, schedule: Schedule, profile: DeviceProfile,
@@ -148,9 +151,9 @@ def column_reduction_launch(bound: Bound, schedule: Schedule, profile: DevicePro
     while bx > 1 and bx // 2 >= col_vecs:
         bx //= 2
     by = 256 // bx
-    while by > 1 and by // 2 >= rows and bx * 2 <= col_vecs:
+    while by > 1 and (by // 2 >= rows or rows <= COLUMN_ALONE_ROWS) and bx * 2 <= col_vecs:
         # A short reduction (the query heads of a GQA group) leaves rows of the block idle:
-        # take fewer rows at a time and more columns.
+        # take fewer rows at a time and more columns; a thread sums a very short one alone.
         by //= 2
         bx *= 2
     if whole_rows:  # a multiple of a row's vectors; 256 threads a block where a row allows

@@ -313,8 +313,11 @@ class _Builder:
         keep_names = self.keep_names
         loop_lines, params = self.accumulation_loop(
             vec, lambda r: f"acc{self.reducers.index(r)}[{LANE}]", "r")
+        # rows taken by several threads of a block meet in shared memory (and so do staged
+        # results); a thread that summed its columns' rows alone needs none
+        combine = by > 1 or staged
         body = [f"__shared__ {r.acc_type} smem{k}[{by}][{bx * vec}];"
-                for k, r in enumerate(self.reducers)]
+                for k, r in enumerate(self.reducers)] if combine else []
         body += [f"const index_t col = ((index_t)blockIdx.x * {bx} + threadIdx.x) * {vec};",
                  f"const bool active = col < {cols};"]
         body += decompose("(active ? col : 0)", keep_ext, keep_names, "index_t")
@@ -327,16 +330,21 @@ class _Builder:
                  f"  for (index_t r = (index_t)blockIdx.y * {by} + threadIdx.y; r < {rows_r}; "
                  f"r += (index_t)gridDim.y * {by}) {{"]
         body += indent(loop_lines, 4) + ["  }", "}"]
-        body.append("// combine the rows the threads of the block took")
-        for k in range(len(self.reducers)):
-            body += [f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) "
-                     f"smem{k}[threadIdx.y][threadIdx.x * {vec} + {LANE}] = acc{k}[{LANE}];"]
-        body += ["__syncthreads();", "if (threadIdx.y == 0 && active) {"]
         comb = []
-        for k, r in enumerate(self.reducers):
-            comb += [f"for (int y = 1; y < {by}; ++y)",
-                     f"  for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) acc{k}[{LANE}] = "
-                     f"{r.functor}(acc{k}[{LANE}], smem{k}[y][threadIdx.x * {vec} + {LANE}]);"]
+        if combine:
+            body.append("// combine the rows the threads of the block took")
+            for k in range(len(self.reducers)):
+                body += [f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) "
+                         f"smem{k}[threadIdx.y][threadIdx.x * {vec} + {LANE}] = "
+                         f"acc{k}[{LANE}];"]
+            body += ["__syncthreads();", "if (threadIdx.y == 0 && active) {"]
+            for k, r in enumerate(self.reducers):
+                comb += [f"for (int y = 1; y < {by}; ++y)",
+                         f"  for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) acc{k}[{LANE}] = "
+                         f"{r.functor}(acc{k}[{LANE}], smem{k}[y][threadIdx.x * {vec} + "
+                         f"{LANE}]);"]
+        else:
+            body += ["// each thread summed its columns' rows alone", "if (active) {"]
         if split > 1:
             for k in range(len(self.reducers)):
                 comb += [f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE})",

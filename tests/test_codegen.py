@@ -426,11 +426,12 @@ def test_small_fusions_compile_without_dead_values_or_no_op_casts(case):
     plan = make_plan(f, [tensor_meta(shape, DType.bfloat16)], PlanOptions(time_limit_s=1))
     assert compile_plan(plan, "sm_90") >= 1  # checks unread values and same-type casts too
 
-@pytest.mark.parametrize(("heads_per_group", "block"), [(2, (128, 2, 1)), (4, (64, 4, 1)),
-                                                       (64, (32, 8, 1))])
+@pytest.mark.parametrize(("heads_per_group", "block"), [(2, (256, 1, 1)), (4, (256, 1, 1)),
+                                                       (8, (32, 8, 1)), (64, (32, 8, 1))])
 def test_short_outer_reduction_keeps_every_thread_busy(heads_per_group, block):
-    """Summing the query heads of a GQA group (2 or 4 rows per column): as many rows at a
-    time as there are, and more columns per block, so no thread of the block idles."""
+    """Summing the query heads of a GQA group: up to COLUMN_ALONE_ROWS rows per column, each
+    thread sums its columns alone (no shared memory); a few more, as many rows at a time as
+    there are and more columns per block, so no thread of the block idles."""
     text = f"""
 def nvfuser_fusion_id0(fd):
     T0 = fd.define_tensor(shape=[-1, -1, -1, -1], contiguity=[True, True, True, True],
@@ -449,6 +450,7 @@ inputs = [torch.randn((2, {4 * heads_per_group}, 64, 128), dtype=torch.bfloat16)
     sk = generate_segment(plan, segment)
     assert sk.notes["layout"] == "outer"
     assert sk.kernels[0].block == block
+    assert ("__shared__" in sk.source) == (block[1] > 1)
     assert compile_plan(plan, "sm_90") == 1
 
 
