@@ -20,12 +20,18 @@ Order = tuple[int, ...]  # axes, outermost in memory first; the identity is row-
 
 def memory_order(t: torch.Tensor) -> Order | None:
     """The order of a dense, non-row-major tensor's axes in memory; None for a row-major,
-    broadcast, overlapping or gapped one (nothing to follow)."""
+    broadcast, overlapping or gapped one (nothing to follow). Plain arithmetic on the sizes
+    and strides (this runs for every argument of every region call)."""
     if t.dim() < 2 or t.is_contiguous():
         return None
-    order = tuple(sorted(range(t.dim()), key=lambda d: (-t.stride(d), d)))
-    if not t.permute(order).is_contiguous():
-        return None
+    sizes, strides = t.shape, t.stride()
+    order = tuple(sorted(range(len(sizes)), key=lambda d: (-strides[d], d)))
+    expected = 1  # the permuted view is row-major: each moving axis steps over the inner ones
+    for d in reversed(order):
+        if sizes[d] != 1:
+            if strides[d] != expected:
+                return None
+            expected *= sizes[d]
     return order
 
 
