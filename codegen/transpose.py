@@ -21,6 +21,11 @@ one most bytes of the mis-laid tensors walk with unit stride; tensors that follo
 The index of every access is the emitter's (``codegen.emit``): the staging phase evaluates the
 same index expressions with the tile's coordinates, so what a tile holds is exactly what the
 compute phase reads at each position.
+
+Batched tiles: a block takes consecutive tiles, batch index fastest, so that inputs broadcast
+over the batch come from L1. A batch axis that every load names only divided by g (a repeat, as
+grouped-query attention's k heads for g query heads each) gives g tiles of equal values: the
+block computes one and writes it to the g copies (``repeated_axis``).
 """
 
 from __future__ import annotations
