@@ -31,6 +31,7 @@ from codegen.kernel import (
     signature,
     tensor_params,
 )
+from codegen.lanes import lane_map
 from codegen.launch import pointwise_launch, segment_index_type
 from codegen.layout import (
     address,
@@ -219,6 +220,8 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
     decls: list[str] = []  # their per-vector registers
     aligned: dict[str, int] = {}
     vec_loads: dict[tuple, str] = {}
+    lane_maps: dict[tuple[int, ...], str] = {}  # lane -> element of its vector, by map
+    vec_starts: dict[tuple, tuple[str, ...]] = {}  # a permuted-lane vector's first address
 
     def load(t: str, idx: tuple[str, ...]) -> str:
         d = fusion.tensors[t].dtype
@@ -247,7 +250,41 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
                 vec_loads[key] = vname
                 aligned[t] = vec * d.itemsize
             return cuda.to_compute(f"{vec_loads[key]}[u].v[{LANE}]", d)
+        permuted = permuted_lanes(t, idx, strides, lanes)
+        if permuted is not None:  # lanes that take other elements of their own vector
+            key, offsets = permuted
+            if key not in vec_loads:
+                vname = em.names.fresh(f"vec_{t}")
+                decls.append(f"fc_vec<{st}, {vec}> {vname}[{unroll}];")
+                pre.append(f"{vname}[u] = "
+                           f"{vector_read(st, vec, f'in_{t} + {address(key[1], strides)}')};")
+                vec_loads[key] = vname
+                aligned[t] = vec * d.itemsize
+            if offsets not in lane_maps:
+                lane_maps[offsets] = em.names.fresh("lanes")
+                decls.append(f"constexpr int {lane_maps[offsets]}[{vec}] = "
+                             f"{{{', '.join(map(str, offsets))}}};")
+            return cuda.to_compute(f"{vec_loads[key]}[u].v[{lane_maps[offsets]}[{LANE}]]", d)
         return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
+
+    def permuted_lanes(t: str, idx: tuple[str, ...], strides: tuple[int, ...],
+                       lanes: list[int]) -> tuple[tuple, tuple[int, ...]] | None:
+        """(vector-load key, lane map) where input t's lanes all read elements of the aligned
+        vector at the innermost index (``codegen.lanes``); per-axis indexing only."""
+        if vec == 1 or merged or len(lanes) != 1 or strides[lanes[0]] != 1 or not rank:
+            return None
+        if any(s % vec for a, s in enumerate(strides) if a != lanes[0]):
+            return None
+        if bound.shapes[t][lanes[0]] % vec:  # an aligned vector lies inside t
+            return None
+        mapped = lane_map(idx[lanes[0]], xs[-1], vec)
+        if mapped is None or mapped.offsets == tuple(range(vec)):
+            return None
+        same_vector = tuple(mapped.values if a == lanes[0] else i for a, i in enumerate(idx))
+        if (t, same_vector) not in vec_starts:
+            vec_starts[(t, same_vector)] = tuple(
+                mapped.start if a == lanes[0] else i for a, i in enumerate(idx))
+        return (t, vec_starts[(t, same_vector)]), mapped.offsets
 
     flat_index = None
     if rank:
