@@ -235,36 +235,32 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
             pre.append(f"{name_}[u] = {value};")
             return f"{name_}[u]"
         lanes = [a for a, i in enumerate(idx) if LANE in i]
+
+        def vector(key: tuple, guard: str | None = None) -> str:
+            """The register vector of input t at the address ``key[1]`` names (loaded once)."""
+            if key not in vec_loads:
+                vec_loads[key] = em.names.fresh(f"vec_{t}")
+                decls.append(f"fc_vec<{st}, {vec}> {vec_loads[key]}[{unroll}];")
+                read = vector_read(st, vec, f"in_{t} + {address(key[1], strides)}", guard)
+                pre.append(f"{vec_loads[key]}[u] = {read};")
+                aligned[t] = vec * d.itemsize
+            return vec_loads[key]
+
         # the innermost index, or a whole vector of a slice, pad or cat piece (codegen.resize)
         first = lane_base(idx[lanes[0]]) if vec > 1 and len(lanes) == 1 else None
         if (first is not None and strides[lanes[0]] == 1
                 and all(s % vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
             base = tuple(at_lane_zero(i) if a == lanes[0] else i for a, i in enumerate(idx))
-            key = (t, base)
-            if key not in vec_loads:
-                vname = em.names.fresh(f"vec_{t}")
-                decls.append(f"fc_vec<{st}, {vec}> {vname}[{unroll}];")
-                read = vector_read(st, vec, f"in_{t} + {address(base, strides)}",
-                                   em.lane_guard(idx[lanes[0]]))
-                pre.append(f"{vname}[u] = {read};")
-                vec_loads[key] = vname
-                aligned[t] = vec * d.itemsize
-            return cuda.to_compute(f"{vec_loads[key]}[u].v[{LANE}]", d)
+            vname = vector((t, base), em.lane_guard(idx[lanes[0]]))
+            return cuda.to_compute(f"{vname}[u].v[{LANE}]", d)
         permuted = permuted_lanes(t, idx, strides, lanes)
         if permuted is not None:  # lanes that take other elements of their own vector
             key, offsets = permuted
-            if key not in vec_loads:
-                vname = em.names.fresh(f"vec_{t}")
-                decls.append(f"fc_vec<{st}, {vec}> {vname}[{unroll}];")
-                pre.append(f"{vname}[u] = "
-                           f"{vector_read(st, vec, f'in_{t} + {address(key[1], strides)}')};")
-                vec_loads[key] = vname
-                aligned[t] = vec * d.itemsize
             if offsets not in lane_maps:
                 lane_maps[offsets] = em.names.fresh("lanes")
                 decls.append(f"constexpr int {lane_maps[offsets]}[{vec}] = "
                              f"{{{', '.join(map(str, offsets))}}};")
-            return cuda.to_compute(f"{vec_loads[key]}[u].v[{lane_maps[offsets]}[{LANE}]]", d)
+            return cuda.to_compute(f"{vector(key)}[u].v[{lane_maps[offsets]}[{LANE}]]", d)
         return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
 
     def permuted_lanes(t: str, idx: tuple[str, ...], strides: tuple[int, ...],
