@@ -158,7 +158,7 @@ def column_reduction_launch(bound: Bound, schedule: Schedule, profile: DevicePro
         bx *= 2
     if whole_rows:  # a multiple of a row's vectors; 256 threads a block where a row allows
         row_vecs = innermost // vec  # (vec divides the innermost extent)
-        bx = row_vecs * max(1, round(bx / row_vecs))
+        bx = row_vecs * max(1, min(round(bx / row_vecs), 256 // row_vecs))
         while by > 1 and bx * by > 256:
             by //= 2
     grid_x = -(-col_vecs // bx)
