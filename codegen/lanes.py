@@ -62,44 +62,61 @@ def lane_map(component: str, innermost: str, vec: int) -> LaneMap | None:
                    (tuple(names), *starts))
 
 
-def _followed(node: ast.AST, vec: int) -> bool:
-    if isinstance(node, ast.Constant):
-        return isinstance(node.value, int) and not isinstance(node.value, bool)
-    if isinstance(node, ast.Name):
-        return True
-    if isinstance(node, ast.UnaryOp):
-        return isinstance(node.op, ast.USub) and _followed(node.operand, vec)
-    if not isinstance(node, ast.BinOp):
-        return False
-    if isinstance(node.op, (ast.Add, ast.Sub)):
-        return _followed(node.left, vec) and _followed(node.right, vec)
-    if isinstance(node.op, ast.Mult):  # by a constant on one side
-        return (isinstance(node.left, ast.Constant) or isinstance(node.right, ast.Constant)) \
-            and _followed(node.left, vec) and _followed(node.right, vec)
-    if isinstance(node.op, (ast.Div, ast.Mod)):  # C's, on indices that are never negative
-        return (isinstance(node.right, ast.Constant) and isinstance(node.right.value, int)
-                and node.right.value > 0 and vec % node.right.value == 0
-                and _followed(node.left, vec))
-    return False
+_OPERATORS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Mod, ast.USub, ast.Load)
 
 
-def _value(node: ast.AST, names: dict[str, int]) -> int | None:
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.Name):
-        return names[node.id]
-    if isinstance(node, ast.UnaryOp):
-        inner = _value(node.operand, names)
-        return None if inner is None else -inner
-    left, right = _value(node.left, names), _value(node.right, names)
-    if left is None or right is None:
-        return None
-    if isinstance(node.op, ast.Add):
-        return left + right
-    if isinstance(node.op, ast.Sub):
-        return left - right
-    if isinstance(node.op, ast.Mult):
-        return left * right
-    if left < 0:  # C truncates where Python floors: not an index this follows
-        return None
-    return left // right if isinstance(node.op, ast.Div) else left % right
+def _followed(tree: ast.AST, vec: int) -> bool:
+    """Every node of ``tree`` is an integer, a name, a negation, a sum or difference, a product
+    with a constant factor, or a division or remainder by a constant that divides ``vec``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant):
+            if not isinstance(node.value, int) or isinstance(node.value, bool):
+                return False
+        elif isinstance(node, ast.BinOp):
+            if isinstance(node.op, ast.Mult) and not (isinstance(node.left, ast.Constant)
+                                                      or isinstance(node.right, ast.Constant)):
+                return False
+            if isinstance(node.op, (ast.Div, ast.Mod)) and not (
+                    isinstance(node.right, ast.Constant) and isinstance(node.right.value, int)
+                    and node.right.value > 0 and vec % node.right.value == 0):
+                return False
+        elif isinstance(node, ast.UnaryOp):
+            if not isinstance(node.op, ast.USub):
+                return False
+        elif not isinstance(node, (ast.Name, *_OPERATORS)):
+            return False
+    return True
+
+
+def _value(tree: ast.AST, names: dict[str, int]) -> int | None:
+    """``tree``'s value with C's integer arithmetic (None where a division or remainder meets
+    a negative operand, which C truncates and Python floors), evaluated after its operands."""
+    values: dict[int, int] = {}
+    stack: list[tuple[ast.AST, bool]] = [(tree, False)]
+    while stack:
+        node, ready = stack.pop()
+        if isinstance(node, ast.Constant):
+            values[id(node)] = node.value
+        elif isinstance(node, ast.Name):
+            values[id(node)] = names[node.id]
+        elif not ready:
+            stack.append((node, True))
+            operands = [node.operand] if isinstance(node, ast.UnaryOp) else \
+                [node.left, node.right]
+            stack.extend((o, False) for o in operands)
+        elif isinstance(node, ast.UnaryOp):
+            values[id(node)] = -values[id(node.operand)]
+        else:
+            left, right = values[id(node.left)], values[id(node.right)]
+            if isinstance(node.op, ast.Add):
+                values[id(node)] = left + right
+            elif isinstance(node.op, ast.Sub):
+                values[id(node)] = left - right
+            elif isinstance(node.op, ast.Mult):
+                values[id(node)] = left * right
+            elif left < 0:
+                return None
+            else:
+                values[id(node)] = left // right if isinstance(node.op, ast.Div) \
+                    else left % right
+    return values[id(tree)]

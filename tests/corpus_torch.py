@@ -193,6 +193,25 @@ def rope_fwd_thunder(v, cos, q, sin, k):
     return [repeat(vh).permute(0, 2, 1, 3), q_out, k_out]
 
 
+def rope_bwd_interleaved_thunder(dk, dq, dv, cos, sin):
+    """Thunder's interleaved-RoPE/GQA backward region of the llama2 block: k's and v's
+    gradients summed over the 2 query heads of each group (rounded to bf16), then q's and k's
+    gradients rotated back pair by pair: (ge, go) -> (ge * cos + go * sin, go * cos - ge * sin)."""
+    b, s, heads, d = dq.shape
+
+    def group_sum(x):  # [b, s, 16, d] -> [b, s, 8, d], through bf16 as the region rounds it
+        return x.float().reshape(b, s, heads // 2, 2, d).sum(3).to(bf16)
+
+    def rope_bwd(g):
+        even, odd = g[..., 0::2], g[..., 1::2]
+        c, sn = cos[None, :, None, :], sin[None, :, None, :]
+        pairs = torch.stack([even * c + odd * sn, odd * c - even * sn], -1)
+        return pairs.reshape(g.shape).to(bf16).permute(0, 2, 1, 3)
+
+    return [group_sum(dv).permute(0, 2, 1, 3), rope_bwd(dq.float()),
+            rope_bwd(group_sum(dk).float())]
+
+
 def silu_mul_fwd(a, b):
     a = a.float()
     return [(a * (1.0 / (1.0 + torch.exp(-a))) * b.float()).to(bf16)]
@@ -219,12 +238,13 @@ CASES = {f.__name__: f for f in (
     seed_2146_rmsnorm_bwd, seed_3334_reduction_broadcast_pointwise, seed_3366_neg_broadcast_mul,
     seed_4147_stream_set, seed_4147_stream_two_ops, seed_4269_forward_full, silu_mul_fwd,
     softmax_bwd, softmax_fwd, transpose_add, rope_bwd_gqa_thunder, rmsnorm_bwd_thunder,
-    rope_fwd_thunder)}
+    rope_fwd_thunder, rope_bwd_interleaved_thunder)}
 
 # Cases whose definitions fix their sizes (a reshape's shape, slice and pad bounds): the numbers
 # to rewrite for the same definition at a size a CPU test runs quickly.
 FIXED_SIZES = {"rope_bwd_gqa_thunder": {"2048": "16", "1024": "256", "128": "32", "64": "16"},
-               "rmsnorm_bwd_thunder": {"2048": "16"}, "rope_fwd_thunder": {"2048": "32"}}
+               "rmsnorm_bwd_thunder": {"2048": "16"}, "rope_fwd_thunder": {"2048": "32"},
+               "rope_bwd_interleaved_thunder": {"2048": "16"}}
 
 
 def small_definition(text: str, name: str) -> str:
