@@ -43,11 +43,9 @@ def lane_map(component: str, innermost: str, vec: int) -> LaneMap | None:
     offsets = tuple(_value(tree, dict.fromkeys(names, 0) | {LANE: lane}) for lane in range(vec))
     if any(p is None or not 0 <= p < vec for p in offsets):
         return None
-    def step(n: str) -> int:
-        return vec if n == innermost else 1
-
-    trials = [dict.fromkeys(names, 0) | {n: k * step(n)} for n in names for k in range(1, vec + 1)]
-    trials.append({n: (3 + 2 * i) * step(n) for i, n in enumerate(names)})
+    step = {n: vec if n == innermost else 1 for n in names}  # the innermost: whole vectors
+    trials = [dict.fromkeys(names, 0) | {n: k * step[n]} for n in names for k in range(1, vec + 1)]
+    trials.append({n: (3 + 2 * i) * step[n] for i, n in enumerate(names)})
     starts = []
     for values in trials:
         at = [_value(tree, values | {LANE: lane}) for lane in range(vec)]
