@@ -75,15 +75,16 @@ def expand_declared_broadcasts(fusion, tensors: dict[str, torch.Tensor]) -> dict
 
 def arguments(fusion, tensors: dict[str, torch.Tensor]) -> list[Any]:
     """The fusion's arguments from tensors named by its inputs: declared broadcasts expanded
-    (see above), each scalar input (a one-element tensor) as its Python value."""
-    missing = [n for n in fusion.inputs if n not in tensors]
-    extra = sorted(set(tensors) - set(fusion.inputs))
+    (see above), each scalar input (a one-element tensor) as its Python value. The inputs are
+    the caller's: an unseeded random op's seed and offset are drawn when the plan runs."""
+    inputs = [n for n in fusion.inputs if n not in fusion.implicit_rng]
+    missing = [n for n in inputs if n not in tensors]
+    extra = sorted(set(tensors) - set(inputs))
     if missing or extra:
-        raise InputError(f"the definition's inputs are {list(fusion.inputs)}; missing {missing}, "
+        raise InputError(f"the definition's inputs are {inputs}; missing {missing}, "
                          f"unexpected {extra}")
     tensors = expand_declared_broadcasts(fusion, tensors)
-    return [scalar_value(n, tensors[n]) if n in fusion.scalars else tensors[n]
-            for n in fusion.inputs]
+    return [scalar_value(n, tensors[n]) if n in fusion.scalars else tensors[n] for n in inputs]
 
 
 def scalar_value(name: str, value: torch.Tensor) -> Any:

@@ -379,3 +379,44 @@ def test_an_unseeded_uniform_recomputed_in_two_segments_draws_once():
     (got,) = run_plan(plan, [x]).outputs
     (want,) = run_reference(plan.fusion, [x, seed, 0])
     assert torch.equal(got, want)  # (x + u) * u with one u: both segments drew the same numbers
+
+
+def test_a_plan_with_unseeded_ops_is_named_by_the_fusion_as_written():
+    """The service names a plan before making it (its cache key) and a worker rebuilds it from
+    the caller's definition: both see the fusion as written, never its seeded form."""
+    from optimizer.ir.rng import as_written
+    from optimizer.ir.wire import fusion_from_json, fusion_id, fusion_to_json, meta_to_json
+    from optimizer.plan.plan import plan_key
+    from optimizer.plan.restore import restore_plan
+    from optimizer.profiles import get_profile
+
+    f = fusion(UNSEEDED)
+    metas = [tensor_meta((4, 8), DType.float32)]
+    options = PlanOptions(time_limit_s=2)
+    plan = make_plan(f, metas, options)
+    assert as_written(plan.fusion) == f and plan.fusion_id == fusion_id(f)
+    assert plan.plan_id == plan_key(fusion_id(f), [meta_to_json(m) for m in metas],
+                                    options.to_json(), get_profile(None, None).to_json())
+    for caller in (f, fusion_from_json(fusion_to_json(f))):  # as parsed, as sent on the wire
+        restored = restore_plan(caller, metas, plan.to_json())
+        assert restored.plan_id == plan.plan_id
+        assert restored.fusion.implicit_rng == plan.fusion.implicit_rng
+
+
+def test_the_service_executes_unseeded_random_ops_with_fresh_draws(tmp_path):
+    import httpx
+
+    from runtime.tensor_wire import dump_safetensors, load_safetensors
+    from tests.server import Server
+
+    definition = "def fusion(fd):\n" + "".join(f"    {line}\n"
+                                                for line in UNSEEDED.strip().splitlines())
+    body = dump_safetensors({"T0": torch.zeros(4, 8)})
+    with Server(tmp_path / "plans.sqlite") as s:
+        runs = [httpx.post(f"{s.url}/v1/execute", data={"definition": definition}, timeout=60,
+                           files={"tensors": ("t.safetensors", body)}) for _ in range(2)]
+    assert [r.status_code for r in runs] == [200, 200], runs[0].text
+    first, second = (load_safetensors(r.content) for r in runs)
+    assert set(first) == {"T3", "T2"}
+    assert not torch.equal(first["T3"], second["T3"])  # drawn afresh on every call
+    assert 0.0 <= float(first["T3"].min()) and float(first["T3"].max()) < 1.0

@@ -12,7 +12,9 @@ to the caller's arguments on every call. A random op read by two segments is one
 pair of inputs, so both segments draw the same numbers.
 
 Only ops with neither ``rng_seed`` nor ``rng_offset`` are rewritten; one with either keeps its
-meaning (an absent one is 0).
+meaning (an absent one is 0). A plan's identity (fusion id, plan id) is that of the fusion as
+written (``as_written``), so that a client, the service's cache key and a worker rebuilding the
+plan all name it alike.
 """
 
 from __future__ import annotations
@@ -66,3 +68,18 @@ def seed_implicit_rng(fusion: Fusion, metas: list[InputMeta]
     seeded = dataclasses.replace(fusion, scalars=scalars, ops=new_ops,
                                  inputs=[*fusion.inputs, *hidden], implicit_rng=tuple(hidden))
     return seeded, [*metas, *(ScalarMeta(DType.int64) for _ in hidden)]
+
+
+def as_written(fusion: Fusion) -> Fusion:
+    """``fusion`` as its caller wrote it: ``seed_implicit_rng`` undone (the fusion itself when
+    it has no implicit inputs)."""
+    hidden = set(fusion.implicit_rng)
+    if not hidden:
+        return fusion
+    ops = [Op(op.name, op.inputs[:2], op.outputs,
+              dict(op.attrs, has_rng_seed=False, has_rng_offset=False))
+           if hidden.intersection(op.inputs[2:]) else op for op in fusion.ops]
+    return dataclasses.replace(
+        fusion, ops=ops, implicit_rng=(),
+        scalars={n: v for n, v in fusion.scalars.items() if n not in hidden},
+        inputs=[n for n in fusion.inputs if n not in hidden])

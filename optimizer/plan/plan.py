@@ -22,6 +22,7 @@ from optimizer.analysis.streams import Stage
 from optimizer.errors import PlanError
 from optimizer.gcpause import gc_paused
 from optimizer.ir.printer import print_fusion
+from optimizer.ir.rng import as_written
 from optimizer.ir.wire import fusion_id, fusion_to_json, meta_to_json
 from optimizer.kinds.rules import Schedule
 from optimizer.plan.subfusion import SubFusion, translate
@@ -144,7 +145,7 @@ class Plan:
 
     @functools.cached_property
     def fusion_id(self) -> str:
-        return fusion_id(self.fusion)
+        return fusion_id(as_written(self.fusion))  # the caller's fusion: see ir.rng
 
     @functools.cached_property
     def plan_id(self) -> str:
@@ -165,8 +166,9 @@ def plan_key(fid: str, metas: list[dict], options: dict, device: dict) -> str:
 def plan_id_of(bound: Bound, options: dict[str, Any], profile: DeviceProfile,
                fid: str | None = None) -> str:
     """The id of the plan of ``bound``'s fusion and inputs with these options and device."""
-    return plan_key(fid or fusion_id(bound.fusion),
-                    [meta_to_json(bound.inputs[n]) for n in bound.fusion.inputs], options,
+    written = as_written(bound.fusion)  # the caller's fusion and inputs: see ir.rng
+    return plan_key(fid or fusion_id(written),
+                    [meta_to_json(bound.inputs[n]) for n in written.inputs], options,
                     profile.to_json())
 
 

@@ -13,7 +13,7 @@ from optimizer.analysis.shapes import bind
 from optimizer.errors import PlanError
 from optimizer.ir.fusion import Fusion
 from optimizer.ir.inputs import InputMeta
-from optimizer.ir.rng import seed_implicit_rng
+from optimizer.ir.rng import as_written, seed_implicit_rng
 from optimizer.ir.wire import fusion_id
 from optimizer.kinds.rules import Kind
 from optimizer.plan.build import build_plan
@@ -25,10 +25,10 @@ from optimizer.segmenters.result import SolverReport
 
 def restore_plan(fusion: Fusion, metas: list[InputMeta], data: dict[str, Any]) -> Plan:
     """The Plan that ``data`` (a plan's JSON) describes for ``fusion`` and these inputs."""
-    fusion, metas = seed_implicit_rng(fusion, metas)  # as make_plan planned it
-    if data.get("fusion_id") != fusion_id(fusion):
+    if data.get("fusion_id") != fusion_id(as_written(fusion)):  # the plan's identity: ir.rng
         raise PlanError(f"plan {data.get('plan_id')!r} was made for fusion "
                         f"{str(data.get('fusion_id'))[:16]}..., not this one")
+    fusion, metas = seed_implicit_rng(fusion, metas)  # as make_plan planned it
     options = data["options"]
     profile = get_profile(options.get("device"), options.get("device_overrides"))
     graph = SegGraph(bind(fusion, metas), profile,
