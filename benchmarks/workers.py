@@ -3,8 +3,8 @@
     python -m benchmarks.workers --gpus 0,1        # on a 2-GPU machine: about 1x is the goal
     python -m benchmarks.workers --gpus 0,0        # two workers sharing one GPU
 
-Starts ``fusecut serve --gpus SPEC``, plans a long pointwise chain over an ``N x N`` tensor
-broadcast from one element (so requests are tiny and the device does the work), executes it once
+Starts ``fusecut serve --gpus SPEC``, plans a long pointwise chain over ``N x N`` uniform draws
+plus one input element (so requests are tiny and the device does the work), executes it once
 per worker to warm every worker, then times one execution alone and one per worker at once.
 """
 
@@ -32,15 +32,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def chain(n: int, ops: int) -> str:
-    """A definition: one element broadcast to n x n, ``ops`` alternating exp/sin, summed."""
+    """A definition: ``n x n`` uniform draws plus one input element, ``ops`` alternating exp/sin,
+    summed. The draws make every element differ, so the chain cannot be computed once on the
+    element and broadcast: the device really does ``n * n * ops`` work."""
     lines = ["def fusion(fd):",
              "    T0 = fd.define_tensor(shape=[1, 1], contiguity=[True, True], "
              "dtype=DataType.Float)",
-             f"    T1 = fd.ops.broadcast_in_dim(T0, shape=[{n}, {n}], broadcast_dims=[0, 1])"]
+             f"    T1 = fd.ops.broadcast_in_dim(T0, shape=[{n}, {n}], broadcast_dims=[0, 1])",
+             f"    U = fd.ops.uniform(0.0, 1.0, shape=[{n}, {n}], dtype=DataType.Float)",
+             "    T2 = fd.ops.add(U, T1)"]
     for i in range(ops):
-        lines.append(f"    T{i + 2} = fd.ops.{'sin' if i % 2 else 'exp'}(T{i + 1})")
-    lines.append(f"    T{ops + 2} = fd.ops.sum(T{ops + 1}, dims=[1], keepdim=False)")
-    lines.append(f"    fd.add_output(T{ops + 2})")
+        lines.append(f"    T{i + 3} = fd.ops.{'sin' if i % 2 else 'exp'}(T{i + 2})")
+    lines.append(f"    T{ops + 3} = fd.ops.sum(T{ops + 2}, dims=[1], keepdim=False)")
+    lines.append(f"    fd.add_output(T{ops + 3})")
     return "\n".join(lines) + "\n"
 
 
@@ -92,8 +96,8 @@ def main() -> None:
          "executions per worker"],
         [[f"{workers} ({args.gpus})", device, f"{one:.3f}", f"{many:.3f}", f"{many / one:.2f}",
           ", ".join(f"{w['device']}: {w['executions']}" for w in state["workers"])]])
-    notes = (f"A {args.ops}-op pointwise chain over a {args.n}x{args.n} fp32 tensor broadcast "
-             f"from one element, then a row sum (request and response are small); median of "
+    notes = (f"A {args.ops}-op pointwise chain over {args.n}x{args.n} fp32 uniform draws plus "
+             f"one input element, then a row sum (request and response are small); median of "
              f"{args.repeats}. Run: `python -m benchmarks.workers --gpus {args.gpus}`.")
     print(table)
     print(notes)
