@@ -32,12 +32,11 @@ MAX_VECTOR = 8  # lanes: 16-byte vectors of 16-bit values
 @dataclass(frozen=True)
 class LaunchDecision:
     """What every generated kernel decides first: ``vector`` lanes per load and store, its
-    ``index_type`` (``int`` or ``int64``), ``unroll`` vectors per thread per step and the
-    ``resizes`` (slices, pads, cats) that keep its vectors whole."""
+    ``index_type`` (``int`` or ``int64``) and the ``resizes`` (slices, pads, cats) that keep
+    its vectors whole."""
 
     vector: int
     index_type: str
-    unroll: int = 1
     resizes: VectorResizes = NO_RESIZES
 
 
@@ -58,22 +57,18 @@ def segment_index_type(bound: Bound, schedule: Schedule) -> str:
                       math.prod(schedule.domain))
 
 
-def unroll_for(bound: Bound, schedule: Schedule) -> int:
-    """Vectors per thread per step: one. On H100 two were never faster on 16 pointwise
-    regions (corpus and Thunder's) and up to 1.5x slower where a vector's loads take many
-    registers: Llama-3's RoPE forward (q, k, v, their rotated halves, f32 cos and sin) 179 ->
-    133 us at one, rope_bwd_gqa's pointwise kernel 76 -> 52, nanoGPT's GELU backward 157 ->
-    139. (Four had been slower than two.) The kernels keep the loop over a thread's vectors."""
-    return 1
-
-
 def pointwise_launch(bound: Bound, schedule: Schedule, innermost: int,
                      vector: int | None = None) -> LaunchDecision:
     """A pointwise kernel's decisions; ``innermost``: the extent its vectors run along;
-    ``vector``: a width the caller imposes (1: the scalar fallback)."""
+    ``vector``: a width the caller imposes (1: the scalar fallback).
+
+    A thread takes one vector. On H100 two a thread were never faster on 16 pointwise regions
+    (corpus and Thunder's) and up to 1.5x slower where a vector's loads take many registers:
+    Llama-3's RoPE forward (q, k, v, their rotated halves, f32 cos and sin) 179 -> 133 us at
+    one, rope_bwd_gqa's pointwise kernel 76 -> 52, nanoGPT's GELU backward 157 -> 139."""
     tensors = list(schedule.inputs) + list(schedule.outputs)
     vec = vector or vector_width(bound, tensors, innermost)
-    return LaunchDecision(vec, segment_index_type(bound, schedule), unroll_for(bound, schedule),
+    return LaunchDecision(vec, segment_index_type(bound, schedule),
                           whole_vector_resizes(bound, schedule.ops, vec))
 
 

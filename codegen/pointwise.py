@@ -179,7 +179,7 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
     run_names = [xs[a] if a == b else f"x{a}_{b}" for a, b in runs]
     launch = pointwise_launch(bound, schedule, extents[-1] if rank and domain[-1] > 1 else 1,
                               vector)
-    vec, unroll, itype = launch.vector, launch.unroll, launch.index_type
+    vec, itype = launch.vector, launch.index_type
     lane_expr = f"({xs[-1]} + {LANE})" if rank and vec > 1 else (xs[-1] if rank else "0")
     run_lane = f"({run_names[-1]} + {LANE})" if rank and vec > 1 else lane_expr
     domain_idx = tuple(xs[:-1] + [lane_expr]) if rank else ()
@@ -216,8 +216,8 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
             out_strides.append(ds[inner])
         return tuple(out_idx), tuple(out_strides)
 
-    pre: list[str] = []  # loads, issued for every vector of the step before any compute
-    decls: list[str] = []  # their per-vector registers
+    pre: list[str] = []  # the vector's loads, issued before any compute
+    decls: list[str] = []  # constant lane maps
     aligned: dict[str, int] = {}
     vec_loads: dict[tuple, str] = {}
     lane_maps: dict[tuple[int, ...], str] = {}  # lane -> element of its vector, by map
@@ -230,19 +230,17 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
         invariant = all(LANE not in i for i in idx)
         if invariant:
             name_ = em.names.fresh(f"ld_{t}")
-            decls.append(f"{ct} {name_}[{unroll}];")
             value = cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d)
-            pre.append(f"{name_}[u] = {value};")
-            return f"{name_}[u]"
+            pre.append(f"const {ct} {name_} = {value};")
+            return name_
         lanes = [a for a, i in enumerate(idx) if LANE in i]
 
         def vector(key: tuple, guard: str | None = None) -> str:
             """The register vector of input t at the address ``key[1]`` names (loaded once)."""
             if key not in vec_loads:
                 vec_loads[key] = em.names.fresh(f"vec_{t}")
-                decls.append(f"fc_vec<{st}, {vec}> {vec_loads[key]}[{unroll}];")
                 read = vector_read(st, vec, f"in_{t} + {address(key[1], strides)}", guard)
-                pre.append(f"{vec_loads[key]}[u] = {read};")
+                pre.append(f"const fc_vec<{st}, {vec}> {vec_loads[key]} = {read};")
                 aligned[t] = vec * d.itemsize
             return vec_loads[key]
 
@@ -252,7 +250,7 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
                 and all(s % vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
             base = tuple(at_lane_zero(i) if a == lanes[0] else i for a, i in enumerate(idx))
             vname = vector((t, base), em.lane_guard(idx[lanes[0]]))
-            return cuda.to_compute(f"{vname}[u].v[{LANE}]", d)
+            return cuda.to_compute(f"{vname}.v[{LANE}]", d)
         permuted = permuted_lanes(t, idx, strides, lanes)
         if permuted is not None:  # lanes that take other elements of their own vector
             key, offsets = permuted
@@ -260,7 +258,7 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
                 lane_maps[offsets] = em.names.fresh("lanes")
                 decls.append(f"constexpr int {lane_maps[offsets]}[{vec}] = "
                              f"{{{', '.join(map(str, offsets))}}};")
-            return cuda.to_compute(f"{vector(key)}[u].v[{lane_maps[offsets]}[{LANE}]]", d)
+            return cuda.to_compute(f"{vector(key)}.v[{lane_maps[offsets]}[{LANE}]]", d)
         return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
 
     def permuted_lanes(t: str, idx: tuple[str, ...], strides: tuple[int, ...],
@@ -327,13 +325,13 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
         em.lines.append(f"if ({' && '.join(guards)}) {store}" if guards else store)
     params = tensor_params(bound, schedule.inputs, schedule.outputs, em.params)
     n_vec = total // vec
-    # One step per thread over the whole domain (measured on H100: 4-8% faster than a grid of
-    # 8 blocks per SM striding over it).
-    blocks = covering_grid(n_vec, THREADS * unroll, itype)
+    # One vector per thread over the whole domain (measured on H100: 4-8% faster than a grid of
+    # 8 blocks per SM striding over it; two vectors a thread were never faster, see
+    # codegen.launch.pointwise_launch).
+    blocks = covering_grid(n_vec, THREADS, itype)
     position = ([f"const index_t flat = v * {vec};"] if rank else []) + \
         decompose("flat", extents, run_names, "index_t")
-    loads = position + pre
-    compute = list(position)
+    compute = []
     for t in vec_outputs:
         compute.append(f"fc_vec<{cuda.storage(fusion.tensors[t].dtype)}, {vec}> o_{t};")
     if vec > 1:
@@ -343,22 +341,17 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
         compute += ["// per element"] + em.lines
     if stores_after:
         compute += ["// vector stores"] + stores_after
-    step = [f"// {unroll} vectors per thread per step: all loads first, then compute and store"
-            if unroll > 1 else "// a vector per thread per step: its loads, then compute and store"]
-    step += decls
-    # each loop declares the indices it needs (a broadcast or unit axis may need none)
-    for what, lines in (("load", drop_unread(loads)), ("compute", drop_unread(compute))):
-        step += ["#pragma unroll", f"for (int u = 0; u < {unroll}; ++u) {{  // {what}",
-                 "  const index_t v = base + u * (index_t)blockDim.x;",
-                 "  if (v < n_vec) {"] + indent(lines, 4) + ["  }", "}"]
+    # each kernel declares the indices it needs (a broadcast or unit axis may need none)
+    step = decls + drop_unread(position + (["// loads"] + pre if pre else []) +
+                               ["// compute and store"] + compute)
     indexed = f", indexed as {extents}" if merged else ""
     body = [f"// segment {index}: pointwise over {domain} ({total} elements{indexed}), "
             f"{vec} per vector",
             f"typedef {itype} index_t;",
             signature(name, params, THREADS) + " {",
             f"  const index_t n_vec = {n_vec};",
-            f"  for (index_t base = (index_t)blockIdx.x * blockDim.x * {unroll} + threadIdx.x; "
-            f"base < n_vec; base += (index_t)gridDim.x * blockDim.x * {unroll}) {{"]
+            "  for (index_t v = (index_t)blockIdx.x * blockDim.x + threadIdx.x; v < n_vec; "
+            "v += (index_t)gridDim.x * blockDim.x) {"]
     body += indent(step, 4) + ["  }", "}"]
     text = "\n".join(body)
     if merged and any(re.search(rf"\b{xs[k]}\b", text) for a, b in runs if a != b

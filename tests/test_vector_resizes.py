@@ -171,7 +171,7 @@ def test_rope_fwd_reads_the_rotated_halves_as_vectors():
     assert re.search(r"fc_clampi<\w+>\(\(*x3 \+ _lane\)", src) is None
     # v, read through the reshape that splits its heads, is a vector too (in the direct kernel
     # beside the tiled one: tests/test_tiled_split.py)
-    assert "vec_T0[u] = *reinterpret_cast" in src
+    assert re.search(r"fc_vec<\w+, 8> vec_T0 = \*reinterpret_cast", src), src
     assert "in_T0[" not in src and "in_T2[" not in src and "in_T5[" not in src
     compile_cubin(src, "sm_90", sk.kernels[0].name)
 
