@@ -223,16 +223,31 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
     lane_maps: dict[tuple[int, ...], str] = {}  # lane -> element of its vector, by map
     vec_starts: dict[tuple, tuple[str, ...]] = {}  # a permuted-lane vector's first address
 
+    def within(t: str, idx: tuple[str, ...]) -> str | None:
+        """The condition under which input t is read at ``idx``, where an axis of t is shorter
+        than the domain axis indexing it (k's heads beside q's): only the outputs' guarded
+        stores use those values, so the threads past t's end load nothing."""
+        conds = [f"{i} < {n}" for i, n in zip(idx, bound.shapes[t])
+                 if (m := axis_of.get(i)) is not None and n < domain[m]]
+        return " && ".join(conds) or None
+
     def load(t: str, idx: tuple[str, ...]) -> str:
         d = fusion.tensors[t].dtype
+        inside = within(t, idx)
         idx, strides = view(idx, tensor_strides(bound, t))
         st, ct = cuda.storage(d), cuda.compute(d)
+
+        def scalar(value: str) -> str:
+            return f"({inside} ? {value} : ({ct})0)" if inside else value
+
         invariant = all(LANE not in i for i in idx)
         if invariant:
             name_ = em.names.fresh(f"ld_{t}")
             value = cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d)
-            pre.append(f"const {ct} {name_} = {value};")
+            pre.append(f"const {ct} {name_} = {scalar(value)};")
             return name_
+        if inside is not None and LANE in inside:  # a read per lane
+            return em.let_load(t, scalar(cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d)))
         lanes = [a for a, i in enumerate(idx) if LANE in i]
 
         def vector(key: tuple, guard: str | None = None) -> str:
@@ -249,7 +264,8 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
         if (first is not None and strides[lanes[0]] == 1
                 and all(s % vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
             base = tuple(at_lane_zero(i) if a == lanes[0] else i for a, i in enumerate(idx))
-            vname = vector((t, base), em.lane_guard(idx[lanes[0]]))
+            guards = [g for g in (inside, em.lane_guard(idx[lanes[0]])) if g]
+            vname = vector((t, base), " && ".join(guards) or None)
             return cuda.to_compute(f"{vname}.v[{LANE}]", d)
         permuted = permuted_lanes(t, idx, strides, lanes)
         if permuted is not None:  # lanes that take other elements of their own vector
@@ -258,8 +274,8 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
                 lane_maps[offsets] = em.names.fresh("lanes")
                 decls.append(f"constexpr int {lane_maps[offsets]}[{vec}] = "
                              f"{{{', '.join(map(str, offsets))}}};")
-            return cuda.to_compute(f"{vector(key)}.v[{lane_maps[offsets]}[{LANE}]]", d)
-        return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
+            return cuda.to_compute(f"{vector(key, inside)}.v[{lane_maps[offsets]}[{LANE}]]", d)
+        return em.let_load(t, scalar(cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d)))
 
     def permuted_lanes(t: str, idx: tuple[str, ...], strides: tuple[int, ...],
                        lanes: list[int]) -> tuple[tuple, tuple[int, ...]] | None:

@@ -398,7 +398,7 @@ class _Tiled:
                 continue
             strides = compact_strides(self.bound, t)
             lanes = [k for k, i in enumerate(idx) if LANE in i]
-            amap, shape = sched.axis_map[t], self.bound.shapes[t]
+            amap = sched.axis_map[t]
             if (vec > 1 and self.full_cover(t) and len(lanes) == 1
                     and strides[lanes[0]] == 1
                     and all(s % vec == 0 for k, s in enumerate(strides) if k != lanes[0])):
@@ -415,9 +415,6 @@ class _Tiled:
             for k, e in enumerate(self.domain):
                 if k not in covered and e > 1:
                     guards.append(f"{self.domain_idx[k]} == 0")
-            for ax, m in enumerate(amap):
-                if m is not None and shape[ax] < self.domain[m]:
-                    guards.append(f"{self.domain_idx[m]} < {shape[ax]}")
             store = f"out_{t}[{address(idx, strides)}] = {cuda.to_storage(val, d)};"
             em.lines.append(f"if ({' && '.join(guards)}) {store}" if guards else store)
         cpos = [f"const int sl = {cph.slow('it')};  // along axis {b}",
@@ -557,9 +554,14 @@ def generate_transpose(bound: Bound, schedule: Schedule, profile: DeviceProfile,
                        vector: int | None = None,
                        recomputed: frozenset[int] = frozenset()) -> SegmentKernels | None:
     """The tiled kernel of a pointwise segment, or None when every tensor it reads and writes
-    follows the domain's innermost axis (or the tiles would be mostly empty)."""
+    follows the domain's innermost axis (or the tiles would be mostly empty), or when an output
+    is shorter than the domain (k's heads beside q's): the direct kernel keeps the loads that
+    feed such an output inside their tensors (``codegen.pointwise``), the tiles do not."""
     if len(schedule.domain) < 2 or math.prod(schedule.domain) == 0:
         return None
     if sum(e > 1 for e in schedule.domain) < 2:
+        return None
+    if any(m is not None and bound.shapes[t][a] < schedule.domain[m]
+           for t in schedule.outputs for a, m in enumerate(schedule.axis_map[t])):
         return None
     return _Tiled(bound, schedule, index, vector, recomputed).build()

@@ -16,14 +16,30 @@ from pathlib import Path
 import torch
 
 from codegen.kernel import SegmentKernels
-from codegen.preamble import HEADER
+from codegen.preamble import HEADER, needed
 from runtime.launcher import compiler
 
 # the CUDA a pointwise kernel's source names, for the host (bf16 as torch rounds it: to nearest
 # even, NaN kept quiet)
 HOST_CUDA = r"""
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+using std::max;
+using std::min;
+static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+static inline float __fdividef(float a, float b) { return a / b; }
+#define __expf(x) std::exp(x)
+#define __logf(x) std::log(x)
+#include <cstdio>
+#include <cstdlib>
+// threads that exchange values cannot run one after another: a kernel calling this is not
+// host-runnable (it only lets a source whose other kernels do compile)
+template <typename T> T __shfl_xor_sync(unsigned, T, int, int = 32) {
+  std::fputs("a warp shuffle cannot run on the host\n", stderr); std::abort();
+}
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -45,17 +61,17 @@ static inline __nv_bfloat16 __float2bfloat16(float f) {
 """
 
 
-def run_on_host(sk: SegmentKernels, args: dict[str, torch.Tensor], workdir: Path,
-                name: str | None = None) -> None:
-    """Run the segment's kernel ``name`` (default: its one kernel) over CPU tensors: ``args``
-    maps each tensor parameter (an input read or an output written in place) to its tensor."""
-    cxx = compiler()
-    assert cxx is not None, "no C++ compiler"
+def _host_source(sk: SegmentKernels, name: str | None):
+    """(kernel, C++ source with ``fc_host_run(void** args)``, which runs every thread of every
+    block of kernel ``name`` (default: the segment's one kernel) in turn)."""
     assert name is not None or len(sk.kernels) == 1
     kernel = next(k for k in sk.kernels if name in (None, k.name))
     # its code: from its name to the next kernel's declaration
     code = sk.source.split(f" {kernel.name}(", 1)[1].split('extern "C"', 1)[0]
     assert "__shared__" not in code and "__syncthreads" not in code, "threads that cooperate"
+    assert "asm(" not in sk.source, "inline PTX"
+    assert not any("__shfl" in piece.text for piece in needed(code)) and "__shfl" not in code, \
+        "threads of a warp that exchange values"
     assert all(p.kind in ("in", "out") for p in kernel.params), "tensor parameters only"
     (grid, _, _), (block, _, _) = kernel.grid, kernel.block
     casts = [re.sub(r"\s*__restrict__", "", p.ctype) for p in kernel.params]
@@ -70,8 +86,27 @@ extern "C" void fc_host_run(void** args) {{
     }}
 }}
 """
+    return kernel, HOST_CUDA + sk.source.replace(HEADER, "") + driver
+
+
+def host_runnable(sk: SegmentKernels, name: str) -> bool:
+    """Whether kernel ``name`` of the segment can run on the host (see the module's doc)."""
+    try:
+        _host_source(sk, name)
+    except AssertionError:
+        return False
+    return True
+
+
+def run_on_host(sk: SegmentKernels, args: dict[str, torch.Tensor], workdir: Path,
+                name: str | None = None) -> None:
+    """Run the segment's kernel ``name`` (default: its one kernel) over CPU tensors: ``args``
+    maps each tensor parameter (an input read or an output written in place) to its tensor."""
+    cxx = compiler()
+    assert cxx is not None, "no C++ compiler"
+    kernel, text = _host_source(sk, name)
     source = workdir / f"{kernel.name}.cpp"
-    source.write_text(HOST_CUDA + sk.source.replace(HEADER, "") + driver)
+    source.write_text(text)
     lib = workdir / f"{kernel.name}.so"
     subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-std=c++17", "-fno-strict-aliasing", "-w",
                     str(source), "-o", str(lib)], check=True, capture_output=True)
@@ -80,3 +115,36 @@ extern "C" void fc_host_run(void** args) {{
         assert t.device.type == "cpu" and t.is_contiguous()
     pointers = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
     ctypes.CDLL(str(lib)).fc_host_run(pointers)
+
+
+def out_of_bounds_on_host(sk: SegmentKernels, nbytes: dict[str, int], workdir: Path,
+                          name: str | None = None) -> str:
+    """AddressSanitizer's report of kernel ``name`` run on the host over zeroed buffers of
+    exactly ``nbytes[param]`` bytes each (16-byte aligned, as CUDA allocations are), or "" when
+    every read and write stays inside its tensor. A value a kernel reads but never uses (say,
+    for an output's guarded store) escapes any comparison of results: this sees the access."""
+    cxx = compiler()
+    assert cxx is not None, "no C++ compiler"
+    kernel, text = _host_source(sk, name)
+    sizes = ", ".join(str(nbytes[p.name]) for p in kernel.params)
+    text += f"""
+#include <cstdlib>
+int main() {{
+  const unsigned long sizes[] = {{{sizes}}};
+  void* args[{len(kernel.params)}];
+  for (int k = 0; k < {len(kernel.params)}; ++k)
+    args[k] = std::aligned_alloc(16, (sizes[k] + 15) / 16 * 16 ? (sizes[k] + 15) / 16 * 16 : 16);
+  for (int k = 0; k < {len(kernel.params)}; ++k) std::memset(args[k], 0, sizes[k]);
+  fc_host_run(args);
+  for (int k = 0; k < {len(kernel.params)}; ++k) std::free(args[k]);
+  return 0;
+}}
+"""
+    source = workdir / f"{kernel.name}_asan.cpp"
+    source.write_text(text)
+    exe = workdir / f"{kernel.name}_asan"
+    subprocess.run([cxx, "-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer",
+                    "-std=c++17", "-fno-strict-aliasing", "-w", str(source), "-o", str(exe)],
+                   check=True, capture_output=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    return "" if run.returncode == 0 else run.stderr[-3000:]

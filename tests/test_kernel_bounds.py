@@ -1,0 +1,88 @@
+"""Every access of a generated kernel stays inside its tensor.
+
+A segment may compute outputs of different extents over one domain (the q heads of a RoPE
+backward beside the fewer k heads): the shorter outputs' stores are guarded, yet the loads that
+feed them run for every thread. Such a read past the end of a tensor computes nothing anyone
+keeps, so no comparison of results sees it, and on the GPU it faults only when the tensor ends
+an allocation: ``rope_bwd_interleaved_thunder`` ran for a day before an illegal address. Here
+each host-runnable kernel of every corpus case (``tests.host_kernels``) runs under
+AddressSanitizer over buffers of exactly its tensors' sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from codegen import generate_segment
+from optimizer.ir import parse_text
+from optimizer.planner import PlanOptions, make_plan
+from tests.conftest import CORPUS_FILES
+from tests.corpus_torch import small_definition
+from tests.helpers import small_metas
+from tests.host_kernels import host_runnable, out_of_bounds_on_host
+
+
+def storage_bytes(bound, t: str) -> int:
+    """The bytes tensor t spans: an input's strides as given (stride 0 takes none), else
+    compact."""
+    meta = bound.inputs.get(t)
+    if meta is None or not hasattr(meta, "strides"):
+        return bound.nbytes(t)
+    if 0 in meta.shape:
+        return 0
+    span = 1 + sum((n - 1) * s for n, s in zip(meta.shape, meta.strides))
+    return span * bound.fusion.tensors[t].dtype.itemsize
+
+
+@pytest.mark.parametrize("path", CORPUS_FILES, ids=[p.stem for p in CORPUS_FILES])
+def test_kernels_read_and_write_inside_their_tensors(path, tmp_path):
+    parsed = parse_text(small_definition(path.read_text(), path.stem))
+    plan = make_plan(parsed.fusion, small_metas(parsed, 1 << 12), PlanOptions(time_limit_s=2))
+    kernels = [(sk, k) for sk in (generate_segment(plan, s) for s in plan.segments)
+               for k in sk.kernels if host_runnable(sk, k.name)
+               and math.prod(k.grid) * math.prod(k.block) <= 1 << 18]
+    if not kernels:  # said, not passed: these kernels share memory or shuffle within warps
+        pytest.skip("no kernel of this case runs thread by thread on the host")
+    for sk, kernel in kernels:
+        nbytes = {p.name: storage_bytes(plan.bound, p.name) for p in kernel.params}
+        report = out_of_bounds_on_host(sk, nbytes, tmp_path, kernel.name)
+        assert report == "", f"{kernel.name}:\n{report}"
+
+
+SIDE_BY_SIDE = """
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+T1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+T2 = fd.ops.mul(T0, 2.0)
+T3 = fd.ops.add(T1, 1.0)
+fd.add_output(T2)
+fd.add_output(T3)
+"""
+
+
+@pytest.mark.parametrize("short", [(4, 8), (2, 16), (2, 8)], ids=["lanes", "rows", "both"])
+def test_an_output_shorter_than_the_domain_reads_only_inside_its_input(short, tmp_path):
+    """T3 over a [4, 16] domain: its input's threads past the end (rows, or the lanes of the
+    vectors) load nothing, and the values equal the reference."""
+    import torch
+
+    from optimizer.ir.dtypes import DType
+    from optimizer.ir.inputs import tensor_meta
+    from runtime.reference import run_reference
+    from tests.helpers import fusion
+    from tests.host_kernels import run_on_host
+
+    f = fusion(SIDE_BY_SIDE)
+    metas = [tensor_meta((4, 16), DType.float32), tensor_meta(short, DType.float32)]
+    plan = make_plan(f, metas, PlanOptions(time_limit_s=2))
+    (seg,) = plan.segments
+    assert seg.schedule.domain == (4, 16) and plan.bound.shapes["T3"] == short
+    sk = generate_segment(plan, seg)
+    nbytes = {p.name: storage_bytes(plan.bound, p.name) for p in sk.kernels[0].params}
+    assert out_of_bounds_on_host(sk, nbytes, tmp_path) == ""
+    args = [torch.randn(4, 16), torch.randn(*short)]
+    outs = {"T2": torch.empty(4, 16), "T3": torch.empty(*short)}
+    run_on_host(sk, {"T0": args[0], "T1": args[1]} | outs, tmp_path)
+    want = run_reference(f, args)
+    assert torch.equal(outs["T2"], want[0]) and torch.equal(outs["T3"], want[1])
