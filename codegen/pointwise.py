@@ -20,6 +20,7 @@ import re
 from dataclasses import replace
 
 from codegen import cuda
+from codegen.bounds import in_bounds
 from codegen.emit import Emitter, Names, lane_base
 from codegen.kernel import (
     Kernel,
@@ -223,12 +224,16 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
     lane_maps: dict[tuple[int, ...], str] = {}  # lane -> element of its vector, by map
     vec_starts: dict[tuple, tuple[str, ...]] = {}  # a permuted-lane vector's first address
 
+    # each domain index's values (the innermost one starts a vector), for codegen.bounds
+    ranges = {x: (0, e - 1, 1) for x, e in zip(xs, domain)}
+    if rank and vec > 1:
+        ranges[xs[-1]], ranges[LANE] = (0, domain[-1] - vec, vec), (0, vec - 1, 1)
+
     def within(t: str, idx: tuple[str, ...]) -> str | None:
-        """The condition under which input t is read at ``idx``, where an axis of t is shorter
-        than the domain axis indexing it (k's heads beside q's): only the outputs' guarded
-        stores use those values, so the threads past t's end load nothing."""
-        conds = [f"{i} < {n}" for i, n in zip(idx, bound.shapes[t])
-                 if (m := axis_of.get(i)) is not None and n < domain[m]]
+        """The condition under which input t is read at ``idx``, where the domain reaches
+        past t's end (``codegen.bounds``): only the outputs' guarded stores use those values,
+        so the threads past it load nothing."""
+        conds = [c for i, n in zip(idx, bound.shapes[t]) for c in in_bounds(i, n, ranges)]
         return " && ".join(conds) or None
 
     def load(t: str, idx: tuple[str, ...]) -> str:

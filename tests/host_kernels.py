@@ -29,6 +29,11 @@ using std::max;
 using std::min;
 static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 static inline float __fdividef(float a, float b) { return a / b; }
+struct __half { unsigned short x; };  // IEEE half through the compiler's _Float16
+static inline float __half2float(__half h) { _Float16 f; std::memcpy(&f, &h.x, 2); return f; }
+static inline __half __float2half(float f) {
+  _Float16 g = (_Float16)f; __half h; std::memcpy(&h.x, &g, 2); return h;
+}
 #define __expf(x) std::exp(x)
 #define __logf(x) std::log(x)
 #include <cstdio>
@@ -37,6 +42,24 @@ static inline float __fdividef(float a, float b) { return a / b; }
 // host-runnable (it only lets a source whose other kernels do compile)
 template <typename T> T __shfl_xor_sync(unsigned, T, int, int = 32) {
   std::fputs("a warp shuffle cannot run on the host\n", stderr); std::abort();
+}
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __frcp_rn(float a) { return 1.0f / a; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __drcp_rn(double a) { return 1.0 / a; }
+static inline unsigned int __umulhi(unsigned int a, unsigned int b) {
+  return (unsigned int)(((unsigned long long)a * b) >> 32);
+}
+static inline float __uint_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline unsigned int __float_as_uint(float f) {
+  unsigned int i; std::memcpy(&i, &f, 4); return i;
+}
+static inline double __longlong_as_double(long long i) {
+  double d; std::memcpy(&d, &i, 8); return d;
 }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }

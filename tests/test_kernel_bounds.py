@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from codegen import generate_segment
 from optimizer.ir import parse_text
@@ -22,6 +23,7 @@ from tests.conftest import CORPUS_FILES
 from tests.corpus_torch import small_definition
 from tests.helpers import small_metas
 from tests.host_kernels import host_runnable, out_of_bounds_on_host
+from tests.strategies import fusions
 
 
 def storage_bytes(bound, t: str) -> int:
@@ -86,3 +88,70 @@ def test_an_output_shorter_than_the_domain_reads_only_inside_its_input(short, tm
     run_on_host(sk, {"T0": args[0], "T1": args[1]} | outs, tmp_path)
     want = run_reference(f, args)
     assert torch.equal(outs["T2"], want[0]) and torch.equal(outs["T3"], want[1])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(drawn=fusions(max_ops=8))
+def test_generated_pointwise_kernels_stay_inside_their_tensors(drawn, tmp_path_factory):
+    plan = make_plan(drawn.fusion, drawn.inputs, PlanOptions(time_limit_s=2))
+    workdir = tmp_path_factory.mktemp("asan")
+    for seg in plan.segments:
+        sk = generate_segment(plan, seg)
+        for kernel in sk.kernels:
+            if host_runnable(sk, kernel.name):
+                nbytes = {p.name: storage_bytes(plan.bound, p.name) for p in kernel.params}
+                report = out_of_bounds_on_host(sk, nbytes, workdir, kernel.name)
+                assert report == "", f"{kernel.name}:\n{report}"
+
+
+SLICE_WRITTEN_OUT = """
+T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)
+T1 = fd.ops.neg(T0)
+T2 = fd.ops.slice(T0, start_indices=[START], end_indices=[3])
+fd.add_output(T1)
+fd.add_output(T2)
+"""
+
+
+@pytest.mark.parametrize("start", [1, 2, 3])
+def test_a_slice_written_out_beside_its_source_reads_inside_it(start, tmp_path):
+    """The slice's store is guarded to its extent; its load ``in_T0[start + x0]`` is too."""
+    import torch
+
+    from optimizer.ir.dtypes import DType
+    from optimizer.ir.inputs import tensor_meta
+    from runtime.reference import run_reference
+    from tests.helpers import fusion
+    from tests.host_kernels import run_on_host
+
+    f = fusion(SLICE_WRITTEN_OUT.replace("START", str(start)))
+    plan = make_plan(f, [tensor_meta((3,), DType.float32)], PlanOptions(time_limit_s=2))
+    (seg,) = plan.segments
+    sk = generate_segment(plan, seg)
+    nbytes = {p.name: storage_bytes(plan.bound, p.name) for p in sk.kernels[0].params}
+    assert out_of_bounds_on_host(sk, nbytes, tmp_path) == ""
+    x = torch.randn(3)
+    outs = {"T1": torch.empty(3), "T2": torch.empty(3 - start)}
+    run_on_host(sk, {"T0": x} | outs, tmp_path)
+    want = run_reference(f, [x])
+    assert torch.equal(outs["T1"], want[0]) and torch.equal(outs["T2"], want[1])
+
+
+def test_index_ranges_follow_integer_arithmetic():
+    from codegen.bounds import in_bounds, index_range
+
+    ranges = {"x0": (0, 7, 1), "x1": (0, 1016, 8), "_lane": (0, 7, 1)}
+    assert index_range("(x1 + _lane)", ranges) == (0, 1023)
+    assert index_range("((x1 + _lane) / 2) * 2 + 1", ranges) == (1, 1023)
+    assert index_range("((x1 % 128) + _lane)", ranges) == (0, 127)  # x1 starts a vector
+    assert index_range("((x1 % 60) + _lane)", ranges) == (0, 66)  # 60-wide heads split them
+    assert index_range("x1 % 4", ranges) == (0, 0)
+    assert index_range("(x0 - 64)", ranges) == (-64, -57)
+    assert index_range("x0 * 4 + x0 % 3", ranges) == (0, 30)
+    assert index_range("x0 % 200", ranges) == (0, 7)  # one period: the values themselves
+    assert index_range("-x0", ranges) == (-7, 0)
+    for opaque in ("fc_clampi<int>((x1 - 64), 56)", "in_T3[x0]", "x9 + 1", "x0 / x1", "1.5"):
+        assert index_range(opaque, ranges) is None
+    assert in_bounds("(2 + x0)", 8, ranges) == ["(2 + x0) < 8"]
+    assert in_bounds("(x0 - 1)", 8, ranges) == ["(x0 - 1) >= 0"]
+    assert in_bounds("x0", 8, ranges) == [] and in_bounds("fc_clampi<int>(x0, 3)", 4, ranges) == []
