@@ -44,7 +44,7 @@ from codegen.layout import (
     tensor_strides,
 )
 from codegen.precision import fast_math_tensors
-from codegen.regions import LANE, at_lane_zero, vector_read
+from codegen.regions import LANE, at_lane_zero, shorter_axes, vector_read
 from codegen.transpose import generate_transpose
 from optimizer.analysis.shapes import Bound
 from optimizer.kinds.rules import Schedule
@@ -338,9 +338,7 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
         for dax in range(rank):
             if dax not in covered and domain[dax] > 1:  # a unit axis's index is always 0
                 guards.append(f"{domain_idx[dax]} == 0")
-        for a, m in enumerate(amap):
-            if m is not None and shape[a] < domain[m]:
-                guards.append(f"{domain_idx[m]} < {shape[a]}")
+        guards += [f"{domain_idx[m]} < {shape[a]}" for a, m in shorter_axes(bound, schedule, t)]
         store = (f"out_{t}[{address(*view(out_idx, compact_strides(bound, t)))}] = "
                  f"{cuda.to_storage(val, d)};")
         em.lines.append(f"if ({' && '.join(guards)}) {store}" if guards else store)

@@ -162,6 +162,14 @@ def tensor_index(schedule: Schedule, p_idx: tuple[str, ...], tensor: str,
     return tuple(out)
 
 
+def shorter_axes(bound: Bound, schedule: Schedule, t: str) -> list[tuple[int, int]]:
+    """(axis of output t, the domain axis it runs along) wherever t is shorter than the domain
+    (k's heads beside q's, a slice written out): t's stores there are guarded, and the loads
+    that feed it must stay inside their tensors (``codegen.bounds``)."""
+    return [(a, m) for a, m in enumerate(schedule.axis_map[t])
+            if m is not None and bound.shapes[t][a] < schedule.domain[m]]
+
+
 def vector_read(storage: str, vec: int, pointer: str, guard: str | None = None) -> str:
     """A vector of ``vec`` values of C type ``storage`` at ``pointer`` (aligned to the
     vector); where ``guard`` is given, read only under it (zeros otherwise: a piece of a cat or

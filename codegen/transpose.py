@@ -46,7 +46,7 @@ from codegen.layout import (
     tensor_strides,
 )
 from codegen.precision import fast_math_tensors
-from codegen.regions import LANE, at_lane_zero, lane_loop, vector_read
+from codegen.regions import LANE, at_lane_zero, lane_loop, shorter_axes, vector_read
 from codegen.resize import NO_RESIZES, whole_vector_resizes
 from optimizer.analysis.shapes import Bound
 from optimizer.kinds.rules import Schedule
@@ -561,7 +561,6 @@ def generate_transpose(bound: Bound, schedule: Schedule, profile: DeviceProfile,
         return None
     if sum(e > 1 for e in schedule.domain) < 2:
         return None
-    if any(m is not None and bound.shapes[t][a] < schedule.domain[m]
-           for t in schedule.outputs for a, m in enumerate(schedule.axis_map[t])):
+    if any(shorter_axes(bound, schedule, t) for t in schedule.outputs):
         return None
     return _Tiled(bound, schedule, index, vector, recomputed).build()

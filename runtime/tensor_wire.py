@@ -77,7 +77,7 @@ def arguments(fusion, tensors: dict[str, torch.Tensor]) -> list[Any]:
     """The fusion's arguments from tensors named by its inputs: declared broadcasts expanded
     (see above), each scalar input (a one-element tensor) as its Python value. The inputs are
     the caller's: an unseeded random op's seed and offset are drawn when the plan runs."""
-    inputs = [n for n in fusion.inputs if n not in fusion.implicit_rng]
+    inputs = fusion.caller_inputs()
     missing = [n for n in inputs if n not in tensors]
     extra = sorted(set(tensors) - set(inputs))
     if missing or extra:

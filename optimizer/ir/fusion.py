@@ -93,6 +93,10 @@ class Fusion:
     def scalar_inputs(self) -> list[str]:
         return [n for n in self.inputs if n in self.scalars]
 
+    def caller_inputs(self) -> list[str]:
+        """The inputs a caller gives: all but the implicit random-op seeds (``ir.rng``)."""
+        return [n for n in self.inputs if n not in self.implicit_rng]
+
     def producers(self) -> dict[str, int]:
         """Value name -> index of the op that defines it."""
         return {out: i for i, op in enumerate(self.ops) for out in op.outputs}

@@ -82,4 +82,4 @@ def as_written(fusion: Fusion) -> Fusion:
     return dataclasses.replace(
         fusion, ops=ops, implicit_rng=(),
         scalars={n: v for n, v in fusion.scalars.items() if n not in hidden},
-        inputs=[n for n in fusion.inputs if n not in hidden])
+        inputs=fusion.caller_inputs())

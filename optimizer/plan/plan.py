@@ -166,10 +166,9 @@ def plan_key(fid: str, metas: list[dict], options: dict, device: dict) -> str:
 def plan_id_of(bound: Bound, options: dict[str, Any], profile: DeviceProfile,
                fid: str | None = None) -> str:
     """The id of the plan of ``bound``'s fusion and inputs with these options and device."""
-    written = as_written(bound.fusion)  # the caller's fusion and inputs: see ir.rng
-    return plan_key(fid or fusion_id(written),
-                    [meta_to_json(bound.inputs[n]) for n in written.inputs], options,
-                    profile.to_json())
+    return plan_key(fid or fusion_id(as_written(bound.fusion)),  # the caller's: see ir.rng
+                    [meta_to_json(bound.inputs[n]) for n in bound.fusion.caller_inputs()],
+                    options, profile.to_json())
 
 
 def assemble(graph: SegGraph, groups: list[Group]) -> tuple[list[Segment], list[Boundary]]:
