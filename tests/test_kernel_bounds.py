@@ -14,15 +14,19 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 
 from codegen import generate_segment
 from optimizer.ir import parse_text
+from optimizer.ir.dtypes import DType
+from optimizer.ir.inputs import tensor_meta
 from optimizer.planner import PlanOptions, make_plan
+from runtime.reference import run_reference
 from tests.conftest import CORPUS_FILES
 from tests.corpus_torch import small_definition
-from tests.helpers import small_metas
-from tests.host_kernels import host_runnable, out_of_bounds_on_host
+from tests.helpers import fusion, small_metas
+from tests.host_kernels import host_runnable, out_of_bounds_on_host, run_on_host
 from tests.strategies import fusions
 
 
@@ -38,6 +42,25 @@ def storage_bytes(bound, t: str) -> int:
     return span * bound.fusion.tensors[t].dtype.itemsize
 
 
+def assert_inside(plan, sk, kernel, workdir) -> None:
+    """Kernel ``kernel`` of ``sk`` reads and writes only inside its tensors (AddressSanitizer)."""
+    nbytes = {p.name: storage_bytes(plan.bound, p.name) for p in kernel.params}
+    report = out_of_bounds_on_host(sk, nbytes, workdir, kernel.name)
+    assert report == "", f"{kernel.name}:\n{report}"
+
+
+def one_kernel_checked(f, metas, args, workdir):
+    """The plan of ``f`` (one segment, one kernel), checked inside its tensors, and its
+    outputs computed on the host, each beside the reference's."""
+    plan = make_plan(f, metas, PlanOptions(time_limit_s=2))
+    (seg,) = plan.segments
+    sk = generate_segment(plan, seg)
+    assert_inside(plan, sk, sk.kernels[0], workdir)
+    outs = {t: torch.empty(plan.bound.shapes[t]) for t in f.outputs}
+    run_on_host(sk, dict(zip(f.inputs, args)) | outs, workdir)
+    return plan, list(zip(outs.values(), run_reference(f, args)))
+
+
 @pytest.mark.parametrize("path", CORPUS_FILES, ids=[p.stem for p in CORPUS_FILES])
 def test_kernels_read_and_write_inside_their_tensors(path, tmp_path):
     parsed = parse_text(small_definition(path.read_text(), path.stem))
@@ -48,9 +71,7 @@ def test_kernels_read_and_write_inside_their_tensors(path, tmp_path):
     if not kernels:  # said, not passed: these kernels share memory or shuffle within warps
         pytest.skip("no kernel of this case runs thread by thread on the host")
     for sk, kernel in kernels:
-        nbytes = {p.name: storage_bytes(plan.bound, p.name) for p in kernel.params}
-        report = out_of_bounds_on_host(sk, nbytes, tmp_path, kernel.name)
-        assert report == "", f"{kernel.name}:\n{report}"
+        assert_inside(plan, sk, kernel, tmp_path)
 
 
 SIDE_BY_SIDE = """
@@ -67,27 +88,11 @@ fd.add_output(T3)
 def test_an_output_shorter_than_the_domain_reads_only_inside_its_input(short, tmp_path):
     """T3 over a [4, 16] domain: its input's threads past the end (rows, or the lanes of the
     vectors) load nothing, and the values equal the reference."""
-    import torch
-
-    from optimizer.ir.dtypes import DType
-    from optimizer.ir.inputs import tensor_meta
-    from runtime.reference import run_reference
-    from tests.helpers import fusion
-    from tests.host_kernels import run_on_host
-
-    f = fusion(SIDE_BY_SIDE)
     metas = [tensor_meta((4, 16), DType.float32), tensor_meta(short, DType.float32)]
-    plan = make_plan(f, metas, PlanOptions(time_limit_s=2))
-    (seg,) = plan.segments
-    assert seg.schedule.domain == (4, 16) and plan.bound.shapes["T3"] == short
-    sk = generate_segment(plan, seg)
-    nbytes = {p.name: storage_bytes(plan.bound, p.name) for p in sk.kernels[0].params}
-    assert out_of_bounds_on_host(sk, nbytes, tmp_path) == ""
-    args = [torch.randn(4, 16), torch.randn(*short)]
-    outs = {"T2": torch.empty(4, 16), "T3": torch.empty(*short)}
-    run_on_host(sk, {"T0": args[0], "T1": args[1]} | outs, tmp_path)
-    want = run_reference(f, args)
-    assert torch.equal(outs["T2"], want[0]) and torch.equal(outs["T3"], want[1])
+    plan, results = one_kernel_checked(fusion(SIDE_BY_SIDE), metas,
+                                       [torch.randn(4, 16), torch.randn(*short)], tmp_path)
+    assert plan.segments[0].schedule.domain == (4, 16) and plan.bound.shapes["T3"] == short
+    assert all(torch.equal(got, want) for got, want in results)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -99,9 +104,7 @@ def test_generated_pointwise_kernels_stay_inside_their_tensors(drawn, tmp_path_f
         sk = generate_segment(plan, seg)
         for kernel in sk.kernels:
             if host_runnable(sk, kernel.name):
-                nbytes = {p.name: storage_bytes(plan.bound, p.name) for p in kernel.params}
-                report = out_of_bounds_on_host(sk, nbytes, workdir, kernel.name)
-                assert report == "", f"{kernel.name}:\n{report}"
+                assert_inside(plan, sk, kernel, workdir)
 
 
 SLICE_WRITTEN_OUT = """
@@ -116,25 +119,11 @@ fd.add_output(T2)
 @pytest.mark.parametrize("start", [1, 2, 3])
 def test_a_slice_written_out_beside_its_source_reads_inside_it(start, tmp_path):
     """The slice's store is guarded to its extent; its load ``in_T0[start + x0]`` is too."""
-    import torch
-
-    from optimizer.ir.dtypes import DType
-    from optimizer.ir.inputs import tensor_meta
-    from runtime.reference import run_reference
-    from tests.helpers import fusion
-    from tests.host_kernels import run_on_host
-
     f = fusion(SLICE_WRITTEN_OUT.replace("START", str(start)))
-    plan = make_plan(f, [tensor_meta((3,), DType.float32)], PlanOptions(time_limit_s=2))
-    (seg,) = plan.segments
-    sk = generate_segment(plan, seg)
-    nbytes = {p.name: storage_bytes(plan.bound, p.name) for p in sk.kernels[0].params}
-    assert out_of_bounds_on_host(sk, nbytes, tmp_path) == ""
-    x = torch.randn(3)
-    outs = {"T1": torch.empty(3), "T2": torch.empty(3 - start)}
-    run_on_host(sk, {"T0": x} | outs, tmp_path)
-    want = run_reference(f, [x])
-    assert torch.equal(outs["T1"], want[0]) and torch.equal(outs["T2"], want[1])
+    _, results = one_kernel_checked(f, [tensor_meta((3,), DType.float32)], [torch.randn(3)],
+                                    tmp_path)
+    assert [got.shape[0] for got, _ in results] == [3, 3 - start]
+    assert all(torch.equal(got, want) for got, want in results)
 
 
 def test_index_ranges_follow_integer_arithmetic():
