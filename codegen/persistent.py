@@ -50,7 +50,7 @@ from codegen.launch import (
     prefetch_plan,
     slot_index,
 )
-from codegen.layout import address, decompose, tensor_strides
+from codegen.layout import address, decompose, index_typedefs, tensor_strides
 from codegen.online import accumulator_bytes
 from codegen.regions import LANE, Region, at_lane_zero, lane_loop, vector_address
 from optimizer.analysis.shapes import Bound
@@ -313,7 +313,7 @@ class _Persistent:
         head = [f"// segment {self.index}: {self.kind.value} over domain {self.domain}: "
                 f"{self.rows} rows of {self.row_len}, {how} per row, {slots} x {vec} elements "
                 f"per thread, {pers.n_stages} stage(s), on chip: {on_chip}",
-                f"typedef {self.itype} index_t;",
+                index_typedefs(self.itype),
                 signature(self.name, ps, self.threads,
                           self.launch.min_blocks) + " {"]
         if self.groups:

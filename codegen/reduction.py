@@ -36,7 +36,7 @@ from codegen.launch import (
     row_reduction_launch,
     segment_index_type,
 )
-from codegen.layout import decompose
+from codegen.layout import decompose, index_typedefs
 from codegen.online import accumulator_bytes, add_batched, segment_reducers
 from codegen.regions import LANE, Region
 from optimizer.analysis.axes import domain_axes
@@ -257,7 +257,7 @@ class _Builder:
         head = [f"// segment {self.index}: reduce {self.row_len} elements per row over "
                 f"{self.rows} rows (domain {self.domain}, reduced axes {self.red_axes}); "
                 f"{how} per row, {vec} per load{note}",
-                f"typedef {self.itype} index_t;",
+                index_typedefs(self.itype),
                 signature(self.name, ps, threads) + " {"]
         kernels_code += head + body + ["}"]
         kernels.append(Kernel(self.name, ps, (blocks, split, 1), (threads, 1, 1)))
@@ -375,7 +375,7 @@ class _Builder:
                 f"(domain {self.domain}, reduced axes {self.red_axes}); {vec} columns per "
                 f"thread, {by} rows at a time per block" + (f", {split} blocks per column"
                                                              if split > 1 else ""),
-                f"typedef {self.itype} index_t;",
+                index_typedefs(self.itype),
                 signature(self.name, ps, bx * by) + " {"] + indent(body, 2) + ["}"]
         kernels = [Kernel(self.name, ps, (grid_x, split, 1), (bx, by, 1))]
         workspaces: list[Workspace] = []

@@ -43,6 +43,7 @@ from codegen.layout import (
     compact_strides,
     covering_grid,
     decompose,
+    index_typedefs,
     tensor_strides,
 )
 from codegen.precision import fast_math_tensors
@@ -73,7 +74,7 @@ _PLAIN = [re.compile(p) for p in (
     r"fc_clampi<\w+>\(\(?x(?P<k>\d+)( - -?\d+\))?, -?\d+\)",
 )]
 _NAME = re.compile(r"[A-Za-z_]\w*")
-_INDEX_NAMES = {"fc_clampi", "int", "int64", "index_t", "long"}
+_INDEX_NAMES = {"fc_clampi", "int", "int64", "index_t", "uindex_t", "long"}
 
 
 @dataclass(frozen=True)
@@ -506,7 +507,7 @@ class _Tiled:
                 + ", staged: "
                 + (", ".join(dict.fromkeys(t for t, _ in staged_reads)) or "-")
                 + "; written through tiles: " + (", ".join(staged_writes) or "-"),
-                f"typedef {self.itype} index_t;",
+                index_typedefs(self.itype),
                 signature(name, params, THREADS) + " {"]
         body += indent(smem_decls, 2)
         if run > 1:
