@@ -105,6 +105,7 @@ def _f(name: str, d: DType) -> str:
 FAST_UNARY = {
     "exp": "__expf({x})",
     "tanh": "fc_tanh_approx({x})",
+    "erf": "fc_erf_fast({x})",
     "log": "__logf({x})",
     "sigmoid": "__fdividef(1.0f, 1.0f + __expf(-({x})))",
     "silu": "__fdividef(({x}), 1.0f + __expf(-({x})))",
