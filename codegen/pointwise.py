@@ -350,7 +350,7 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
     # codegen.launch.pointwise_launch).
     blocks = covering_grid(n_vec, THREADS, itype)
     position = ([f"const index_t flat = v * {vec};"] if rank else []) + \
-        decompose("flat", extents, run_names, "index_t")
+        decompose("flat", extents, run_names, "index_t", unsigned=True)
     compute = []
     for t in vec_outputs:
         compute.append(f"fc_vec<{cuda.storage(fusion.tensors[t].dtype)}, {vec}> o_{t};")

@@ -229,7 +229,7 @@ def test_a_repeated_head_is_computed_once_and_written_to_each_copy():
     sk = generate_segment(plan, plan.segments[0])
     assert sk.notes["copies"] == {2: 2}
     tiled_code = sk.source.split(f" {TILED}(")[1]
-    assert "const index_t x2_copy = (uindex_t)batch % 8;" in tiled_code
+    assert "const index_t x2_copy = batch % 8;" in tiled_code
     assert "const index_t x2 = x2_copy * 2;" in tiled_code
     assert "for (int rep = 0; rep < 2; ++rep)" in tiled_code
     assert "(x2 + rep) * 2048" in tiled_code  # the store, per copy
