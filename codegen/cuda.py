@@ -104,7 +104,7 @@ def _f(name: str, d: DType) -> str:
 
 FAST_UNARY = {
     "exp": "__expf({x})",
-    "tanh": "fc_tanh_approx({x})",
+    "tanh": "fc_tanh_fast({x})",
     "erf": "fc_erf_fast({x})",
     "log": "__logf({x})",
     "sigmoid": "__fdividef(1.0f, 1.0f + __expf(-({x})))",
