@@ -65,9 +65,11 @@ def address(idx: tuple[str, ...], strides: tuple[int, ...]) -> str:
 UNSIGNED = {"int": "unsigned", "int64": "unsigned long long"}
 
 
-def index_typedefs(itype: str) -> str:
-    """A kernel's index types: ``index_t``, and ``uindex_t``, its unsigned twin (``decompose``)."""
-    return f"typedef {itype} index_t;\ntypedef {UNSIGNED[itype]} uindex_t;"
+def index_typedefs(itype: str, unsigned: bool = False) -> str:
+    """A kernel's index type ``index_t``; with ``unsigned``, also its unsigned twin ``uindex_t``,
+    for a kernel that ``decompose``s unsigned."""
+    twin = f"\ntypedef {UNSIGNED[itype]} uindex_t;" if unsigned else ""
+    return f"typedef {itype} index_t;{twin}"
 
 
 def decompose(flat: str, extents: list[int], names: list[str], itype: str,

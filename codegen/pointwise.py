@@ -367,7 +367,7 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
     indexed = f", indexed as {extents}" if merged else ""
     body = [f"// segment {index}: pointwise over {domain} ({total} elements{indexed}), "
             f"{vec} per vector",
-            index_typedefs(itype),
+            index_typedefs(itype, unsigned=True),
             signature(name, params, THREADS) + " {",
             f"  const index_t n_vec = {n_vec};",
             "  for (index_t v = (index_t)blockIdx.x * blockDim.x + threadIdx.x; v < n_vec; "

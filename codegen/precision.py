@@ -1,11 +1,12 @@
 """Where a kernel may use fast (approximate) math without it showing in any output.
 
 ``__expf``, ``__fdividef`` and ``fc_erf_fast`` are off by a few units in the last place of a
-float, ``fc_tanh_fast`` by at most 1e-5 relative (where it cancels, near 0); a 16-bit output
-rounds away 13 more bits. So an op may use them when every path from its result reaches only
-bf16/fp16 outputs through continuous ops. A comparison, a select condition, rounding, or a cast
-to an integer or bool could turn a last-bit difference into a different value, and a float32 or
-float64 output would show it: either keeps the precise function.
+float, ``fc_tanh_fast`` by at most 1e-5 relative (just above 1/16, where its main form
+cancels); a 16-bit output rounds away 13 more bits. So an op may use them when every path from
+its result reaches only bf16/fp16 outputs through continuous ops. A comparison, a select
+condition, rounding, or a cast to an integer or bool could turn a last-bit difference into a
+different value, and a float32 or float64 output would show it: either keeps the precise
+function.
 """
 
 from __future__ import annotations

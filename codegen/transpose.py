@@ -74,7 +74,7 @@ _PLAIN = [re.compile(p) for p in (
     r"fc_clampi<\w+>\(\(?x(?P<k>\d+)( - -?\d+\))?, -?\d+\)",
 )]
 _NAME = re.compile(r"[A-Za-z_]\w*")
-_INDEX_NAMES = {"fc_clampi", "int", "int64", "index_t", "uindex_t", "long"}
+_INDEX_NAMES = {"fc_clampi", "int", "int64", "index_t", "long"}
 
 
 @dataclass(frozen=True)
