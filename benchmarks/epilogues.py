@@ -13,93 +13,14 @@ Kernel times from torch.profiler; each fused result is checked against the unfus
 from __future__ import annotations
 
 import argparse
-import ctypes
-import glob
-import os
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from benchmarks.common import markdown_table, write_result
-
-# cublasLt.h
-DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE, DESC_BIAS_POINTER = 3, 4, 7, 8
-DESC_AUX_POINTER, DESC_AUX_LD = 11, 12
-EPILOGUE = {"GELU_AUX_BIAS": 164, "DGELU": 192, "DGELU_BGRAD": 208}
-PREF_MAX_WORKSPACE_BYTES = 1
-CUDA_R_16BF, CUDA_R_32F, COMPUTE_32F = 14, 0, 68
-OP_N, OP_T = 0, 1
-
-
-class CublasLt:
-    """One handle and workspace; ``matmul`` plans a column-major ``D = op(A) op(B)`` with an
-    epilogue and returns a function that runs it on the current stream."""
-
-    def __init__(self):
-        lib = glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "cu*",
-                                     "lib", "libcublasLt.so.*"))
-        self.lt = ctypes.CDLL(lib[0] if lib else "libcublasLt.so")
-        self.handle = ctypes.c_void_p()
-        self.check(self.lt.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
-        self.workspace = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
-
-    @staticmethod
-    def check(status: int, what: str) -> None:
-        if status != 0:
-            raise RuntimeError(f"{what} failed: cublasStatus {status}")
-
-    def layout(self, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
-        out = ctypes.c_void_p()
-        self.check(self.lt.cublasLtMatrixLayoutCreate(
-            ctypes.byref(out), CUDA_R_16BF, ctypes.c_uint64(rows), ctypes.c_uint64(cols),
-            ctypes.c_int64(ld)), "cublasLtMatrixLayoutCreate")
-        return out
-
-    def set(self, desc, attr: int, value) -> None:
-        self.check(self.lt.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value),
-                                                          ctypes.sizeof(value)), f"attr {attr}")
-
-    def matmul(self, a: torch.Tensor, trans_a: int, a_shape: tuple[int, int], b: torch.Tensor,
-               trans_b: int, b_shape: tuple[int, int], d: torch.Tensor, d_shape: tuple[int, int],
-               epilogue: str, bias: torch.Tensor | None = None,
-               aux: torch.Tensor | None = None) -> Callable[[], None]:
-        """Shapes are column-major (rows, cols), each leading dimension its rows."""
-        desc = ctypes.c_void_p()
-        self.check(self.lt.cublasLtMatmulDescCreate(ctypes.byref(desc), COMPUTE_32F, CUDA_R_32F),
-                   "cublasLtMatmulDescCreate")
-        self.set(desc, DESC_TRANSA, ctypes.c_int32(trans_a))
-        self.set(desc, DESC_TRANSB, ctypes.c_int32(trans_b))
-        self.set(desc, DESC_EPILOGUE, ctypes.c_uint32(EPILOGUE[epilogue]))
-        if bias is not None:
-            self.set(desc, DESC_BIAS_POINTER, ctypes.c_void_p(bias.data_ptr()))
-        if aux is not None:
-            self.set(desc, DESC_AUX_POINTER, ctypes.c_void_p(aux.data_ptr()))
-            self.set(desc, DESC_AUX_LD, ctypes.c_int64(d_shape[0]))
-        la, lb, ld = (self.layout(*s, s[0]) for s in (a_shape, b_shape, d_shape))
-        pref = ctypes.c_void_p()
-        self.check(self.lt.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
-        size = ctypes.c_uint64(self.workspace.numel())
-        self.check(self.lt.cublasLtMatmulPreferenceSetAttribute(
-            pref, PREF_MAX_WORKSPACE_BYTES, ctypes.byref(size), 8), "workspace size")
-        algo = (ctypes.c_uint8 * 96)()  # cublasLtMatmulHeuristicResult_t
-        found = ctypes.c_int(0)
-        self.check(self.lt.cublasLtMatmulAlgoGetHeuristic(
-            self.handle, desc, la, lb, ld, ld, pref, 1, ctypes.byref(algo), ctypes.byref(found)),
-            "heuristic")
-        if found.value != 1:
-            raise RuntimeError(f"cuBLASLt has no algorithm for {epilogue} at {d_shape}")
-        alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
-
-        def run() -> None:
-            out = ctypes.c_void_p(d.data_ptr())
-            self.check(self.lt.cublasLtMatmul(
-                self.handle, desc, ctypes.byref(alpha), ctypes.c_void_p(a.data_ptr()), la,
-                ctypes.c_void_p(b.data_ptr()), lb, ctypes.byref(beta), out, ld, out, ld,
-                ctypes.byref(algo), ctypes.c_void_p(self.workspace.data_ptr()),
-                ctypes.c_size_t(self.workspace.numel()),
-                ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)), "cublasLtMatmul")
-        return run
+from runtime.cublaslt import OP_N, WORKSPACE_BYTES, cublaslt
+from runtime.gemm_epilogues import linear_gelu_tanh, matmul_dgelu_tanh
 
 
 def kernel_ms(fn: Callable[[], object], calls: int = 20) -> tuple[float, str]:
@@ -129,21 +50,21 @@ def measure(tokens: int, width: int, hidden: int) -> list[list[str]]:
     x, gy = torch.randn(tokens, width, **bf), torch.randn(tokens, width, **bf)
     w_fc, w_proj = torch.randn(hidden, width, **bf) * 0.02, torch.randn(width, hidden, **bf) * 0.02
     b_fc = torch.randn(hidden, **bf) * 0.1
-    lt = CublasLt()
+    lt = cublaslt()
     h_ref = F.linear(x, w_fc, b_fc)
     g_ref = F.gelu(h_ref, approximate="tanh")
     gg_ref = gy @ w_proj
     gh_ref = torch.ops.aten.gelu_backward(gg_ref, h_ref, approximate="tanh")
     db_ref = gh_ref.sum(0)
-    g, h, gh = (torch.empty(tokens, hidden, **bf) for _ in range(3))
+    gh = torch.empty(tokens, hidden, **bf)
     db = torch.empty(hidden, **bf)
     # row-major [tokens, n] is column-major (n, tokens)
-    forward = lt.matmul(w_fc, OP_T, (width, hidden), x, OP_N, (width, tokens), g,
-                        (hidden, tokens), "GELU_AUX_BIAS", bias=b_fc, aux=h)
-    dgelu = lt.matmul(w_proj, OP_N, (hidden, width), gy, OP_N, (width, tokens), gh,
-                      (hidden, tokens), "DGELU", aux=h_ref)
-    dgelu_bgrad = lt.matmul(w_proj, OP_N, (hidden, width), gy, OP_N, (width, tokens), gh,
-                            (hidden, tokens), "DGELU_BGRAD", bias=db, aux=h_ref)
+    bgrad = lt.plan(torch.bfloat16, OP_N, (hidden, width), OP_N, (width, tokens),
+                    (hidden, tokens), "DGELU_BGRAD", WORKSPACE_BYTES)
+
+    def dgelu_bgrad():
+        lt.run(bgrad, w_proj, gy, gh, bias=db, aux=h_ref)
+
     rows = []
 
     def row(step: str, system: str, fn, error: str) -> None:
@@ -152,14 +73,14 @@ def measure(tokens: int, width: int, hidden: int) -> list[list[str]]:
 
     row("forward", "linear with bias, then GELU", lambda: F.gelu(F.linear(x, w_fc, b_fc),
                                                                  approximate="tanh"), "-")
-    forward()
-    row("forward", "cuBLASLt GELU_AUX_BIAS", forward,
+    g, h = linear_gelu_tanh(x, w_fc, b_fc)
+    row("forward", "cuBLASLt GELU_AUX_BIAS", lambda: linear_gelu_tanh(x, w_fc, b_fc),
         f"g {max_error(g, g_ref)}, h {max_error(h, h_ref)}")
     row("backward", "matmul, GELU backward, bias sum",
         lambda: torch.ops.aten.gelu_backward(gy @ w_proj, h_ref, approximate="tanh").sum(0), "-")
-    dgelu()
-    row("backward", "cuBLASLt DGELU, then bias sum", lambda: (dgelu(), gh.sum(0)),
-        f"gh {max_error(gh, gh_ref)}")
+    row("backward", "cuBLASLt DGELU, then bias sum",
+        lambda: matmul_dgelu_tanh(gy, w_proj, h_ref).sum(0),
+        f"gh {max_error(matmul_dgelu_tanh(gy, w_proj, h_ref), gh_ref)}")
     dgelu_bgrad()
     row("backward", "cuBLASLt DGELU_BGRAD", dgelu_bgrad,
         f"gh {max_error(gh, gh_ref)}, bias grad {max_error(db, db_ref)}")

@@ -40,6 +40,7 @@ from thunder.extend import FusionExecutor, register_executor  # noqa: E402
 
 from fusecut.definition import FusionDefinition  # noqa: E402
 from fusecut.memory_order import Order, inverse, orders_of, output_orders  # noqa: E402
+from fusecut.thunder_epilogues import fuse_gelu_epilogues, register_epilogue_ops  # noqa: E402
 from fusecut.thunder_layout import is_layout_only, split_region  # noqa: E402
 from optimizer.errors import FusecutError  # noqa: E402
 from optimizer.ir.builder import MAX_RANK  # noqa: E402
@@ -488,12 +489,15 @@ class FusecutExecutor(FusionExecutor):
         claim_matmul: also claim ``matmul`` and ``linear``; they then run as library segments
             inside fusecut's plan instead of on the next executor.
         plan_remote: a fusecut service URL: plan there (metadata only), run here.
+        gemm_epilogues: a tanh GELU after a ``linear``, and its derivative after the backward's
+            matmul, run in those GEMMs' epilogues (see ``thunder_epilogues``).
     """
 
     def __init__(self, name: str = "fusecut", *, claim_matmul: bool = False,
-                 plan_remote: str | None = None):
+                 plan_remote: str | None = None, gemm_epilogues: bool = True):
         super().__init__(name, version="0.1.0")
         self.plan_remote = plan_remote
+        self.epilogues = register_epilogue_ops(self, name) if gemm_epilogues else None
         self.claimed: dict[Any, str] = {**POINTWISE, **REDUCTIONS, **SHAPES, **FACTORIES}
         if claim_matmul:
             self.claimed.update(LIBRARY)
@@ -562,6 +566,8 @@ class FusecutExecutor(FusionExecutor):
         start = time.perf_counter_ns()
         from thunder.executors.data_dependent_partition import Node, fuse_bound_symbols
 
+        if self.epilogues is not None:
+            trace = fuse_gelu_epilogues(trace, self.epilogues)
         if _uniform_on_cuda_only(trace):
             # As Thunder's nvFuser pass: stateless draws from the generator's seed and offset,
             # which rematerialization may recompute in the backward instead of saving a mask.

@@ -1,0 +1,69 @@
+"""An MLP's first linear with a tanh GELU, its GELU fused into the GEMMs as apex's fused_dense and
+Transformer Engine do:
+
+- forward, ``linear_gelu_tanh``: ``h = x w^T + b`` and ``g = gelu_tanh(h)`` in one call that
+  writes both (the backward needs ``h``), instead of a GEMM and a pass that reads ``h`` back;
+- backward, ``matmul_dgelu_tanh``: ``dh = (dy @ w) * gelu_tanh'(h)`` in one call, the derivative
+  applied to the product before it is written, instead of writing ``dy @ w`` and reading it back.
+
+On CUDA with 16-bit contiguous operands these are cuBLASLt calls (epilogues GELU_AUX_BIAS and
+DGELU). Anywhere else, or where cuBLASLt offers no algorithm, the same values come unfused from
+torch, GELU computed in fp32 from the rounded ``h`` as the unfused trace computes it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from runtime.cublaslt import ALIGNMENT, DATA_TYPE, OP_N, OP_T, WORKSPACE_BYTES, cublaslt
+
+
+def _fusable(*tensors: torch.Tensor | None) -> bool:
+    """cuBLASLt can take them as they are: CUDA, one 16-bit dtype, dense row-major, aligned."""
+    present = [t for t in tensors if t is not None]
+    first = present[0]
+    return (first.is_cuda and first.dtype in DATA_TYPE and first.numel() > 0
+            and all(t.device == first.device and t.dtype == first.dtype and t.is_contiguous()
+                    and t.data_ptr() % ALIGNMENT == 0 for t in present))
+
+
+def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(gelu_tanh(h), h)`` with ``h = linear(x, weight, bias)``."""
+    n, k = weight.shape
+    rows = x.reshape(-1, k)
+    if _fusable(rows, weight, bias):
+        lt = cublaslt()
+        epilogue = "GELU_AUX" if bias is None else "GELU_AUX_BIAS"
+        m = rows.shape[0]
+        # column-major: g^T (n, m) = weight (k, n)^T @ rows^T (k, m)
+        plan = lt.plan(x.dtype, OP_T, (k, n), OP_N, (k, m), (n, m), epilogue, WORKSPACE_BYTES)
+        if plan is not None:
+            g = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+            h = torch.empty_like(g)
+            lt.run(plan, weight, rows, g, bias=bias, aux=h)
+            return g, h
+    h = F.linear(x, weight, bias)
+    return F.gelu(h.float(), approximate="tanh").to(h.dtype), h
+
+
+def matmul_dgelu_tanh(grad: torch.Tensor, weight: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """``(grad @ weight) * gelu_tanh'(h)``, shaped like ``h``."""
+    n2, n1 = weight.shape
+    rows = grad.reshape(-1, n2)
+    m = rows.shape[0]
+    if m * n1 != h.numel():
+        raise ValueError(f"matmul_dgelu_tanh: grad @ weight is [{m}, {n1}], h is "
+                         f"{list(h.shape)}: expected as many elements")
+    if _fusable(rows, weight, h):
+        lt = cublaslt()
+        # column-major: dh^T (n1, m) = weight (n1, n2) @ rows^T (n2, m)
+        plan = lt.plan(h.dtype, OP_N, (n1, n2), OP_N, (n2, m), (n1, m), "DGELU", WORKSPACE_BYTES)
+        if plan is not None:
+            dh = torch.empty_like(h)
+            lt.run(plan, weight, rows, dh, aux=h)
+            return dh
+    dg = rows @ weight
+    dh = torch.ops.aten.gelu_backward(dg.float(), h.reshape(dg.shape).float(), approximate="tanh")
+    return dh.to(h.dtype).reshape(h.shape)

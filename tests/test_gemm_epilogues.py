@@ -1,0 +1,172 @@
+"""GELU in GEMM epilogues: the runtime's two fused calls (cuBLASLt on the GPU, torch elsewhere),
+and the Thunder rewrite that finds a tanh GELU after a linear, and its derivative after the
+backward's matmul, by value."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import runtime.gemm_epilogues as gemm_epilogues
+from fusecut.thunder_executor import FusecutExecutor, fusecut_ex, thunder
+from runtime.gemm_epilogues import linear_gelu_tanh, matmul_dgelu_tanh
+
+GPU = torch.cuda.is_available()
+
+
+def reference(x, w, b, dy, w2):
+    h = F.linear(x, w, b)
+    g = F.gelu(h.float(), approximate="tanh").to(h.dtype)
+    dg = dy.reshape(-1, w2.shape[0]) @ w2
+    dh = torch.ops.aten.gelu_backward(dg.float(), h.reshape(dg.shape).float(),
+                                      approximate="tanh").to(h.dtype).reshape(h.shape)
+    return g, h, dh
+
+
+def operands(device, dtype, tokens=64, width=32, hidden=128, bias=True):
+    torch.manual_seed(0)
+    kw = dict(device=device, dtype=dtype)
+    return (torch.randn(2, tokens // 2, width, **kw), torch.randn(hidden, width, **kw) * 0.2,
+            torch.randn(hidden, **kw) if bias else None, torch.randn(tokens, width, **kw),
+            torch.randn(width, hidden, **kw) * 0.2)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_calls_compute_the_unfused_values_on_the_cpu(bias):
+    x, w, b, dy, w2 = operands("cpu", torch.float32, bias=bias)
+    g, h = linear_gelu_tanh(x, w, b)
+    dh = matmul_dgelu_tanh(dy, w2, h)
+    g_ref, h_ref, dh_ref = reference(x, w, b, dy, w2)
+    assert g.shape == h.shape == dh.shape == (2, 32, 128)
+    torch.testing.assert_close(h, h_ref)
+    torch.testing.assert_close(g, g_ref)
+    torch.testing.assert_close(dh, dh_ref)
+
+
+def test_derivative_call_names_a_shape_mismatch():
+    x, w, b, dy, w2 = operands("cpu", torch.float32)
+    h = F.linear(x, w, b)
+    with pytest.raises(ValueError, match=r"grad @ weight is \[64, 128\], h is \[2, 16, 128\]"):
+        matmul_dgelu_tanh(dy, w2, h[:, :16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_calls_run_as_one_cublaslt_gemm_each_on_the_gpu(dtype, bias, monkeypatch):
+    x, w, b, dy, w2 = operands("cuda", dtype, tokens=256, width=128, hidden=512, bias=bias)
+    g_ref, h_ref, dh_ref = reference(x, w, b, dy, w2)
+
+    def unfused(*args, **kwargs):
+        raise AssertionError("the unfused path ran")
+
+    # The fused path never reaches torch's linear, matmul or GELU backward.
+    monkeypatch.setattr(gemm_epilogues, "F", type("NoF", (), {"linear": unfused}))
+    monkeypatch.setattr(gemm_epilogues.torch.ops.aten, "gelu_backward", unfused, raising=False)
+    g, h = linear_gelu_tanh(x, w, b)
+    dh = matmul_dgelu_tanh(dy, w2, h_ref)
+    monkeypatch.undo()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(h, h_ref)
+    # cuBLASLt applies GELU to the fp32 accumulator, the reference to the rounded h
+    torch.testing.assert_close(g, g_ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(dh, dh_ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_operands_cublaslt_cannot_take_run_unfused_with_the_same_values():
+    x, w, b, dy, w2 = operands("cuda", torch.bfloat16, tokens=256, width=136, hidden=512)
+    shifted = torch.randn(257, 136, device="cuda", dtype=torch.bfloat16)[1:]  # 272-byte offset
+    strided = torch.randn(136, 256, device="cuda", dtype=torch.bfloat16).t()  # column-major
+    for rows in (shifted, strided):
+        g, h = linear_gelu_tanh(rows, w, b)
+        g_ref, h_ref, _ = reference(rows, w, b, dy[:, :136], w2[:136])
+        torch.testing.assert_close(h, h_ref)
+        torch.testing.assert_close(g, g_ref)
+
+
+# ---- the Thunder rewrite ------------------------------------------------------------------------
+
+
+class MLP(torch.nn.Module):
+    """A linear, an activation, a linear."""
+
+    def __init__(self, activation):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc, self.proj, self.activation = (torch.nn.Linear(32, 128),
+                                               torch.nn.Linear(128, 32), activation)
+
+    def forward(self, x):
+        return self.proj(self.activation(self.fc(x)))
+
+
+def by_hand(k: float, c: float):
+    """tanh GELU written out, with its two constants."""
+    return lambda h: 0.5 * h * (1.0 + torch.tanh(k * (h + c * torch.pow(h, 3))))
+
+
+SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+
+
+def fused_calls(jitted) -> list[str]:
+    names = []
+    for trace in (thunder.last_traces(jitted)[-1], thunder.last_backward_traces(jitted)[-1]):
+        names += [b.sym.name for b in trace.bound_symbols if "gelu_tanh" in b.sym.name]
+    return names
+
+
+def run_mlp(activation, dtype=torch.float32, executor=fusecut_ex):
+    model = MLP(activation).to(dtype)
+    reference_model = copy.deepcopy(model)
+    ours = thunder.jit(model, executors=[executor])
+    theirs = thunder.jit(reference_model, executors=[thunder.pytorch_executor])
+    x = torch.randn(2, 8, 32, dtype=dtype)
+    results = []
+    for fn, m in ((ours, model), (theirs, reference_model)):
+        xi = x.clone().requires_grad_(True)
+        y = fn(xi)
+        y.backward(torch.ones_like(y))
+        results.append([y.detach(), xi.grad] + [p.grad for p in m.parameters()])
+    tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, **tol)
+    return ours
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("activation", [torch.nn.GELU(approximate="tanh"),
+                                        by_hand(SQRT_2_OVER_PI, 0.044715)],
+                         ids=["nn.GELU", "written-out"])
+def test_tanh_gelu_moves_into_both_gemms_and_gradients_stay_equal(activation, dtype):
+    ours = run_mlp(activation, dtype)
+    assert fused_calls(ours) == ["fusecut_linear_gelu_tanh", "fusecut_matmul_dgelu_tanh"]
+    # Nothing of GELU is left in a region: no tanh anywhere in either trace.
+    for trace in (thunder.last_traces(ours)[-1], thunder.last_backward_traces(ours)[-1]):
+        assert "tanh(" not in str(trace).replace("gelu_tanh(", "")
+
+
+@pytest.mark.parametrize("activation", [torch.nn.GELU(), by_hand(SQRT_2_OVER_PI, 0.0447),
+                                        by_hand(0.79788, 0.044715), torch.nn.Tanh()],
+                         ids=["exact-erf-GELU", "wrong-cubic", "rounded-sqrt", "tanh"])
+def test_anything_else_is_left_alone(activation):
+    assert fused_calls(run_mlp(activation)) == []
+
+
+def test_inference_fuses_the_forward_only():
+    model = MLP(torch.nn.GELU(approximate="tanh"))
+    jitted = thunder.jit(model, executors=[fusecut_ex])
+    x = torch.randn(2, 8, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(jitted(x), model(x), atol=2e-5, rtol=2e-5)
+    names = [b.sym.name for b in thunder.last_traces(jitted)[-1].bound_symbols]
+    assert "fusecut_linear_gelu_tanh" in names and "fusecut_matmul_dgelu_tanh" not in names
+
+
+def test_epilogues_can_be_switched_off():
+    plain = FusecutExecutor("fusecut_plain_gemms", gemm_epilogues=False)
+    assert fused_calls(run_mlp(torch.nn.GELU(approximate="tanh"), executor=plain)) == []
