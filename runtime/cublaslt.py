@@ -23,8 +23,8 @@ import torch
 
 DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE, DESC_BIAS_POINTER = 3, 4, 7, 8
 DESC_AUX_POINTER, DESC_AUX_LD = 11, 12
-EPILOGUE = {"DEFAULT": 1, "GELU_AUX": 160, "GELU_AUX_BIAS": 164, "DGELU": 192,
-            "DGELU_BGRAD": 208}
+EPILOGUE = {"DEFAULT": 1, "BIAS": 4, "GELU_AUX": 160, "GELU_AUX_BIAS": 164, "DGELU": 192,
+            "DGELU_BGRAD": 208, "BGRADA": 256, "BGRADB": 512}
 PREF_MAX_WORKSPACE_BYTES = 1
 DATA_TYPE = {torch.bfloat16: 14, torch.float16: 2}  # cudaDataType: CUDA_R_16BF, CUDA_R_16F
 CUDA_R_32F, COMPUTE_32F = 0, 68
@@ -83,6 +83,7 @@ class CublasLt:
         self.handle = ctypes.c_void_p()
         _check(self.lt.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
         self.alpha, self.beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self.accumulate = ctypes.c_float(1.0)  # beta when C is added
         self.plans: dict[tuple, Plan | None] = {}
         self.workspaces: dict[tuple[int, int], torch.Tensor] = {}
         self.lock = threading.Lock()
@@ -104,6 +105,8 @@ class CublasLt:
         """The plan of ``D = op(A) op(B)`` (column-major shapes, each leading dimension its
         rows), or None where the heuristic offers no algorithm (the caller computes it unfused)."""
         key = (dtype, trans_a, a_shape, trans_b, b_shape, d_shape, epilogue)
+        if key in self.plans:  # the host path of every call: no lock
+            return self.plans[key]
         with self.lock:
             if key in self.plans:
                 return self.plans[key]
@@ -132,18 +135,20 @@ class CublasLt:
             self.plans[key] = plan
             return plan
 
-    def workspace(self, device: torch.device) -> torch.Tensor:
-        stream = torch.cuda.current_stream(device)
-        key = (device.index, stream.cuda_stream)
-        if key not in self.workspaces:
-            self.workspaces[key] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        return self.workspaces[key]
+    def workspace(self, device: torch.device, stream: int) -> torch.Tensor:
+        key = (device.index, stream)
+        workspace = self.workspaces.get(key)
+        if workspace is None:
+            workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+            self.workspaces[key] = workspace
+        return workspace
 
     def run(self, plan: Plan, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
-            bias: torch.Tensor | None = None, aux: torch.Tensor | None = None) -> None:
-        """``d = epilogue(op(a) op(b))`` on the current stream."""
-        workspace = self.workspace(d.device)
-        stream = torch.cuda.current_stream(d.device).cuda_stream
+            bias: torch.Tensor | None = None, aux: torch.Tensor | None = None,
+            c: torch.Tensor | None = None) -> None:
+        """``d = epilogue(op(a) op(b) + c)`` on the current stream (``c`` laid out as ``d``)."""
+        stream = torch._C._cuda_getCurrentRawStream(d.device.index)  # no Stream object
+        workspace = self.workspace(d.device, stream)
         with plan.lock:  # the pointers live in the shared descriptor until the launch
             if bias is not None:
                 plan.bias.value = bias.data_ptr()
@@ -152,10 +157,12 @@ class CublasLt:
                 plan.aux.value = aux.data_ptr()
                 self._set(plan.desc, DESC_AUX_POINTER, plan.aux)
             out = d.data_ptr()
+            beta = self.beta if c is None else self.accumulate
             _check(self.lt.cublasLtMatmul(
                 self.handle, plan.desc, ctypes.addressof(self.alpha), a.data_ptr(),
-                plan.layouts[0], b.data_ptr(), plan.layouts[1], ctypes.addressof(self.beta), out,
-                plan.layouts[2], out, plan.layouts[2], ctypes.addressof(plan.algo),
+                plan.layouts[0], b.data_ptr(), plan.layouts[1], ctypes.addressof(beta),
+                out if c is None else c.data_ptr(), plan.layouts[2], out, plan.layouts[2],
+                ctypes.addressof(plan.algo),
                 workspace.data_ptr(), workspace.numel(), stream), "cublasLtMatmul")
 
 

@@ -1,14 +1,16 @@
-"""An MLP's first linear with a tanh GELU, its GELU fused into the GEMMs as apex's fused_dense and
-Transformer Engine do:
+"""GEMMs with their neighbours fused into the epilogue, as apex's fused_dense and Transformer
+Engine do:
 
-- forward, ``linear_gelu_tanh``: ``h = x w^T + b`` and ``g = gelu_tanh(h)`` in one call that
-  writes both (the backward needs ``h``), instead of a GEMM and a pass that reads ``h`` back;
-- backward, ``matmul_dgelu_tanh``: ``dh = (dy @ w) * gelu_tanh'(h)`` in one call, the derivative
-  applied to the product before it is written, instead of writing ``dy @ w`` and reading it back.
+- ``linear_gelu_tanh``: ``h = x w^T + b`` and ``g = gelu_tanh(h)`` in one call that writes both
+  (the backward needs ``h``), instead of a GEMM and a pass that reads ``h`` back;
+- ``matmul_dgelu_tanh``, its backward: ``dh = (dy @ w) * gelu_tanh'(h)`` in one call, the
+  derivative applied to the product before it is written, instead of writing ``dy @ w`` and
+  reading it back;
+- ``linear_residual``: ``r + x w^T + b``, the residual read by the GEMM as its ``C`` operand.
 
-On CUDA with 16-bit contiguous operands these are cuBLASLt calls (epilogues GELU_AUX_BIAS and
-DGELU). Anywhere else, or where cuBLASLt offers no algorithm, the same values come unfused from
-torch, GELU computed in fp32 from the rounded ``h`` as the unfused trace computes it.
+On CUDA with 16-bit contiguous operands these are cuBLASLt calls (epilogues GELU_AUX_BIAS,
+DGELU, BIAS with beta = 1). Anywhere else, or where cuBLASLt offers no algorithm, the same values
+come unfused from torch, GELU computed in fp32 from the rounded ``h`` as the unfused trace does.
 """
 
 from __future__ import annotations
@@ -67,3 +69,21 @@ def matmul_dgelu_tanh(grad: torch.Tensor, weight: torch.Tensor, h: torch.Tensor)
     dg = rows @ weight
     dh = torch.ops.aten.gelu_backward(dg.float(), h.reshape(dg.shape).float(), approximate="tanh")
     return dh.to(h.dtype).reshape(h.shape)
+
+
+def linear_residual(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    residual: torch.Tensor) -> torch.Tensor:
+    """``residual + linear(x, weight, bias)``: the residual read by the GEMM (``beta C``) instead
+    of by a pass over the GEMM's output."""
+    n, k = weight.shape
+    rows = x.reshape(-1, k)
+    if residual.shape == (*x.shape[:-1], n) and _fusable(rows, weight, bias, residual):
+        lt = cublaslt()
+        m = rows.shape[0]
+        epilogue = "DEFAULT" if bias is None else "BIAS"
+        plan = lt.plan(x.dtype, OP_T, (k, n), OP_N, (k, m), (n, m), epilogue, WORKSPACE_BYTES)
+        if plan is not None:
+            out = torch.empty_like(residual)
+            lt.run(plan, weight, rows, out, bias=bias, c=residual)
+            return out
+    return torch.add(residual, F.linear(x, weight, bias))

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import runtime.gemm_epilogues as gemm_epilogues
 from fusecut.thunder_executor import FusecutExecutor, fusecut_ex, thunder
-from runtime.gemm_epilogues import linear_gelu_tanh, matmul_dgelu_tanh
+from runtime.gemm_epilogues import linear_gelu_tanh, linear_residual, matmul_dgelu_tanh
 
 GPU = torch.cuda.is_available()
 
@@ -40,6 +40,7 @@ def test_calls_compute_the_unfused_values_on_the_cpu(bias):
     x, w, b, dy, w2 = operands("cpu", torch.float32, bias=bias)
     g, h = linear_gelu_tanh(x, w, b)
     dh = matmul_dgelu_tanh(dy, w2, h)
+    torch.testing.assert_close(linear_residual(x, w, b, h), h + F.linear(x, w, b))
     g_ref, h_ref, dh_ref = reference(x, w, b, dy, w2)
     assert g.shape == h.shape == dh.shape == (2, 32, 128)
     torch.testing.assert_close(h, h_ref)
@@ -69,8 +70,13 @@ def test_calls_run_as_one_cublaslt_gemm_each_on_the_gpu(dtype, bias, monkeypatch
     monkeypatch.setattr(gemm_epilogues.torch.ops.aten, "gelu_backward", unfused, raising=False)
     g, h = linear_gelu_tanh(x, w, b)
     dh = matmul_dgelu_tanh(dy, w2, h_ref)
+    residual = torch.randn_like(dy).view(2, -1, dy.shape[-1])
+    b2 = b[: w2.shape[0]] if bias else None
+    summed = linear_residual(g, w2, b2, residual)
     monkeypatch.undo()
     torch.cuda.synchronize()
+    torch.testing.assert_close(
+        summed, residual + F.linear(g, w2, b2), atol=6e-2, rtol=2e-2)
     torch.testing.assert_close(h, h_ref)
     # cuBLASLt applies GELU to the fp32 accumulator, the reference to the rounded h
     torch.testing.assert_close(g, g_ref, atol=2e-2, rtol=2e-2)
@@ -165,6 +171,48 @@ def test_inference_fuses_the_forward_only():
         torch.testing.assert_close(jitted(x), model(x), atol=2e-5, rtol=2e-5)
     names = [b.sym.name for b in thunder.last_traces(jitted)[-1].bound_symbols]
     assert "fusecut_linear_gelu_tanh" in names and "fusecut_matmul_dgelu_tanh" not in names
+
+
+class Residual(torch.nn.Module):
+    """``x + proj(x)``, or a variant where the projection has another use."""
+
+    def __init__(self, reuse: bool = False, broadcast: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj, self.reuse, self.broadcast = torch.nn.Linear(32, 32), reuse, broadcast
+
+    def forward(self, x):
+        y = self.proj(x)
+        out = (x[:, :1] if self.broadcast else x) + y
+        return out * y if self.reuse else out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+# A broadcast residual folds too: the call takes the expanded view (and, not being dense,
+# adds it unfused through torch).
+@pytest.mark.parametrize(("variant", "folded"), [({}, True), ({"reuse": True}, False),
+                                                 ({"broadcast": True}, True)],
+                         ids=["residual", "projection-reused", "broadcast-residual"])
+def test_residual_add_is_read_by_the_gemm_only_when_nothing_else_needs_the_product(
+        variant, folded, dtype):
+    model = Residual(**variant).to(dtype)
+    reference_model = copy.deepcopy(model)
+    ours = thunder.jit(model, executors=[fusecut_ex])
+    x = torch.randn(2, 8, 32, dtype=dtype)
+    tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)
+    xs = [x.clone().requires_grad_(True) for _ in range(2)]
+    ys = [ours(xs[0]), reference_model(xs[1])]
+    for y in ys:
+        y.backward(torch.ones_like(y))
+    torch.testing.assert_close(ys[0], ys[1], **tol)
+    torch.testing.assert_close(xs[0].grad, xs[1].grad, **tol)
+    for p, q in zip(model.parameters(), reference_model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **tol)
+    names = [b.sym.name for b in thunder.last_traces(ours)[-1].bound_symbols]
+    assert ("fusecut_linear_residual" in names) == folded
+    # the GEMM runs once either way
+    assert names.count("fusecut_linear_residual") + sum("linear" == n.split(".")[-1]
+                                                        for n in names) == 1
 
 
 def test_epilogues_can_be_switched_off():

@@ -1,9 +1,11 @@
-"""GEMM epilogues in a Thunder trace: an MLP's tanh GELU moves into the matmuls beside it.
+"""GEMM epilogues in a Thunder trace: elementwise work beside a matmul moves into it.
 
 - Forward: ``h = linear(x, w, b)`` followed by elementwise ops computing ``g = gelu_tanh(h)``
   becomes one call returning ``(g, h)`` (cuBLASLt GELU_AUX_BIAS).
 - Backward: ``dg = matmul(dy, w2)`` (perhaps reshaped) followed by elementwise ops computing
   ``dh = dg * gelu_tanh'(h)`` becomes one call (cuBLASLt DGELU), where ``dg`` has no other use.
+- Residual: ``y = linear(x, w, b)`` used only in ``r + y`` becomes one call reading ``r`` as
+  the GEMM's ``C`` (``beta = 1``).
 
 The idea: recognition is by value, not by shape of the graph. Thunder decomposes GELU and its
 derivative into a few dozen prims whose order and casts vary with dtype and version. So the
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Number
 
 import torch
@@ -31,7 +33,7 @@ from thunder.core.symbol import BoundSymbol, Symbol
 from thunder.core.trace import TraceCtx, from_trace
 from thunder.core.transform_common import dce
 
-from runtime.gemm_epilogues import linear_gelu_tanh, matmul_dgelu_tanh
+from runtime.gemm_epilogues import linear_gelu_tanh, linear_residual, matmul_dgelu_tanh
 
 _IDENTITY = (prims.convert_element_type.id, prims.shallow_copy.id)
 _ARITHMETIC: dict = {prims.add.id: torch.add, prims.sub.id: torch.sub, prims.mul.id: torch.mul,
@@ -146,10 +148,11 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 @dataclass
 class EpilogueOps:
-    """The two fused calls, as operators of one executor."""
+    """The fused calls, as operators of one executor."""
 
     linear_gelu: Symbol
     matmul_dgelu: Symbol
+    linear_residual: Symbol
 
 
 def register_epilogue_ops(executor, prefix: str) -> EpilogueOps:
@@ -160,79 +163,116 @@ def register_epilogue_ops(executor, prefix: str) -> EpilogueOps:
     def matmul_dgelu_meta(grad, weight, h):
         return TensorProxy(like=h)
 
+    def linear_residual_meta(x, weight, bias, residual):
+        return TensorProxy(like=residual)
+
     return EpilogueOps(
         executor.register_operator(f"{prefix}_linear_gelu_tanh", meta=linear_gelu_meta,
                                    fn=linear_gelu_tanh),
         executor.register_operator(f"{prefix}_matmul_dgelu_tanh", meta=matmul_dgelu_meta,
-                                   fn=matmul_dgelu_tanh))
+                                   fn=matmul_dgelu_tanh),
+        executor.register_operator(f"{prefix}_linear_residual", meta=linear_residual_meta,
+                                   fn=linear_residual))
 
 
-def _returned(trace: TraceCtx) -> set[str]:
-    names: set[str] = set()
-    for bsym in trace.bound_symbols:
-        if bsym.sym.id == prims.python_return.id:
-            names.update(a.name for a in bsym.flat_args if isinstance(a, TensorProxy))
-    return names
+@dataclass
+class Rewrite:
+    """One pass over a trace: its bound symbols indexed, and what replaces or drops which."""
+
+    bsyms: list[BoundSymbol]
+    producer: dict[str, int] = field(default_factory=dict)
+    proxies: dict[str, TensorProxy] = field(default_factory=dict)
+    consumers: dict[str, list[int]] = field(default_factory=dict)
+    returned: set[str] = field(default_factory=set)
+    replaced: dict[int, BoundSymbol] = field(default_factory=dict)
+    dropped: set[int] = field(default_factory=set)
+
+    def __post_init__(self):
+        for i, b in enumerate(self.bsyms):
+            for o in b.flat_outs:
+                if isinstance(o, TensorProxy):
+                    self.producer[o.name] = i
+                    self.proxies[o.name] = o
+            for a in b.flat_args:
+                if isinstance(a, TensorProxy):
+                    self.consumers.setdefault(a.name, []).append(i)
+                    self.proxies.setdefault(a.name, a)
+            if b.sym.id == prims.python_return.id:
+                self.returned.update(a.name for a in b.flat_args if isinstance(a, TensorProxy))
+
+    def sources(self, name: str) -> list[str]:
+        """``name`` and what it is a cast or copy of, back to where the value was computed."""
+        chain = [name]
+        while chain[-1] in self.producer:
+            bsym = self.bsyms[self.producer[chain[-1]]]
+            tensors = [a for a in bsym.flat_args if isinstance(a, TensorProxy)]
+            if len(tensors) != 1 or any(leaf.sym.id not in _IDENTITY for leaf in _leaves(bsym)):
+                break
+            chain.append(tensors[0].name)
+        return chain
+
+    def path(self, name: str, seeds: set[str]) -> set[int]:
+        """The bound symbols that compute ``name`` from ``seeds``."""
+        out, todo = set(), [name]
+        while todo:
+            v = todo.pop()
+            if v in seeds or v not in self.producer or self.producer[v] in out:
+                continue
+            out.add(self.producer[v])
+            todo += [a.name for a in self.bsyms[self.producer[v]].flat_args
+                     if isinstance(a, TensorProxy)]
+        return out
+
+    def linears(self):
+        """(position, x, weight, bias, output) of each ``linear`` not yet rewritten."""
+        for i, bsym in enumerate(self.bsyms):
+            if i in self.replaced or not _is(bsym, prims.linear):
+                continue
+            x, weight, bias = (list(bsym.args) + [None])[:3]
+            if (isinstance(bsym.output, TensorProxy) and isinstance(weight, TensorProxy)
+                    and weight.ndim == 2 and (bias is None or bias.ndim == 1)):
+                yield i, x, weight, bias, bsym.output
 
 
-def fuse_gelu_epilogues(trace: TraceCtx, ops: EpilogueOps) -> TraceCtx:
-    """``trace`` with each tanh GELU after a ``linear`` computed in that linear's epilogue, and
-    each GELU derivative applied in the epilogue of the matmul that produces its gradient."""
-    bsyms = list(trace.bound_symbols)
-    producer = {o.name: i for i, b in enumerate(bsyms) for o in b.flat_outs
-                if isinstance(o, TensorProxy)}
-    returned = _returned(trace)
-    h_samples, dg_samples = _samples(0), _samples(1)
-    want_g = gelu_tanh(h_samples)
-    want_dh = gelu_tanh_backward(dg_samples, h_samples)
-    replaced: dict[int, BoundSymbol] = {}
-    dropped: set[int] = set()
-    for i, bsym in enumerate(bsyms):
-        if not _is(bsym, prims.linear):
-            continue
-        x, weight, bias = (list(bsym.args) + [None])[:3]
-        h = bsym.output
-        if not (isinstance(h, TensorProxy) and isinstance(weight, TensorProxy)
-                and weight.ndim == 2 and (bias is None or bias.ndim == 1)):
-            continue
-        forward = _closure(bsyms, {h.name: h_samples})
-        gs = [g for g in _exits(bsyms, forward, h, returned)
-              if _close(forward.values[g], want_g)]
-        if not gs:
-            continue
-        g = gs[0]
-        replaced[i] = ops.linear_gelu.bind(x, weight, bias, output=(_proxy(bsyms, g), h))
-        dropped.add(producer[g])
-        _fuse_derivative(bsyms, h, forward, returned, dg_samples, want_dh, ops, producer,
-                         replaced, dropped)
-    if not replaced:
+def fuse_gemm_epilogues(trace: TraceCtx, ops: EpilogueOps) -> TraceCtx:
+    """``trace`` with each tanh GELU after a ``linear`` computed in that linear's epilogue, each
+    GELU derivative applied in the epilogue of the matmul that produces its gradient, and each
+    residual added to a ``linear``'s output read by that GEMM."""
+    rewrite = Rewrite(list(trace.bound_symbols))
+    _fuse_gelu(rewrite, ops)
+    _fuse_residuals(rewrite, ops)
+    if not rewrite.replaced:
         return trace
     out = from_trace(trace)
-    out.bound_symbols = [replaced.get(i, b) for i, b in enumerate(bsyms)
-                         if i in replaced or i not in dropped]
+    out.bound_symbols = [rewrite.replaced.get(i, b) for i, b in enumerate(rewrite.bsyms)
+                         if i in rewrite.replaced or i not in rewrite.dropped]
     return dce(out)
 
 
-def _proxy(bsyms: Sequence[BoundSymbol], name: str) -> TensorProxy:
-    for b in bsyms:
-        for o in b.flat_outs:
-            if isinstance(o, TensorProxy) and o.name == name:
-                return o
-    raise KeyError(name)
+def _fuse_gelu(rewrite: Rewrite, ops: EpilogueOps) -> None:
+    bsyms = rewrite.bsyms
+    h_samples = _samples(0)
+    want_g = gelu_tanh(h_samples)
+    for i, x, weight, bias, h in list(rewrite.linears()):
+        forward = _closure(bsyms, {h.name: h_samples})
+        gs = [g for g in _exits(bsyms, forward, h, rewrite.returned)
+              if _close(forward.values[g], want_g)]
+        if not gs:
+            continue
+        rewrite.replaced[i] = ops.linear_gelu.bind(x, weight, bias,
+                                                   output=(rewrite.proxies[gs[0]], h))
+        rewrite.dropped.add(rewrite.producer[gs[0]])
+        _fuse_derivative(rewrite, h, forward, ops)
 
 
-def _fuse_derivative(bsyms: Sequence[BoundSymbol], h: TensorProxy, forward: Closure,
-                     returned: set[str], dg_samples: torch.Tensor, want_dh: torch.Tensor,
-                     ops: EpilogueOps, producer: dict[str, int], replaced: dict[int, BoundSymbol],
-                     dropped: set[int]) -> None:
+def _fuse_derivative(rewrite: Rewrite, h: TensorProxy, forward: Closure,
+                     ops: EpilogueOps) -> None:
     """The matmul whose product, times GELU's derivative at ``h``, is some ``dh``: one call."""
-    consumers: dict[str, list[int]] = {}
-    for i, b in enumerate(bsyms):
-        for a in b.flat_args:
-            if isinstance(a, TensorProxy):
-                consumers.setdefault(a.name, []).append(i)
+    bsyms, consumers = rewrite.bsyms, rewrite.consumers
+    dg_samples = _samples(1)
+    want_dh = gelu_tanh_backward(dg_samples, forward.values[h.name])
     for m, bsym in enumerate(bsyms):
-        if not _is(bsym, prims.matmul) or m in replaced:
+        if not _is(bsym, prims.matmul) or m in rewrite.replaced:
             continue
         grad, weight = bsym.args[:2]
         product = bsym.output
@@ -249,11 +289,43 @@ def _fuse_derivative(bsyms: Sequence[BoundSymbol], h: TensorProxy, forward: Clos
         both = _closure(bsyms, {h.name: forward.values[h.name], dg.name: dg_samples})
         if any(u not in both.bsyms for u in consumers.get(dg.name, [])):
             continue  # the product has another use: it must be written anyway
-        candidates = [d for d in _exits(bsyms, both, h, returned)
+        candidates = [d for d in _exits(bsyms, both, h, rewrite.returned)
                       if d not in forward.values and _close(both.values[d], want_dh)]
-        if not candidates:
-            continue
-        dh = candidates[0]
-        at = producer[dh]
-        replaced[at] = ops.matmul_dgelu.bind(grad, weight, h, output=_proxy(bsyms, dh))
-        return
+        if candidates:
+            dh = candidates[0]
+            rewrite.replaced[rewrite.producer[dh]] = ops.matmul_dgelu.bind(
+                grad, weight, h, output=rewrite.proxies[dh])
+            return
+
+
+def _fuse_residuals(rewrite: Rewrite, ops: EpilogueOps) -> None:
+    """A ``linear`` output used only to be added to another tensor ``r`` of its shape: the sum
+    comes from the GEMM, reading ``r`` as its ``C``."""
+    bsyms = rewrite.bsyms
+    y_samples, r_samples = _samples(2), _samples(3)
+    want = y_samples + r_samples
+    for _, x, weight, bias, y in list(rewrite.linears()):
+        alone = _closure(bsyms, {y.name: y_samples})
+        others = {a.name for i in rewrite.consumers.get(y.name, []) + [
+            j for v in alone.values for j in rewrite.consumers.get(v, [])]
+            for a in bsyms[i].flat_args if isinstance(a, TensorProxy)} - set(alone.values)
+        for r in sorted({root for o in others for root in rewrite.sources(o)}):
+            residual = rewrite.proxies[r]
+            if tuple(residual.shape) != tuple(y.shape) or residual.dtype != y.dtype:
+                continue
+            both = _closure(bsyms, {y.name: y_samples, r: r_samples})
+            sums = [v for v in both.values if v not in alone.values and v != r
+                    and rewrite.proxies[v].dtype == y.dtype
+                    and tuple(rewrite.proxies[v].shape) == tuple(y.shape)
+                    and _close(both.values[v], want)]
+            if not sums or rewrite.producer[sums[0]] in rewrite.replaced:
+                continue
+            path = rewrite.path(sums[0], {y.name, r})
+            between = {o.name for i in path for o in bsyms[i].flat_outs
+                       if isinstance(o, TensorProxy)} - {sums[0]}
+            if any(u not in path for v in between | {y.name}
+                   for u in rewrite.consumers.get(v, [])) or between & rewrite.returned:
+                continue  # y, or a step from it to the sum, has another use
+            rewrite.replaced[rewrite.producer[sums[0]]] = ops.linear_residual.bind(
+                x, weight, bias, residual, output=rewrite.proxies[sums[0]])
+            break

@@ -40,7 +40,7 @@ from thunder.extend import FusionExecutor, register_executor  # noqa: E402
 
 from fusecut.definition import FusionDefinition  # noqa: E402
 from fusecut.memory_order import Order, inverse, orders_of, output_orders  # noqa: E402
-from fusecut.thunder_epilogues import fuse_gelu_epilogues, register_epilogue_ops  # noqa: E402
+from fusecut.thunder_epilogues import fuse_gemm_epilogues, register_epilogue_ops  # noqa: E402
 from fusecut.thunder_layout import is_layout_only, split_region  # noqa: E402
 from optimizer.errors import FusecutError  # noqa: E402
 from optimizer.ir.builder import MAX_RANK  # noqa: E402
@@ -567,7 +567,7 @@ class FusecutExecutor(FusionExecutor):
         from thunder.executors.data_dependent_partition import Node, fuse_bound_symbols
 
         if self.epilogues is not None:
-            trace = fuse_gelu_epilogues(trace, self.epilogues)
+            trace = fuse_gemm_epilogues(trace, self.epilogues)
         if _uniform_on_cuda_only(trace):
             # As Thunder's nvFuser pass: stateless draws from the generator's seed and offset,
             # which rematerialization may recompute in the backward instead of saving a mask.
