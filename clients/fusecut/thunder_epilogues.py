@@ -223,6 +223,17 @@ class Rewrite:
                      if isinstance(a, TensorProxy)]
         return out
 
+    def only_on_path(self, result: str, seeds: set[str], kept: set[str]) -> bool:
+        """Every value from ``seeds`` to ``result`` (those in ``kept`` aside, which stay live
+        anyway) is used only on the way to ``result``: once ``result`` comes from elsewhere, all
+        of them, and the seeds not kept, are dead."""
+        path = self.path(result, seeds)
+        steps = {o.name for i in path for o in self.bsyms[i].flat_outs
+                 if isinstance(o, TensorProxy)} | seeds
+        steps -= kept | {result}
+        return not (steps & self.returned) and all(
+            u in path for v in steps for u in self.consumers.get(v, []))
+
     def linears(self):
         """(position, x, weight, bias, output) of each ``linear`` not yet rewritten."""
         for i, bsym in enumerate(self.bsyms):
@@ -291,10 +302,10 @@ def _fuse_derivative(rewrite: Rewrite, h: TensorProxy, forward: Closure,
             continue  # the product has another use: it must be written anyway
         candidates = [d for d in _exits(bsyms, both, h, rewrite.returned)
                       if d not in forward.values and _close(both.values[d], want_dh)]
-        if candidates:
-            dh = candidates[0]
-            rewrite.replaced[rewrite.producer[dh]] = ops.matmul_dgelu.bind(
-                grad, weight, h, output=rewrite.proxies[dh])
+        if candidates and rewrite.only_on_path(candidates[0], {h.name, dg.name},
+                                               set(forward.values)):
+            rewrite.replaced[rewrite.producer[candidates[0]]] = ops.matmul_dgelu.bind(
+                grad, weight, h, output=rewrite.proxies[candidates[0]])
             return
 
 
@@ -320,11 +331,7 @@ def _fuse_residuals(rewrite: Rewrite, ops: EpilogueOps) -> None:
                     and _close(both.values[v], want)]
             if not sums or rewrite.producer[sums[0]] in rewrite.replaced:
                 continue
-            path = rewrite.path(sums[0], {y.name, r})
-            between = {o.name for i in path for o in bsyms[i].flat_outs
-                       if isinstance(o, TensorProxy)} - {sums[0]}
-            if any(u not in path for v in between | {y.name}
-                   for u in rewrite.consumers.get(v, [])) or between & rewrite.returned:
+            if not rewrite.only_on_path(sums[0], {y.name, r}, {r}):
                 continue  # y, or a step from it to the sum, has another use
             rewrite.replaced[rewrite.producer[sums[0]]] = ops.linear_residual.bind(
                 x, weight, bias, residual, output=rewrite.proxies[sums[0]])
