@@ -1,5 +1,7 @@
 """GEMM epilogues (GPU): what fusing nanoGPT's tanh-GELU into its MLP matmuls through cuBLASLt
-would save, against the matmul and a separate pass, at the training step's shapes.
+saves, against the matmul and a separate pass, at the training step's shapes; and two more
+candidates: the bias gradient in the weight-gradient GEMM (BGRADB) and the residual add read as
+the GEMM's C.
 
 Forward: ``h = x w_fc^T + b`` and ``g = gelu_tanh(h)`` (h kept for the backward) as one cuBLASLt
 call with GELU_AUX_BIAS. Backward: ``gh = gelu_tanh'(h) * (gy w_proj)`` as one call with DGELU
@@ -19,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import markdown_table, write_result
-from runtime.cublaslt import OP_N, WORKSPACE_BYTES, cublaslt
-from runtime.gemm_epilogues import linear_gelu_tanh, matmul_dgelu_tanh
+from runtime.cublaslt import OP_N, OP_T, WORKSPACE_BYTES, cublaslt
+from runtime.gemm_epilogues import linear_gelu_tanh, linear_residual, matmul_dgelu_tanh
 
 
 def kernel_ms(fn: Callable[[], object], calls: int = 20) -> tuple[float, str]:
@@ -84,6 +86,25 @@ def measure(tokens: int, width: int, hidden: int) -> list[list[str]]:
     dgelu_bgrad()
     row("backward", "cuBLASLt DGELU_BGRAD", dgelu_bgrad,
         f"gh {max_error(gh, gh_ref)}, bias grad {max_error(db, db_ref)}")
+    # c_fc's weight gradient gh^T x with its bias gradient: BGRADB sums gh in the GEMM call.
+    # column-major: dW^T (width, hidden) = x^T (width, tokens) @ gh (tokens, hidden)
+    dw = torch.empty(hidden, width, **bf)
+    wgrad = lt.plan(torch.bfloat16, OP_N, (width, tokens), OP_T, (hidden, tokens),
+                    (width, hidden), "BGRADB", WORKSPACE_BYTES)
+    row("backward", "weight gradient matmul, then bias sum",
+        lambda: (gh_ref.t() @ x, gh_ref.sum(0)), "-")
+    lt.run(wgrad, x, gh_ref, dw, bias=db)
+    row("backward", "cuBLASLt BGRADB", lambda: lt.run(wgrad, x, gh_ref, dw, bias=db),
+        f"dW {max_error(dw, gh_ref.t() @ x)}, bias grad {max_error(db, db_ref)}")
+    # c_proj with the residual: r + g w_proj^T + b, the residual read as the GEMM's C
+    b_proj, residual = torch.randn(width, **bf) * 0.1, torch.randn(tokens, width, **bf)
+    summed_ref = residual + F.linear(g_ref, w_proj, b_proj)
+    row("forward", "linear with bias, then residual add",
+        lambda: residual + F.linear(g_ref, w_proj, b_proj), "-")
+    summed = linear_residual(g_ref, w_proj, b_proj, residual)
+    row("forward", "cuBLASLt BIAS with C = residual",
+        lambda: linear_residual(g_ref, w_proj, b_proj, residual),
+        f"out {max_error(summed, summed_ref)}")
     return rows
 
 

@@ -173,6 +173,8 @@ _instance_lock = threading.Lock()
 def cublaslt() -> CublasLt:
     """The process's cuBLASLt (created on first use)."""
     global _instance
+    if _instance is not None:  # every call after the first: no lock
+        return _instance
     with _instance_lock:
         if _instance is None:
             _instance = CublasLt()

@@ -22,12 +22,17 @@ from runtime.cublaslt import ALIGNMENT, DATA_TYPE, OP_N, OP_T, WORKSPACE_BYTES, 
 
 
 def _fusable(*tensors: torch.Tensor | None) -> bool:
-    """cuBLASLt can take them as they are: CUDA, one 16-bit dtype, dense row-major, aligned."""
-    present = [t for t in tensors if t is not None]
-    first = present[0]
-    return (first.is_cuda and first.dtype in DATA_TYPE and first.numel() > 0
-            and all(t.device == first.device and t.dtype == first.dtype and t.is_contiguous()
-                    and t.data_ptr() % ALIGNMENT == 0 for t in present))
+    """cuBLASLt can take them as they are: CUDA, one 16-bit dtype, dense row-major, aligned.
+    (On every call's host path: plain attribute reads only.)"""
+    first = tensors[0]
+    if not first.is_cuda or first.dtype not in DATA_TYPE or first.numel() == 0:
+        return False
+    device, dtype = first.get_device(), first.dtype
+    for t in tensors:
+        if t is not None and not (t.dtype == dtype and t.get_device() == device
+                                  and t.is_contiguous() and t.data_ptr() % ALIGNMENT == 0):
+            return False
+    return True
 
 
 def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None

@@ -117,6 +117,8 @@ def by_hand(k: float, c: float):
 
 
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+# These GEMMs are tiny: an executor that fuses whatever the size.
+any_size = FusecutExecutor("fusecut_epilogues_any_size", epilogue_min_bytes=0)
 
 
 def fused_calls(jitted) -> list[str]:
@@ -126,7 +128,7 @@ def fused_calls(jitted) -> list[str]:
     return names
 
 
-def run_mlp(activation, dtype=torch.float32, executor=fusecut_ex):
+def run_mlp(activation, dtype=torch.float32, executor=any_size):
     model = MLP(activation).to(dtype)
     reference_model = copy.deepcopy(model)
     ours = thunder.jit(model, executors=[executor])
@@ -150,7 +152,8 @@ def run_mlp(activation, dtype=torch.float32, executor=fusecut_ex):
                          ids=["nn.GELU", "written-out"])
 def test_tanh_gelu_moves_into_both_gemms_and_gradients_stay_equal(activation, dtype):
     ours = run_mlp(activation, dtype)
-    assert fused_calls(ours) == ["fusecut_linear_gelu_tanh", "fusecut_matmul_dgelu_tanh"]
+    assert fused_calls(ours) == ["fusecut_epilogues_any_size_linear_gelu_tanh",
+                                 "fusecut_epilogues_any_size_matmul_dgelu_tanh"]
     # Nothing of GELU is left in a region: no tanh anywhere in either trace.
     for trace in (thunder.last_traces(ours)[-1], thunder.last_backward_traces(ours)[-1]):
         assert "tanh(" not in str(trace).replace("gelu_tanh(", "")
@@ -165,12 +168,13 @@ def test_anything_else_is_left_alone(activation):
 
 def test_inference_fuses_the_forward_only():
     model = MLP(torch.nn.GELU(approximate="tanh"))
-    jitted = thunder.jit(model, executors=[fusecut_ex])
+    jitted = thunder.jit(model, executors=[any_size])
     x = torch.randn(2, 8, 32)
     with torch.no_grad():
         torch.testing.assert_close(jitted(x), model(x), atol=2e-5, rtol=2e-5)
     names = [b.sym.name for b in thunder.last_traces(jitted)[-1].bound_symbols]
-    assert "fusecut_linear_gelu_tanh" in names and "fusecut_matmul_dgelu_tanh" not in names
+    assert "fusecut_epilogues_any_size_linear_gelu_tanh" in names
+    assert not any("dgelu" in n for n in names)
 
 
 class Residual(torch.nn.Module):
@@ -197,7 +201,7 @@ def test_residual_add_is_read_by_the_gemm_only_when_nothing_else_needs_the_produ
         variant, folded, dtype):
     model = Residual(**variant).to(dtype)
     reference_model = copy.deepcopy(model)
-    ours = thunder.jit(model, executors=[fusecut_ex])
+    ours = thunder.jit(model, executors=[any_size])
     x = torch.randn(2, 8, 32, dtype=dtype)
     tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)
     xs = [x.clone().requires_grad_(True) for _ in range(2)]
@@ -209,12 +213,51 @@ def test_residual_add_is_read_by_the_gemm_only_when_nothing_else_needs_the_produ
     for p, q in zip(model.parameters(), reference_model.parameters()):
         torch.testing.assert_close(p.grad, q.grad, **tol)
     names = [b.sym.name for b in thunder.last_traces(ours)[-1].bound_symbols]
-    assert ("fusecut_linear_residual" in names) == folded
+    fused = "fusecut_epilogues_any_size_linear_residual"
+    assert (fused in names) == folded
     # the GEMM runs once either way
-    assert names.count("fusecut_linear_residual") + sum("linear" == n.split(".")[-1]
-                                                        for n in names) == 1
+    assert names.count(fused) + sum("linear" == n.split(".")[-1] for n in names) == 1
+
+
+def test_gemms_below_the_size_threshold_stay_unfused():
+    # 16 tokens x 128 bf16 outputs: far below fusecut_ex's 16 MiB, where the library call's host
+    # time outweighs the pass it removes; the threshold at exactly this size fuses.
+    assert fused_calls(run_mlp(torch.nn.GELU(approximate="tanh"), executor=fusecut_ex)) == []
+    exact = FusecutExecutor("fusecut_epilogues_at_threshold", epilogue_min_bytes=16 * 128 * 4)
+    assert len(fused_calls(run_mlp(torch.nn.GELU(approximate="tanh"), executor=exact))) == 2
+    above = FusecutExecutor("fusecut_epilogues_above_threshold",
+                            epilogue_min_bytes=16 * 128 * 4 + 1)
+    assert fused_calls(run_mlp(torch.nn.GELU(approximate="tanh"), executor=above)) == []
 
 
 def test_epilogues_can_be_switched_off():
     plain = FusecutExecutor("fusecut_plain_gemms", gemm_epilogues=False)
     assert fused_calls(run_mlp(torch.nn.GELU(approximate="tanh"), executor=plain)) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_nanogpt_block_runs_its_gelu_and_both_residuals_in_gemms(dtype):
+    from benchmarks.models import blocks
+
+    [module] = [m for name, m, _ in blocks(32, 8, dropout=False) if name == "nanogpt_block"]
+    model = module.to(dtype)
+    reference_model = copy.deepcopy(model)
+    ours = thunder.jit(model, executors=[any_size])
+    theirs = thunder.jit(reference_model, executors=[thunder.pytorch_executor])
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 32, dtype=dtype)
+    tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)
+    results = []
+    for fn, m in ((ours, model), (theirs, reference_model)):
+        xi = x.clone().requires_grad_(True)
+        y = fn(xi)
+        y.backward(torch.ones_like(y))
+        results.append([y.detach(), xi.grad] + [p.grad for p in m.parameters()])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, **tol)
+    forward = [b.sym.name for b in thunder.last_traces(ours)[-1].bound_symbols]
+    backward = [b.sym.name for b in thunder.last_backward_traces(ours)[-1].bound_symbols]
+    prefix = "fusecut_epilogues_any_size_"
+    assert forward.count(prefix + "linear_gelu_tanh") == 1
+    assert forward.count(prefix + "linear_residual") == 2  # attention's and the MLP's
+    assert backward.count(prefix + "matmul_dgelu_tanh") == 1

@@ -146,16 +146,25 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
     return bool(((got - want).abs() <= _TOLERANCE * want.abs().clamp(min=1.0)).all())
 
 
+# A fused call costs more host time than torch's linear (ctypes, about 20-40 us on the H100's
+# host), so it pays only where the pass it removes is worth that much GPU time: a 16 MiB product
+# read back takes about 6 us. Batch-1 inference products (128 tokens: at most 2 MiB) stay
+# unfused; a training step's (16384 tokens: 64-256 MiB) fuse.
+EPILOGUE_MIN_BYTES = 16 << 20
+
+
 @dataclass
 class EpilogueOps:
-    """The fused calls, as operators of one executor."""
+    """The fused calls, as operators of one executor, and the smallest GEMM output worth one."""
 
     linear_gelu: Symbol
     matmul_dgelu: Symbol
     linear_residual: Symbol
+    min_bytes: int = EPILOGUE_MIN_BYTES
 
 
-def register_epilogue_ops(executor, prefix: str) -> EpilogueOps:
+def register_epilogue_ops(executor, prefix: str,
+                          min_bytes: int = EPILOGUE_MIN_BYTES) -> EpilogueOps:
     def linear_gelu_meta(x, weight, bias):
         shape = (*x.shape[:-1], weight.shape[0])
         return TensorProxy(like=x, shape=shape), TensorProxy(like=x, shape=shape)
@@ -172,7 +181,8 @@ def register_epilogue_ops(executor, prefix: str) -> EpilogueOps:
         executor.register_operator(f"{prefix}_matmul_dgelu_tanh", meta=matmul_dgelu_meta,
                                    fn=matmul_dgelu_tanh),
         executor.register_operator(f"{prefix}_linear_residual", meta=linear_residual_meta,
-                                   fn=linear_residual))
+                                   fn=linear_residual),
+        min_bytes)
 
 
 @dataclass
@@ -234,15 +244,18 @@ class Rewrite:
         return not (steps & self.returned) and all(
             u in path for v in steps for u in self.consumers.get(v, []))
 
-    def linears(self):
-        """(position, x, weight, bias, output) of each ``linear`` not yet rewritten."""
+    def linears(self, min_bytes: int):
+        """(position, x, weight, bias, output) of each ``linear`` not yet rewritten whose
+        output has at least ``min_bytes``."""
         for i, bsym in enumerate(self.bsyms):
             if i in self.replaced or not _is(bsym, prims.linear):
                 continue
             x, weight, bias = (list(bsym.args) + [None])[:3]
-            if (isinstance(bsym.output, TensorProxy) and isinstance(weight, TensorProxy)
-                    and weight.ndim == 2 and (bias is None or bias.ndim == 1)):
-                yield i, x, weight, bias, bsym.output
+            y = bsym.output
+            if (isinstance(y, TensorProxy) and isinstance(weight, TensorProxy)
+                    and weight.ndim == 2 and (bias is None or bias.ndim == 1)
+                    and math.prod(y.shape) * y.dtype.bytes >= min_bytes):
+                yield i, x, weight, bias, y
 
 
 def fuse_gemm_epilogues(trace: TraceCtx, ops: EpilogueOps) -> TraceCtx:
@@ -264,7 +277,7 @@ def _fuse_gelu(rewrite: Rewrite, ops: EpilogueOps) -> None:
     bsyms = rewrite.bsyms
     h_samples = _samples(0)
     want_g = gelu_tanh(h_samples)
-    for i, x, weight, bias, h in list(rewrite.linears()):
+    for i, x, weight, bias, h in list(rewrite.linears(ops.min_bytes)):
         forward = _closure(bsyms, {h.name: h_samples})
         gs = [g for g in _exits(bsyms, forward, h, rewrite.returned)
               if _close(forward.values[g], want_g)]
@@ -315,7 +328,7 @@ def _fuse_residuals(rewrite: Rewrite, ops: EpilogueOps) -> None:
     bsyms = rewrite.bsyms
     y_samples, r_samples = _samples(2), _samples(3)
     want = y_samples + r_samples
-    for _, x, weight, bias, y in list(rewrite.linears()):
+    for _, x, weight, bias, y in list(rewrite.linears(ops.min_bytes)):
         alone = _closure(bsyms, {y.name: y_samples})
         others = {a.name for i in rewrite.consumers.get(y.name, []) + [
             j for v in alone.values for j in rewrite.consumers.get(v, [])]

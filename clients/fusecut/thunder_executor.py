@@ -40,7 +40,11 @@ from thunder.extend import FusionExecutor, register_executor  # noqa: E402
 
 from fusecut.definition import FusionDefinition  # noqa: E402
 from fusecut.memory_order import Order, inverse, orders_of, output_orders  # noqa: E402
-from fusecut.thunder_epilogues import fuse_gemm_epilogues, register_epilogue_ops  # noqa: E402
+from fusecut.thunder_epilogues import (  # noqa: E402
+    EPILOGUE_MIN_BYTES,
+    fuse_gemm_epilogues,
+    register_epilogue_ops,
+)
 from fusecut.thunder_layout import is_layout_only, split_region  # noqa: E402
 from optimizer.errors import FusecutError  # noqa: E402
 from optimizer.ir.builder import MAX_RANK  # noqa: E402
@@ -489,15 +493,18 @@ class FusecutExecutor(FusionExecutor):
         claim_matmul: also claim ``matmul`` and ``linear``; they then run as library segments
             inside fusecut's plan instead of on the next executor.
         plan_remote: a fusecut service URL: plan there (metadata only), run here.
-        gemm_epilogues: a tanh GELU after a ``linear``, and its derivative after the backward's
-            matmul, run in those GEMMs' epilogues (see ``thunder_epilogues``).
+        gemm_epilogues: a tanh GELU after a ``linear`` and its derivative after the backward's
+            matmul, and a residual added to a ``linear``, run in those GEMMs' epilogues (see
+            ``thunder_epilogues``) where the GEMM's output has at least ``epilogue_min_bytes``.
     """
 
     def __init__(self, name: str = "fusecut", *, claim_matmul: bool = False,
-                 plan_remote: str | None = None, gemm_epilogues: bool = True):
+                 plan_remote: str | None = None, gemm_epilogues: bool = True,
+                 epilogue_min_bytes: int = EPILOGUE_MIN_BYTES):
         super().__init__(name, version="0.1.0")
         self.plan_remote = plan_remote
-        self.epilogues = register_epilogue_ops(self, name) if gemm_epilogues else None
+        self.epilogues = (register_epilogue_ops(self, name, epilogue_min_bytes)
+                          if gemm_epilogues else None)
         self.claimed: dict[Any, str] = {**POINTWISE, **REDUCTIONS, **SHAPES, **FACTORIES}
         if claim_matmul:
             self.claimed.update(LIBRARY)
