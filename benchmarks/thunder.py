@@ -9,6 +9,8 @@ process on the same weights and inputs:
 - ``thunder default``: ``thunder.jit(m)``, Thunder's default executors (sdpa, the torch.compile
   cross-entropy executor, nvFuser);
 - ``thunder default, fusecut``: the same list with ``fusecut_ex`` in nvFuser's place;
+- the same with fusecut's GEMM epilogues off (``FusecutExecutor(gemm_epilogues=False)``): the
+  tanh GELU and its derivative back in fusecut's regions instead of the matmuls;
 - ``thunder fusecut only``: ``thunder.jit(m, executors=[fusecut_ex])``;
 - ``torch.compile`` and eager.
 
@@ -49,15 +51,34 @@ def systems() -> list[tuple[str, Callable]]:
 
     defaults = list(thunder.get_default_executors())
     names = [e.name for e in defaults]
-    with_fusecut = ([fusecut_ex if e.name == "nvfuser" else e for e in defaults]
-                    if "nvfuser" in names else defaults + [fusecut_ex])
+
+    def in_nvfusers_place(executor) -> list:
+        return ([executor if e.name == "nvfuser" else e for e in defaults]
+                if "nvfuser" in names else defaults + [executor])
+
+    with_fusecut = in_nvfusers_place(fusecut_ex)
+    without_epilogues = in_nvfusers_place(plain_gemm_executor())
     return [
         (f"thunder default ({', '.join(names)})", lambda m: thunder.jit(m)),
         ("thunder default, fusecut for nvFuser", lambda m: thunder.jit(m, executors=with_fusecut)),
+        ("thunder default, fusecut for nvFuser, GELU outside the GEMMs",
+         lambda m: thunder.jit(m, executors=without_epilogues)),
         ("thunder fusecut only", lambda m: thunder.jit(m, executors=[fusecut_ex])),
         ("torch.compile", lambda m: torch.compile(m)),
         ("eager", lambda m: m),
     ]
+
+
+_plain_gemms = []
+
+
+def plain_gemm_executor():
+    """fusecut_ex's twin with its GEMM epilogues off: what they are worth, in the same process."""
+    from fusecut.thunder_executor import FusecutExecutor
+
+    if not _plain_gemms:
+        _plain_gemms.append(FusecutExecutor("fusecut_plain_gemms", gemm_epilogues=False))
+    return _plain_gemms[0]
 
 
 @dataclass
