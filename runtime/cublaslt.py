@@ -46,7 +46,10 @@ def _check(status: int, what: str) -> None:
 
 def _load() -> ctypes.CDLL:
     """The libcublasLt torch itself loaded (its wheel's copy first)."""
-    torch.cuda.current_blas_handle()  # makes torch load its cuBLAS (and cuBLASLt) first
+    try:
+        torch.cuda.current_blas_handle()  # makes torch load its cuBLAS (and cuBLASLt) first
+    except (RuntimeError, AssertionError) as e:  # no CUDA (torch raises either)
+        raise CublasLtError(f"torch has no cuBLAS here: {e}") from e
     here = os.path.dirname(torch.__file__)
     names = sorted(glob.glob(os.path.join(here, "..", "nvidia", "cu*", "lib", "libcublasLt.so.*"))
                    + glob.glob(os.path.join(here, "..", "nvidia", "cublas", "lib",
@@ -104,7 +107,9 @@ class CublasLt:
              workspace: int) -> Plan | None:
         """The plan of ``D = op(A) op(B)`` (column-major shapes, each leading dimension its
         rows), or None where the heuristic offers no algorithm (the caller computes it unfused)."""
-        key = (dtype, trans_a, a_shape, trans_b, b_shape, d_shape, epilogue)
+        # the heuristic's choice is the current device's (cuda.current_device: a C call)
+        key = (torch.cuda.current_device(), dtype, trans_a, a_shape, trans_b, b_shape, d_shape,
+               epilogue)
         if key in self.plans:  # the host path of every call: no lock
             return self.plans[key]
         with self.lock:
@@ -167,15 +172,22 @@ class CublasLt:
 
 
 _instance: CublasLt | None = None
+_unavailable: CublasLtError | None = None  # why it could not be created: asked once
 _instance_lock = threading.Lock()
 
 
 def cublaslt() -> CublasLt:
-    """The process's cuBLASLt (created on first use)."""
-    global _instance
+    """The process's cuBLASLt (created on first use). Raises ``CublasLtError`` where it cannot
+    be loaded, every time, without trying again."""
+    global _instance, _unavailable
     if _instance is not None:  # every call after the first: no lock
         return _instance
     with _instance_lock:
+        if _instance is None and _unavailable is None:
+            try:
+                _instance = CublasLt()
+            except CublasLtError as e:
+                _unavailable = e
         if _instance is None:
-            _instance = CublasLt()
+            raise CublasLtError(str(_unavailable))
         return _instance

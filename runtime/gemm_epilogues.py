@@ -18,7 +18,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from runtime.cublaslt import ALIGNMENT, DATA_TYPE, OP_N, OP_T, WORKSPACE_BYTES, cublaslt
+from runtime.cublaslt import (
+    ALIGNMENT,
+    DATA_TYPE,
+    OP_N,
+    OP_T,
+    WORKSPACE_BYTES,
+    CublasLtError,
+    cublaslt,
+)
 
 
 def _fusable(*tensors: torch.Tensor | None) -> bool:
@@ -35,21 +43,35 @@ def _fusable(*tensors: torch.Tensor | None) -> bool:
     return True
 
 
+def _run_fused(dtype: torch.dtype, shapes: tuple, epilogue: str, a: torch.Tensor,
+               b: torch.Tensor, d: torch.Tensor, **pointers: torch.Tensor | None) -> bool:
+    """One cuBLASLt call writing ``d`` (``shapes``: ``plan``'s transposes and column-major
+    shapes). False, with nothing launched, where cuBLASLt cannot be loaded, offers no algorithm
+    or refuses the call: the caller then computes the same values unfused."""
+    try:
+        lt = cublaslt()
+        plan = lt.plan(dtype, *shapes, epilogue, WORKSPACE_BYTES)
+        if plan is None:
+            return False
+        lt.run(plan, a, b, d, **pointers)
+        return True
+    except CublasLtError:
+        return False
+
+
 def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(gelu_tanh(h), h)`` with ``h = linear(x, weight, bias)``."""
     n, k = weight.shape
     rows = x.reshape(-1, k)
     if _fusable(rows, weight, bias):
-        lt = cublaslt()
-        epilogue = "GELU_AUX" if bias is None else "GELU_AUX_BIAS"
         m = rows.shape[0]
+        g = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+        h = torch.empty_like(g)
         # column-major: g^T (n, m) = weight (k, n)^T @ rows^T (k, m)
-        plan = lt.plan(x.dtype, OP_T, (k, n), OP_N, (k, m), (n, m), epilogue, WORKSPACE_BYTES)
-        if plan is not None:
-            g = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
-            h = torch.empty_like(g)
-            lt.run(plan, weight, rows, g, bias=bias, aux=h)
+        if _run_fused(x.dtype, (OP_T, (k, n), OP_N, (k, m), (n, m)),
+                      "GELU_AUX" if bias is None else "GELU_AUX_BIAS", weight, rows, g,
+                      bias=bias, aux=h):
             return g, h
     h = F.linear(x, weight, bias)
     return F.gelu(h.float(), approximate="tanh").to(h.dtype), h
@@ -64,12 +86,10 @@ def matmul_dgelu_tanh(grad: torch.Tensor, weight: torch.Tensor, h: torch.Tensor)
         raise ValueError(f"matmul_dgelu_tanh: grad @ weight is [{m}, {n1}], h is "
                          f"{list(h.shape)}: expected as many elements")
     if _fusable(rows, weight, h):
-        lt = cublaslt()
+        dh = torch.empty_like(h)
         # column-major: dh^T (n1, m) = weight (n1, n2) @ rows^T (n2, m)
-        plan = lt.plan(h.dtype, OP_N, (n1, n2), OP_N, (n2, m), (n1, m), "DGELU", WORKSPACE_BYTES)
-        if plan is not None:
-            dh = torch.empty_like(h)
-            lt.run(plan, weight, rows, dh, aux=h)
+        if _run_fused(h.dtype, (OP_N, (n1, n2), OP_N, (n2, m), (n1, m)), "DGELU", weight, rows,
+                      dh, aux=h):
             return dh
     dg = rows @ weight
     dh = torch.ops.aten.gelu_backward(dg.float(), h.reshape(dg.shape).float(), approximate="tanh")
@@ -83,12 +103,10 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     n, k = weight.shape
     rows = x.reshape(-1, k)
     if residual.shape == (*x.shape[:-1], n) and _fusable(rows, weight, bias, residual):
-        lt = cublaslt()
         m = rows.shape[0]
-        epilogue = "DEFAULT" if bias is None else "BIAS"
-        plan = lt.plan(x.dtype, OP_T, (k, n), OP_N, (k, m), (n, m), epilogue, WORKSPACE_BYTES)
-        if plan is not None:
-            out = torch.empty_like(residual)
-            lt.run(plan, weight, rows, out, bias=bias, c=residual)
+        out = torch.empty_like(residual)
+        if _run_fused(x.dtype, (OP_T, (k, n), OP_N, (k, m), (n, m)),
+                      "DEFAULT" if bias is None else "BIAS", weight, rows, out, bias=bias,
+                      c=residual):
             return out
     return torch.add(residual, F.linear(x, weight, bias))

@@ -48,6 +48,53 @@ def test_calls_compute_the_unfused_values_on_the_cpu(bias):
     torch.testing.assert_close(dh, dh_ref)
 
 
+class Refusing:
+    """A cuBLASLt that offers no algorithm, or whose call fails."""
+
+    def __init__(self, plan):
+        self.plan_result = plan
+
+    def plan(self, *args):
+        return self.plan_result
+
+    def run(self, *args, **kwargs):
+        raise gemm_epilogues.CublasLtError("cublasLtMatmul failed: cublasStatus 15")
+
+
+def unloadable():
+    raise gemm_epilogues.CublasLtError("libcublasLt not found")
+
+
+@pytest.mark.parametrize("cublaslt", [unloadable, lambda: Refusing(None),
+                                      lambda: Refusing(object())],
+                         ids=["not-loadable", "no-algorithm", "call-fails"])
+def test_calls_fall_back_to_the_same_values_when_cublaslt_cannot_run_them(cublaslt, monkeypatch):
+    monkeypatch.setattr(gemm_epilogues, "_fusable", lambda *tensors: True)
+    monkeypatch.setattr(gemm_epilogues, "cublaslt", cublaslt)
+    x, w, b, dy, w2 = operands("cpu", torch.float32)
+    g, h = linear_gelu_tanh(x, w, b)
+    g_ref, h_ref, dh_ref = reference(x, w, b, dy, w2)
+    torch.testing.assert_close(g, g_ref)
+    torch.testing.assert_close(h, h_ref)
+    torch.testing.assert_close(matmul_dgelu_tanh(dy, w2, h), dh_ref)
+    torch.testing.assert_close(linear_residual(x, w, b, h), h + F.linear(x, w, b))
+
+
+@pytest.mark.skipif(GPU, reason="needs a machine without CUDA")
+def test_cublaslt_that_cannot_load_says_why_once(monkeypatch):
+    import runtime.cublaslt as binding
+
+    monkeypatch.setattr(binding, "_instance", None)
+    monkeypatch.setattr(binding, "_unavailable", None)
+    loads = []
+    real = binding._load
+    monkeypatch.setattr(binding, "_load", lambda: loads.append(1) or real())
+    for _ in range(3):
+        with pytest.raises(binding.CublasLtError, match="no cuBLAS"):
+            binding.cublaslt()
+    assert loads == [1]
+
+
 def test_derivative_call_names_a_shape_mismatch():
     x, w, b, dy, w2 = operands("cpu", torch.float32)
     h = F.linear(x, w, b)
