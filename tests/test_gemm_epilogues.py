@@ -175,11 +175,14 @@ def fused_calls(jitted) -> list[str]:
     return names
 
 
-def run_mlp(activation, dtype=torch.float32, executor=any_size):
-    model = MLP(activation).to(dtype)
+def same_step_as_torch(model: torch.nn.Module, dtype: torch.dtype, executor=any_size):
+    """``model`` jitted with ``executor`` and, on a copy, with Thunder's torch executor: one
+    forward and backward each; the output and every gradient are equal. The first jitted."""
+    model = model.to(dtype)
     reference_model = copy.deepcopy(model)
     ours = thunder.jit(model, executors=[executor])
     theirs = thunder.jit(reference_model, executors=[thunder.pytorch_executor])
+    torch.manual_seed(0)
     x = torch.randn(2, 8, 32, dtype=dtype)
     results = []
     for fn, m in ((ours, model), (theirs, reference_model)):
@@ -191,6 +194,10 @@ def run_mlp(activation, dtype=torch.float32, executor=any_size):
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, **tol)
     return ours
+
+
+def run_mlp(activation, dtype=torch.float32, executor=any_size):
+    return same_step_as_torch(MLP(activation), dtype, executor)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
@@ -246,19 +253,7 @@ class Residual(torch.nn.Module):
                          ids=["residual", "projection-reused", "broadcast-residual"])
 def test_residual_add_is_read_by_the_gemm_only_when_nothing_else_needs_the_product(
         variant, folded, dtype):
-    model = Residual(**variant).to(dtype)
-    reference_model = copy.deepcopy(model)
-    ours = thunder.jit(model, executors=[any_size])
-    x = torch.randn(2, 8, 32, dtype=dtype)
-    tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)
-    xs = [x.clone().requires_grad_(True) for _ in range(2)]
-    ys = [ours(xs[0]), reference_model(xs[1])]
-    for y in ys:
-        y.backward(torch.ones_like(y))
-    torch.testing.assert_close(ys[0], ys[1], **tol)
-    torch.testing.assert_close(xs[0].grad, xs[1].grad, **tol)
-    for p, q in zip(model.parameters(), reference_model.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, **tol)
+    ours = same_step_as_torch(Residual(**variant), dtype)
     names = [b.sym.name for b in thunder.last_traces(ours)[-1].bound_symbols]
     fused = "fusecut_epilogues_any_size_linear_residual"
     assert (fused in names) == folded
@@ -287,21 +282,7 @@ def test_nanogpt_block_runs_its_gelu_and_both_residuals_in_gemms(dtype):
     from benchmarks.models import blocks
 
     [module] = [m for name, m, _ in blocks(32, 8, dropout=False) if name == "nanogpt_block"]
-    model = module.to(dtype)
-    reference_model = copy.deepcopy(model)
-    ours = thunder.jit(model, executors=[any_size])
-    theirs = thunder.jit(reference_model, executors=[thunder.pytorch_executor])
-    torch.manual_seed(0)
-    x = torch.randn(2, 8, 32, dtype=dtype)
-    tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)
-    results = []
-    for fn, m in ((ours, model), (theirs, reference_model)):
-        xi = x.clone().requires_grad_(True)
-        y = fn(xi)
-        y.backward(torch.ones_like(y))
-        results.append([y.detach(), xi.grad] + [p.grad for p in m.parameters()])
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want, **tol)
+    ours = same_step_as_torch(module, dtype)
     forward = [b.sym.name for b in thunder.last_traces(ours)[-1].bound_symbols]
     backward = [b.sym.name for b in thunder.last_backward_traces(ours)[-1].bound_symbols]
     prefix = "fusecut_epilogues_any_size_"

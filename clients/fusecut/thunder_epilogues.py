@@ -128,22 +128,6 @@ def _closure(bsyms: Sequence[BoundSymbol], seeds: dict[str, torch.Tensor]) -> Cl
     return Closure(values, inside)
 
 
-def _exits(bsyms: Sequence[BoundSymbol], closure: Closure, like: TensorProxy,
-           returned: set[str]) -> list[str]:
-    """Values of the closure shaped and typed like ``like`` that something outside it uses."""
-    used_outside = set(returned)
-    for i, bsym in enumerate(bsyms):
-        if i not in closure.bsyms:
-            used_outside.update(a.name for a in bsym.flat_args if isinstance(a, TensorProxy))
-    names = []
-    for i in sorted(closure.bsyms):
-        for o in bsyms[i].flat_outs:
-            if (isinstance(o, TensorProxy) and o.name in used_outside
-                    and tuple(o.shape) == tuple(like.shape) and o.dtype == like.dtype):
-                names.append(o.name)
-    return names
-
-
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
     return bool(((got - want).abs() <= _TOLERANCE * want.abs().clamp(min=1.0)).all())
 
@@ -246,6 +230,18 @@ class Rewrite:
         return not (steps & self.returned) and all(
             u in path for v in steps for u in self.consumers.get(v, []))
 
+    def shaped_like(self, name: str, like: TensorProxy) -> bool:
+        p = self.proxies[name]
+        return tuple(p.shape) == tuple(like.shape) and p.dtype == like.dtype
+
+    def exits(self, closure: Closure, like: TensorProxy) -> list[str]:
+        """Values the closure computes, shaped and typed like ``like``, that something outside
+        it uses (or the trace returns)."""
+        return [o.name for i in sorted(closure.bsyms) for o in self.bsyms[i].flat_outs
+                if isinstance(o, TensorProxy) and self.shaped_like(o.name, like)
+                and (o.name in self.returned
+                     or any(u not in closure.bsyms for u in self.consumers.get(o.name, [])))]
+
     def linears(self, min_bytes: int):
         """(position, x, weight, bias, output) of each ``linear`` not yet rewritten whose
         output has at least ``min_bytes``."""
@@ -281,7 +277,7 @@ def _fuse_gelu(rewrite: Rewrite, ops: EpilogueOps) -> None:
     want_g = gelu_tanh(h_samples)
     for i, x, weight, bias, h in list(rewrite.linears(ops.min_bytes)):
         forward = _closure(bsyms, {h.name: h_samples})
-        gs = [g for g in _exits(bsyms, forward, h, rewrite.returned)
+        gs = [g for g in rewrite.exits(forward, h)
               if _close(forward.values[g], want_g)]
         if not gs:
             continue
@@ -315,7 +311,7 @@ def _fuse_derivative(rewrite: Rewrite, h: TensorProxy, forward: Closure,
         both = _closure(bsyms, {h.name: forward.values[h.name], dg.name: dg_samples})
         if any(u not in both.bsyms for u in consumers.get(dg.name, [])):
             continue  # the product has another use: it must be written anyway
-        candidates = [d for d in _exits(bsyms, both, h, rewrite.returned)
+        candidates = [d for d in rewrite.exits(both, h)
                       if d not in forward.values and _close(both.values[d], want_dh)]
         if candidates and rewrite.only_on_path(candidates[0], {h.name, dg.name},
                                                set(forward.values)):
@@ -332,22 +328,18 @@ def _fuse_residuals(rewrite: Rewrite, ops: EpilogueOps) -> None:
     want = y_samples + r_samples
     for _, x, weight, bias, y in list(rewrite.linears(ops.min_bytes)):
         alone = _closure(bsyms, {y.name: y_samples})
-        others = {a.name for i in rewrite.consumers.get(y.name, []) + [
-            j for v in alone.values for j in rewrite.consumers.get(v, [])]
-            for a in bsyms[i].flat_args if isinstance(a, TensorProxy)} - set(alone.values)
+        others = {a.name for v in alone.values for i in rewrite.consumers.get(v, [])
+                  for a in bsyms[i].flat_args if isinstance(a, TensorProxy)} - set(alone.values)
         for r in sorted({root for o in others for root in rewrite.sources(o)}):
-            residual = rewrite.proxies[r]
-            if tuple(residual.shape) != tuple(y.shape) or residual.dtype != y.dtype:
+            if not rewrite.shaped_like(r, y):
                 continue
             both = _closure(bsyms, {y.name: y_samples, r: r_samples})
             sums = [v for v in both.values if v not in alone.values and v != r
-                    and rewrite.proxies[v].dtype == y.dtype
-                    and tuple(rewrite.proxies[v].shape) == tuple(y.shape)
-                    and _close(both.values[v], want)]
+                    and rewrite.shaped_like(v, y) and _close(both.values[v], want)]
             if not sums or rewrite.producer[sums[0]] in rewrite.replaced:
                 continue
             if not rewrite.only_on_path(sums[0], {y.name, r}, {r}):
                 continue  # y, or a step from it to the sum, has another use
             rewrite.replaced[rewrite.producer[sums[0]]] = ops.linear_residual.bind(
-                x, weight, bias, residual, output=rewrite.proxies[sums[0]])
+                x, weight, bias, rewrite.proxies[r], output=rewrite.proxies[sums[0]])
             break
