@@ -87,10 +87,19 @@ class Llama3Block(nn.Module):
 MODEL_NAMES = ("nanogpt_block", "llama2_block", "llama3_block", "nanogpt_block_dropout0.1")
 
 
-def blocks(width: int, seq: int, *, dropout: bool = True) -> list[tuple[str, nn.Module, tuple]]:
+def blocks(width: int, seq: int, *, dropout: bool = True,
+           seed: int = 0) -> list[tuple[str, nn.Module, tuple]]:
     """(name, module, extra forward arguments) of each benchmarked block, fp32 on the CPU.
 
-    Heads are 128 wide (at least one head, for the tests' small widths)."""
+    Heads are 128 wide (at least one head, for the tests' small widths). The weights are drawn
+    from ``seed`` (the caller's random state is left as it was): the same on every call,
+    whatever ran before."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _blocks(width, seq, dropout)
+
+
+def _blocks(width: int, seq: int, dropout: bool) -> list[tuple[str, nn.Module, tuple]]:
     nanogpt = importlib.import_module("thunder.tests.nanogpt_model")
     llama2 = importlib.import_module("thunder.tests.llama2_model")
     heads = max(1, width // 128)

@@ -396,3 +396,24 @@ def test_cublaslt_gelu_epilogues_compute_what_the_unfused_ops_do():
     torch.testing.assert_close(
         gh, torch.ops.aten.gelu_backward(gy @ w_proj, h_ref, approximate="tanh"),
         atol=2e-2, rtol=2e-2)
+
+
+def test_benchmarked_blocks_have_the_same_weights_on_every_call():
+    # The Thunder tests and benchmarks compare steps of these blocks: their weights must not
+    # depend on what drew random numbers before, and drawing them must not move that state.
+    from benchmarks.models import blocks
+
+    torch.manual_seed(123)
+    first = {name: [p.clone() for p in m.parameters()] for name, m, _ in blocks(32, 8)}
+    state = torch.random.get_rng_state()
+    torch.randn(100)
+    again = blocks(32, 8)
+    torch.randn(100)
+    assert [name for name, _, _ in again] == list(first)
+    for name, module, _ in again:
+        assert all(torch.equal(p, q) for p, q in zip(module.parameters(), first[name]))
+    name, other, _ = blocks(32, 8, seed=1)[0]
+    assert not all(torch.equal(p, q) for p, q in zip(other.parameters(), first[name]))
+    torch.manual_seed(123)
+    blocks(32, 8)
+    assert torch.equal(torch.random.get_rng_state(), state)

@@ -4,7 +4,6 @@ backward's matmul, by value."""
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
@@ -14,6 +13,7 @@ import torch.nn.functional as F
 import runtime.gemm_epilogues as gemm_epilogues
 from fusecut.thunder_executor import FusecutExecutor, fusecut_ex, thunder
 from runtime.gemm_epilogues import linear_gelu_tanh, linear_residual, matmul_dgelu_tanh
+from tests.thunder_steps import assert_same_step
 
 GPU = torch.cuda.is_available()
 
@@ -176,23 +176,12 @@ def fused_calls(jitted) -> list[str]:
 
 
 def same_step_as_torch(model: torch.nn.Module, dtype: torch.dtype, executor=any_size):
-    """``model`` jitted with ``executor`` and, on a copy, with Thunder's torch executor: one
-    forward and backward each; the output and every gradient are equal. The first jitted."""
+    """``model`` jitted with ``executor`` takes the step Thunder's torch executor takes on a
+    copy (``assert_same_step``). The jitted model."""
     model = model.to(dtype)
-    reference_model = copy.deepcopy(model)
     ours = thunder.jit(model, executors=[executor])
-    theirs = thunder.jit(reference_model, executors=[thunder.pytorch_executor])
     torch.manual_seed(0)
-    x = torch.randn(2, 8, 32, dtype=dtype)
-    results = []
-    for fn, m in ((ours, model), (theirs, reference_model)):
-        xi = x.clone().requires_grad_(True)
-        y = fn(xi)
-        y.backward(torch.ones_like(y))
-        results.append([y.detach(), xi.grad] + [p.grad for p in m.parameters()])
-    tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want, **tol)
+    assert_same_step(ours, model, torch.randn(2, 8, 32, dtype=dtype))
     return ours
 
 
