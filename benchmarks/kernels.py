@@ -43,9 +43,14 @@ def median_time(fn, iters: int = 20, warmup: int = 3) -> float:
 
 
 def medians_in_rounds(fns, iters: int, rounds: int = 5, warmup: int = 3) -> list[float]:
-    """Median CUDA-event time of each function over ``iters`` warm runs, taken in ``rounds``
-    blocks whose order rotates (a b c, b c a, c a b...): clock and thermal drift during the
-    measurement falls on every candidate alike, and each block starts warm."""
+    """Median CUDA-event time of each function (``times_in_rounds``)."""
+    return [statistics.median(spent) for spent in times_in_rounds(fns, iters, rounds, warmup)]
+
+
+def times_in_rounds(fns, iters: int, rounds: int = 5, warmup: int = 3) -> list[list[float]]:
+    """CUDA-event times of each function over ``iters`` warm runs, taken in ``rounds`` blocks
+    whose order rotates (a b c, b c a, c a b...): clock and thermal drift during the measurement
+    falls on every candidate alike, and each block starts warm."""
     times: list[list[float]] = [[] for _ in fns]
     per_round = max(1, iters // rounds)
     for r in range(rounds):
@@ -63,7 +68,7 @@ def medians_in_rounds(fns, iters: int, rounds: int = 5, warmup: int = 3) -> list
                 end.record()
                 end.synchronize()
                 times[k].append(start.elapsed_time(end) / 1e3)
-    return [statistics.median(spent) for spent in times]
+    return times
 
 
 def logical_lower_bound(plan) -> int:

@@ -15,7 +15,9 @@ process on the same weights and inputs:
 - ``torch.compile`` and eager.
 
 Per row: ms per step (median of warm steps, CUDA events, timed in rounds of rotating order
-across the systems), GPU busy ms per step and GPU ops per step (kernels, copies and memsets,
+across the systems), its ratio to Thunder's default with a 95% bootstrap interval
+(``benchmarks.intervals``: a ratio whose interval straddles a goal has not shown it), GPU busy
+ms per step and GPU ops per step (kernels, copies and memsets,
 from torch.profiler over a few steps), and for fusecut the bytes its regions planned against
 their lower bound. A second table lists each system's top kernels.
 
@@ -29,6 +31,7 @@ import copy
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -39,11 +42,12 @@ from dataclasses import dataclass, field
 import torch
 
 from benchmarks.common import markdown_table, write_result
+from benchmarks.intervals import median_ratio_interval
 
 STEPS = {"train": (8, 2048), "infer": (1, 128)}  # batch, sequence
 ROW_MARK = "ROW\t"  # a child's row on its stdout
-HEADERS = ["model", "step", "system", "ms / step", "GPU busy ms", "GPU ops / step",
-           "fusecut planned / lower bound MiB", "note"]
+HEADERS = ["model", "step", "system", "ms / step", "vs thunder default (95% interval)",
+           "GPU busy ms", "GPU ops / step", "fusecut planned / lower bound MiB", "note"]
 
 
 def systems() -> list[tuple[str, Callable]]:
@@ -153,9 +157,9 @@ def run_model(step: str, model: str, iters: int, width: int, emit,
     """Every system on one block and step: ``emit(row, top)`` for each.
 
     All systems are built first, then timed in rounds whose order rotates
-    (``medians_in_rounds``): the GPU's clocks drift as it heats, and the system timed last
+    (``times_in_rounds``): the GPU's clocks drift as it heats, and the system timed last
     would otherwise pay for it. Profiling comes after all timing."""
-    from benchmarks.kernels import medians_in_rounds
+    from benchmarks.kernels import times_in_rounds
     from benchmarks.models import blocks, place
 
     batch, seq = STEPS[step]
@@ -168,7 +172,8 @@ def run_model(step: str, model: str, iters: int, width: int, emit,
                     requires_grad=step == "train")
     grad = torch.randn_like(x) if step == "train" else None
     ready: list[tuple[str, Callable, float]] = []  # system, jitted step, first step s
-    for system, make in systems():
+    named = systems()
+    for system, make in named:
         try:
             fn = make(copy.deepcopy(module))
             start = time.perf_counter()
@@ -179,8 +184,9 @@ def run_model(step: str, model: str, iters: int, width: int, emit,
             traceback.print_exc()
             emit(failed_row(name, step, system, e), "")
     steps = [lambda fn=fn: run_step(fn, x, extra, grad) for _, fn, _ in ready]
-    seconds = medians_in_rounds(steps, iters, rounds=len(ready)) if ready else []
-    for (system, fn, first), median in zip(ready, seconds):
+    samples = times_in_rounds(steps, iters, rounds=len(ready)) if ready else []
+    default = dict(zip((system for system, _, _ in ready), samples)).get(named[0][0])
+    for (system, fn, first), seconds in zip(ready, samples):
         try:
             tag = re.sub(r"[^a-z]+", "-", system.lower())[:32].strip("-")
             busy, ops, top_ops = profile_step(fn, x, extra, grad, timeline=traces and
@@ -188,8 +194,9 @@ def run_model(step: str, model: str, iters: int, width: int, emit,
             planned = fusecut_bytes(fn) if "fusecut" in system else "-"
             if traces and system.startswith("thunder"):
                 dump_traces(fn, f"{traces}/{name}-{step}-{tag}.txt")
-            row = [name, step, system, f"{median * 1e3:.2f}", f"{busy:.2f}", f"{ops:.0f}",
-                   planned, f"first step {first:.1f} s"]
+            row = [name, step, system, f"{statistics.median(seconds) * 1e3:.2f}",
+                   against_default(seconds, default), f"{busy:.2f}", f"{ops:.0f}", planned,
+                   f"first step {first:.1f} s"]
             top = "; ".join(f"{k} {ms:.3f} ms x{n:.0f}" for k, ms, n in top_ops)
         except Exception as e:
             traceback.print_exc()
@@ -199,8 +206,16 @@ def run_model(step: str, model: str, iters: int, width: int, emit,
     torch.cuda.empty_cache()
 
 
+def against_default(seconds: list[float], default: list[float] | None) -> str:
+    """This system's step time over Thunder's default one, with its bootstrap interval; "-" for
+    the default itself, or where it did not run."""
+    if default is None or seconds is default:
+        return "-"
+    return str(median_ratio_interval(seconds, default))
+
+
 def failed_row(model: str, step: str, system: str, e: BaseException) -> list[str]:
-    return [model, step, system, "-", "-", "-", "-", f"fails: {one_line(e)}"]
+    return [model, step, system] + ["-"] * (len(HEADERS) - 4) + [f"fails: {one_line(e)}"]
 
 
 def one_line(e: BaseException | str) -> str:
@@ -224,8 +239,8 @@ def child_rows(lines, finish, model: str, step: str, system_names: list[str]):
     if code != 0:
         stopped_in = next((s for s in system_names if s not in done), None)
         if stopped_in is not None:
-            yield [model, step, stopped_in, "-", "-", "-", "-",
-                   f"not run: the process stopped ({one_line(last)})"], ""
+            yield [model, step, stopped_in] + ["-"] * (len(HEADERS) - 4) + [
+                f"not run: the process stopped ({one_line(last)})"], ""
 
 
 def run(steps: list[str], models: list[str], iters: int, width: int, log,
@@ -252,7 +267,9 @@ def run(steps: list[str], models: list[str], iters: int, width: int, log,
     notes = (f"Training step: batch {STEPS['train'][0]}, sequence {STEPS['train'][1]}; inference "
              f"step: batch {STEPS['infer'][0]}, sequence {STEPS['infer'][1]}, forward under "
              f"no_grad; width {width}, bf16, 128-wide heads. Median of {iters} warm steps (CUDA "
-             f"events), timed in rounds whose order rotates across the systems; GPU busy time "
+             f"events), timed in rounds whose order rotates across the systems; the ratio to "
+             f"Thunder's default with the middle 95% of 2000 bootstrap resamples of both "
+             f"systems' steps; GPU busy time "
              f"and op counts from torch.profiler over 3 steps. Each block and step runs in a "
              f"process of its own. PyTorch {torch.__version__}.")
     top_table = markdown_table(["model", "step", "system", "top GPU ops (ms / step, calls)"],

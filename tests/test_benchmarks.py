@@ -319,15 +319,16 @@ def test_thunder_benchmark_help_and_gpu_refusal():
 
 
 def test_thunder_benchmark_reports_the_system_a_crashed_process_stopped_in():
-    from benchmarks.thunder import ROW_MARK, child_rows
+    from benchmarks.thunder import HEADERS, ROW_MARK, child_rows
 
     systems = ["a", "b", "c"]
-    row_a = ["m", "train", "a", "1.00", "0.90", "10", "-", "first step 1.0 s"]
+    row_a = ["m", "train", "a", "1.00", "-", "0.90", "10", "-", "first step 1.0 s"]
     lines = ["noise\n", ROW_MARK + json.dumps([row_a, "k 0.1 ms x1"]) + "\n"]
     crashed = list(child_rows(lines + ["Traceback\n", "RuntimeError: CUDA error: illegal\n"],
                               lambda: 1, "m", "train", systems))
-    assert [r[0] for r in crashed] == [row_a, ["m", "train", "b", "-", "-", "-", "-",
+    assert [r[0] for r in crashed] == [row_a, ["m", "train", "b", "-", "-", "-", "-", "-",
            "not run: the process stopped (RuntimeError: CUDA error: illegal)"]]
+    assert all(len(r[0]) == len(HEADERS) for r in crashed)
     clean = list(child_rows(lines, lambda: 0, "m", "train", systems))
     assert [r[0] for r in clean] == [row_a]
 
@@ -417,3 +418,40 @@ def test_benchmarked_blocks_have_the_same_weights_on_every_call():
     torch.manual_seed(123)
     blocks(32, 8)
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_ratio_interval_brackets_the_ratio_and_narrows_with_more_steps():
+    import random
+
+    from benchmarks.intervals import median_ratio_interval
+
+    rng = random.Random(1)
+    # steps of 10 ms and 10.5 ms with 5% noise and a few slow outliers, as on the H100
+    def steps(ms, n):
+        return [ms * (1 + rng.gauss(0, 0.05)) + (3.0 if rng.random() < 0.05 else 0.0)
+                for _ in range(n)]
+
+    few = median_ratio_interval(steps(10.0, 12), steps(10.5, 12))
+    many = median_ratio_interval(steps(10.0, 400), steps(10.5, 400))
+    for interval in (few, many):
+        assert interval.low <= interval.ratio <= interval.high
+    assert many.high - many.low < (few.high - few.low) / 2
+    assert many.low < 10.0 / 10.5 < many.high  # it covers the true ratio
+    assert many.high < 1.0  # and 400 steps each show a 5% gain
+    # same samples, same interval; the row prints the ratio and its bounds
+    a, b = steps(10.0, 30), steps(10.5, 30)
+    assert median_ratio_interval(a, b) == median_ratio_interval(a, b)
+    assert str(median_ratio_interval([2.0], [4.0])) == "0.500x (0.500-0.500)"
+    with pytest.raises(ValueError, match="samples on both sides"):
+        median_ratio_interval([], b)
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        median_ratio_interval(a, b, confidence=1.0)
+
+
+def test_thunder_rows_compare_with_the_default_unless_it_is_the_default_or_absent():
+    from benchmarks.thunder import against_default
+
+    default = [10.0, 10.2, 9.9, 10.1]
+    assert against_default(default, default) == "-"
+    assert against_default([9.0, 9.1], None) == "-"
+    assert against_default([5.0, 5.1, 4.9, 5.05], default).startswith("0.50")
