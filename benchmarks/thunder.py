@@ -17,9 +17,9 @@ process on the same weights and inputs:
 Per row: ms per step (median of warm steps, CUDA events, timed in rounds of rotating order
 across the systems), its ratio to Thunder's default with a 95% bootstrap interval
 (``benchmarks.intervals``: a ratio whose interval straddles a goal has not shown it), GPU busy
-ms per step and GPU ops per step (kernels, copies and memsets,
-from torch.profiler over a few steps), and for fusecut the bytes its regions planned against
-their lower bound. A second table lists each system's top kernels.
+ms per step and GPU ops per step (kernels, copies and memsets, from torch.profiler over a few
+steps), and for fusecut the bytes its regions planned against their lower bound. A second
+table lists each system's top kernels.
 
     python -m benchmarks.thunder [--steps train,infer] [--models nanogpt_block,...] [--iters 10]
 """

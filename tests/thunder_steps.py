@@ -31,9 +31,11 @@ def step(jitted, model: torch.nn.Module, x: torch.Tensor, *extra: torch.Tensor,
     return y.detach(), [x.grad] + [p.grad for p in model.parameters()]
 
 
-def torch_executor_step(model: torch.nn.Module, *args: torch.Tensor, seed: int = 0):
-    """The step of a copy of ``model`` through Thunder's torch executor."""
-    reference = copy.deepcopy(model)
+def torch_executor_step(model: torch.nn.Module, *args: torch.Tensor, seed: int = 0,
+                        dtype: torch.dtype | None = None):
+    """The step of a copy of ``model`` (in ``dtype``, if given) through Thunder's torch
+    executor."""
+    reference = copy.deepcopy(model) if dtype is None else copy.deepcopy(model).to(dtype)
     return step(thunder.jit(reference, executors=[thunder.pytorch_executor]), reference, *args,
                 seed=seed)
 
@@ -56,8 +58,8 @@ def assert_same_step(ours, model: torch.nn.Module, *args: torch.Tensor,
                                        msg=lambda m, name=name: f"{name}: {m}")
         return y
     exact_args = [a.float() if a.dtype == dtype else a for a in args]
-    y_exact, grads_exact = torch_executor_step(copy.deepcopy(model).float(), *exact_args,
-                                               seed=seed)
+    y_exact, grads_exact = torch_executor_step(model, *exact_args, seed=seed,
+                                               dtype=torch.float32)
     for name, g, g_low, want in zip(names, got, low, [y_exact] + grads_exact):
         ours_off = (g.float() - want).abs().max().item()
         torch_off = (g_low.float() - want).abs().max().item()
