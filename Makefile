@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	  else $(PY) -m pip install -q torch==2.13.0; fi; }
 	$(PY) -m pip install -q -e '.[dev,thunder,postgres,ray]'
 	@# An editable install does not run setup.py's build step that ships this .pth in the wheel.
-	cp clients/fusecut/fusecut-thunder.pth "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+	cp src/fusecut/thunder/fusecut-thunder.pth "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -1,5 +1,5 @@
 """Ships ``fusecut-thunder.pth`` at the top of the wheel, where site-packages runs it at start-up
-(see ``fusecut.thunder_hook``); everything else is in pyproject.toml."""
+(see ``thunder.named_tensors``); everything else is in pyproject.toml."""
 
 import os
 
@@ -7,7 +7,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 PTH = "fusecut-thunder.pth"
-SOURCE = os.path.join("clients", "fusecut", PTH)
+SOURCE = os.path.join("src", "fusecut", "thunder", PTH)
 
 
 class BuildPyWithPth(build_py):

@@ -17,10 +17,10 @@ from benchmarks.common import CORPUS, cpu_name, markdown_table, write_result
 
 CHILD = """
 import sys, time
-import runtime.compile as rc
-from codegen import generate_segment
+import fusecut.runtime.compile as rc
+from fusecut.codegen import generate_segment
 from fusecut import load
-from optimizer.planner import PlanOptions, make_plan
+from fusecut.optimizer.planner import PlanOptions, make_plan
 sources = []
 for path in sys.argv[2:]:
     p = load(path)
@@ -38,10 +38,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--arch", default="sm_90")
     args = parser.parse_args()
-    import runtime.compile as rc
-    from codegen import generate_segment
+    import fusecut.runtime.compile as rc
     from fusecut import load
-    from optimizer.planner import PlanOptions, make_plan
+    from fusecut.codegen import generate_segment
+    from fusecut.optimizer.planner import PlanOptions, make_plan
 
     rows = []
     with tempfile.TemporaryDirectory() as cache:

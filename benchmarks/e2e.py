@@ -57,7 +57,7 @@ from benchmarks.kernels import (
 )
 from benchmarks.nvfuser_peer import NvFuser, describe, first_call, load_nvfuser
 from benchmarks.tiny_inputs import shapes_text, shrink_meta
-from runtime.tensors import make_input
+from fusecut.runtime.tensors import make_input
 
 NVFUSER_SKIP = ("many_segments_stress",)  # nvFuser's first call took minutes (corpus README)
 # Cases whose eager peer torch.compile is not given, and why (the row's note says it).
@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         peer = Peer(*load_nvfuser())
     systems = Systems(nvfuser=peer.nvfuser is not None, compile=opts.compile)
-    from runtime import launcher
+    from fusecut.runtime import launcher
 
     launcher.native(wait=True)  # warm calls are timed on the path users get once it is built
     clock.log(f"{torch.cuda.get_device_name()}; nvFuser: "

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import markdown_table, write_result
-from runtime.cublaslt import OP_N, OP_T, WORKSPACE_BYTES, cublaslt
-from runtime.gemm_epilogues import linear_gelu_tanh, linear_residual, matmul_dgelu_tanh
+from fusecut.thunder.cublaslt import OP_N, OP_T, WORKSPACE_BYTES, cublaslt
+from fusecut.thunder.fused_gemm import linear_gelu_tanh, linear_residual, matmul_dgelu_tanh
 
 
 def kernel_ms(fn: Callable[[], object], calls: int = 20) -> tuple[float, str]:

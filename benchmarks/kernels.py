@@ -22,12 +22,12 @@ import traceback
 import torch
 
 from benchmarks.common import CORPUS, markdown_table, write_result
-from optimizer.ir import parse_text
-from optimizer.planner import PlanOptions, make_plan
-from runtime.executor import execute_plan
-from runtime.kernels import cuda_runner
-from runtime.reference import run_reference
-from runtime.tensors import make_input
+from fusecut.optimizer.ir import parse_text
+from fusecut.optimizer.planner import PlanOptions, make_plan
+from fusecut.runtime.executor import execute_plan
+from fusecut.runtime.kernels import cuda_runner
+from fusecut.runtime.reference import run_reference
+from fusecut.runtime.tensors import make_input
 
 NOT_MEMORY_BOUND = {"mlp_gelu"}  # matrix products dominate
 

@@ -32,7 +32,7 @@ import torch
 
 from benchmarks.common import CORPUS, cpu_name, markdown_table, wait_ready, write_result
 from benchmarks.fusiongen import generate
-from runtime.tensor_wire import dump_safetensors
+from fusecut.wire.tensors import dump_safetensors
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -249,7 +249,7 @@ def start_server(cores: int) -> tuple[subprocess.Popen, str]:
     from tests.server import free_port
 
     port = free_port()
-    path = [str(ROOT), str(ROOT / "clients"), os.environ.get("PYTHONPATH", "")]
+    path = [str(ROOT), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p),
                FUSECUT_DB_PATH=str(Path(tempfile.mkdtemp()) / "plans.sqlite"))
     cpus = sorted(os.sched_getaffinity(0))

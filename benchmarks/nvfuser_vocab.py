@@ -165,12 +165,12 @@ def measure(d: Definition, max_elements: int = MAX_ELEMENTS) -> Outcome:
     but not run (stage "planned")."""
     import torch
 
-    from optimizer.ir import parse_text
-    from optimizer.ir.inputs import TensorMeta
-    from optimizer.planner import make_plan
-    from runtime.reference import run_reference
-    from runtime.run import run_plan
-    from runtime.tensors import make_input
+    from fusecut.optimizer.ir import parse_text
+    from fusecut.optimizer.ir.inputs import TensorMeta
+    from fusecut.optimizer.planner import make_plan
+    from fusecut.runtime.reference import run_reference
+    from fusecut.runtime.run import run_plan
+    from fusecut.runtime.tensors import make_input
     from tests.sample_inputs import sample_metas
 
     try:

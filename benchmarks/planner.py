@@ -17,8 +17,8 @@ import time
 
 from benchmarks.common import CORPUS, cpu_name, markdown_table, write_result
 from benchmarks.fusiongen import generate, scale_case
-from optimizer.ir import parse_text
-from optimizer.planner import SEGMENTERS, PlanOptions, make_plan
+from fusecut.optimizer.ir import parse_text
+from fusecut.optimizer.planner import SEGMENTERS, PlanOptions, make_plan
 
 MIB = 2**20
 LIMITS = (2.0, 5.0)

@@ -60,7 +60,7 @@ def start_replicas(n: int, cache: str, memory_items: int) -> list[tuple[subproce
     servers = []
     for i in range(n):
         port = free_port()
-        path = [str(ROOT), str(ROOT / "clients"), os.environ.get("PYTHONPATH", "")]
+        path = [str(ROOT), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p),
                    FUSECUT_CACHE_URL=cache, FUSECUT_CACHE_MEMORY_ITEMS=str(memory_items),
                    FUSECUT_DEFAULT_TIME_LIMIT_S="2", FUSECUT_WORKER="0")

@@ -22,7 +22,7 @@ import torch
 import fusecut
 from benchmarks.common import CORPUS, markdown_table, write_result
 from benchmarks.kernels import copy_bandwidth, medians_in_rounds
-from optimizer.ir import parse_text
+from fusecut.optimizer.ir import parse_text
 
 STREAMS = (1, 2, 4, 8)
 
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     args = parser.parse_args(argv)
     chosen = set(filter(None, args.cases.split(",")))
-    from runtime import launcher
+    from fusecut.runtime import launcher
 
     launcher.native(wait=True)  # warm calls are timed on the path users get once it is built
     print(f"native launcher: {'built' if launcher.native() else launcher.failure()}", flush=True)

@@ -51,7 +51,7 @@ HEADERS = ["model", "step", "system", "ms / step", "vs thunder default (95% inte
 
 
 def systems() -> list[tuple[str, Callable]]:
-    from fusecut.thunder_executor import fusecut_ex, thunder
+    from fusecut.thunder.executor import fusecut_ex, thunder
 
     defaults = list(thunder.get_default_executors())
     names = [e.name for e in defaults]
@@ -78,7 +78,7 @@ _plain_gemms = []
 
 def plain_gemm_executor():
     """fusecut_ex's twin with its GEMM epilogues off: what they are worth, in the same process."""
-    from fusecut.thunder_executor import FusecutExecutor
+    from fusecut.thunder.executor import FusecutExecutor
 
     if not _plain_gemms:
         _plain_gemms.append(FusecutExecutor("fusecut_plain_gemms", gemm_epilogues=False))
@@ -129,7 +129,7 @@ def profile_step(fn, x, extra, grad, profiled: int = 3,
 
 
 def fusecut_bytes(jitted) -> str:
-    from fusecut.thunder_executor import region_reports
+    from fusecut.thunder.executor import region_reports
 
     reports = [r for r in region_reports(jitted) if r.planned_bytes is not None]
     planned = sum(r.planned_bytes for r in reports) / 2**20
@@ -141,7 +141,7 @@ def fusecut_bytes(jitted) -> str:
 
 def dump_traces(fn, path: str) -> None:
     """The last forward (and backward) execution traces Thunder ran, for reading."""
-    from fusecut.thunder_executor import thunder
+    from fusecut.thunder.executor import thunder
 
     texts = [str(thunder.last_traces(fn)[-1])]
     try:
@@ -299,7 +299,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown models {unknown}; known: {', '.join(MODEL_NAMES)}")
     if args.child:
-        from runtime import launcher
+        from fusecut.runtime import launcher
 
         launcher.native(wait=True)  # steps are timed on the path users get once it is built
         for step in args.steps.split(","):

@@ -24,12 +24,12 @@ import torch
 
 from benchmarks.common import CORPUS, write_result
 from benchmarks.kernels import copy_bandwidth, logical_lower_bound
-from optimizer.ir import parse_text, tensor_meta
-from optimizer.ir.dtypes import DType
-from optimizer.planner import PlanOptions, make_plan
-from runtime.executor import execute_plan
-from runtime.kernels import cuda_runner
-from runtime.tensors import make_input
+from fusecut.optimizer.ir import parse_text, tensor_meta
+from fusecut.optimizer.ir.dtypes import DType
+from fusecut.optimizer.planner import PlanOptions, make_plan
+from fusecut.runtime.executor import execute_plan
+from fusecut.runtime.kernels import cuda_runner
+from fusecut.runtime.tensors import make_input
 from tests.helpers import fusion
 
 BURST = 10
@@ -37,13 +37,13 @@ COPY_T = """
 T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.{dt})
 fd.add_output(fd.ops.permute(T0, dims=[1, 0]))
 """
-UNTILED = {"codegen.pointwise.generate_transpose": lambda *a, **k: None}
+UNTILED = {"fusecut.codegen.pointwise.generate_transpose": lambda *a, **k: None}
 TRANSPOSE_VARIANTS = {"pointwise (untiled)": UNTILED,
-                      "tiles 64": {"codegen.transpose.TILES": (64,)},
-                      "tiles 32": {"codegen.transpose.TILES": (32,)}}
+                      "tiles 64": {"fusecut.codegen.transpose.TILES": (64,)},
+                      "tiles 32": {"fusecut.codegen.transpose.TILES": (32,)}}
 NORM_VARIANTS = {"rows streamed through shared memory": {}} | {
-    f"rows in registers, {n} threads per row": {"codegen.launch.NORM_MAX_THREADS": n,
-                                                "codegen.launch.NORM_STREAM_BYTES": 1 << 40}
+    f"rows in registers, {n} threads per row": {"fusecut.codegen.launch.NORM_MAX_THREADS": n,
+                                                "fusecut.codegen.launch.NORM_STREAM_BYTES": 1 << 40}
     for n in (1024, 256)}
 
 
@@ -74,7 +74,7 @@ def time_burst(fn, iters: int) -> float:
 
 
 def measure(f, metas, patches: dict, iters: int) -> tuple[float, int, str]:
-    import runtime.kernels as rk
+    import fusecut.runtime.kernels as rk
 
     with ExitStack() as stack:
         for target, value in patches.items():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from optimizer.ir.inputs import InputMeta, TensorMeta
+from fusecut.optimizer.ir.inputs import InputMeta, TensorMeta
 
 TINY_DIM = 16
 

@@ -23,7 +23,7 @@ def adam_step(p, g, m, v):
 
 
 def bias_dropout_add_layernorm(x, b, res, w, bias, seed, offset):
-    from runtime.philox import random_values  # the generated kernels' random numbers
+    from fusecut.runtime.philox import random_values  # the generated kernels' random numbers
 
     h = x.float() + b.float()
     u = random_values("uniform", h.numel(), False, seed, offset, 0.0, 1.0, h.device)
@@ -258,8 +258,8 @@ def small_definition(text: str, name: str) -> str:
 def assert_cpu_path_equals_oracle(name: str, parsed, plan) -> None:
     """``plan`` of corpus case ``name`` (``parsed``), run on the CPU path on seeded inputs,
     equals the case's torch code (to a bf16 rounding)."""
-    from runtime.executor import execute_plan
-    from runtime.tensors import make_input
+    from fusecut.runtime.executor import execute_plan
+    from fusecut.runtime.tensors import make_input
 
     gen = torch.Generator().manual_seed(0)
     args = [make_input(m, generator=gen) for m in parsed.inputs]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from optimizer.analysis.shapes import bind
-from optimizer.errors import InputError
-from optimizer.ir import parse_text
-from optimizer.ir.inputs import scale_metas, tensor_meta
-from optimizer.profiles import get_profile
-from optimizer.segmenters.graph import SegGraph
+from fusecut.optimizer.analysis.shapes import bind
+from fusecut.optimizer.errors import InputError
+from fusecut.optimizer.ir import parse_text
+from fusecut.optimizer.ir.inputs import scale_metas, tensor_meta
+from fusecut.optimizer.profiles import get_profile
+from fusecut.optimizer.segmenters.graph import SegGraph
 
 
 def fusion(body: str):

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from codegen.kernel import SegmentKernels
-from codegen.preamble import HEADER, needed
-from runtime.launcher import compiler
+from fusecut.codegen.kernel import SegmentKernels
+from fusecut.codegen.preamble import HEADER, needed
+from fusecut.runtime.launcher import compiler
 
 # the CUDA a pointwise kernel's source names, for the host (bf16 as torch rounds it: to nearest
 # even, NaN kept quiet)

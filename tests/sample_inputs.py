@@ -7,10 +7,10 @@ binds (shapes agree across broadcasts, reshapes and cats).
 
 from __future__ import annotations
 
-from optimizer.analysis.shapes import bind
-from optimizer.errors import FusecutError
-from optimizer.ir.fusion import Fusion
-from optimizer.ir.inputs import InputMeta, ScalarMeta, tensor_meta
+from fusecut.optimizer.analysis.shapes import bind
+from fusecut.optimizer.errors import FusecutError
+from fusecut.optimizer.ir.fusion import Fusion
+from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, tensor_meta
 
 EXTENTS = (4, 8, 2, 16, 6, 1)
 SCALAR_VALUES = {"bool": True, "int": 2, "float": 0.5}

@@ -32,7 +32,7 @@ class Server:
         self.tls = tls  # (certificate, key): serve HTTPS
         self.wrap = wrap or []  # a command the server runs under (unshare, taskset)
         self.env = dict(os.environ)
-        self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "clients"),
+        self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "src"),
                                                   self.env.get("PYTHONPATH", "")])
         self.env["FUSECUT_DEFAULT_TIME_LIMIT_S"] = "2"
         for key, value in settings.items():

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from optimizer.ir.builder import FusionBuilder
-from optimizer.ir.dtypes import DType
-from optimizer.ir.fusion import Fusion
-from optimizer.ir.inputs import InputMeta, tensor_meta
+from fusecut.optimizer.ir.builder import FusionBuilder
+from fusecut.optimizer.ir.dtypes import DType
+from fusecut.optimizer.ir.fusion import Fusion
+from fusecut.optimizer.ir.inputs import InputMeta, tensor_meta
 
 UNARY_SAFE = ["neg", "abs", "exp", "tanh", "sigmoid", "sin", "cos", "relu", "erf", "silu",
               "reciprocal", "rsqrt", "sqrt", "log1p"]

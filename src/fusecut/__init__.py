@@ -1,0 +1,68 @@
+"""fusecut: plan and run GPU fusions so that the fewest bytes cross global memory.
+
+    from fusecut import FusionDefinition, DataType
+
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+        fd.add_output(fd.ops.exp(t0))
+    outputs = fd.execute([torch.randn(4, 8)])
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fusecut.optimizer.errors import DefinitionError, FusecutError, InputError, PlanError
+
+# The heavy names (they import torch and httpx) load on first use, so that ``fusecut --help``
+# and ``import fusecut`` for its errors start fast.
+_LAZY = {
+    "AsyncClient": "fusecut.client", "Client": "fusecut.client",
+    "RemoteExecution": "fusecut.client", "ServiceError": "fusecut.client",
+    "DataType": "fusecut.definition", "FusionDefinition": "fusecut.definition",
+    "ParallelType": "fusecut.definition", "Plan": "fusecut.plan", "PlanView": "fusecut.plan",
+    "ParsedDefinition": "fusecut.optimizer.ir.nvtext", "parse_text": "fusecut.optimizer.ir.nvtext",
+}
+
+if TYPE_CHECKING:
+    from fusecut.client import AsyncClient, Client, RemoteExecution, ServiceError
+    from fusecut.definition import DataType, FusionDefinition, ParallelType
+    from fusecut.optimizer.ir.nvtext import ParsedDefinition, parse_text  # noqa: F401
+    from fusecut.plan import Plan, PlanView
+
+__all__ = [
+    "AsyncClient", "Client", "DataType", "DefinitionError", "FusecutError", "FusionDefinition",
+    "InputError", "ParallelType", "ParsedDefinition", "Plan", "PlanError", "PlanView",
+    "RemoteExecution",
+    "ServiceError", "load",
+]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fusecut' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+def load(path_or_text: str | Path) -> ParsedDefinition:
+    """Parse an nvFuser repro, a wire-JSON definition or a POST /v1/plan body (a path or the
+    text itself): the fusion and its input metadata."""
+    if isinstance(path_or_text, Path) or (
+            isinstance(path_or_text, str) and "\n" not in path_or_text
+            and path_or_text.endswith((".py", ".json"))):
+        text = Path(path_or_text).read_text()
+    else:
+        text = str(path_or_text)
+    from fusecut.sources import parse_any
+
+    return parse_any(text)

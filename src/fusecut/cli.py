@@ -1,0 +1,537 @@
+"""The ``fusecut`` command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fusecut.optimizer.errors import FusecutError
+from fusecut.optimizer.plan.render import human_bytes, human_rate, human_seconds, to_dot, to_svg
+
+if TYPE_CHECKING:  # the commands import what they use, so that --help starts fast
+    from fusecut.optimizer.analysis.shapes import Bound
+    from fusecut.optimizer.ir.inputs import InputMeta
+    from fusecut.optimizer.ir.nvtext import ParsedDefinition
+
+# plain help (no rich panels): they tagged every option with its Python type and cut long lines
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="Plan GPU fusions so that the fewest bytes cross global memory.")
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False)
+CPU_ELEMENTS = 1 << 20  # execute on the CPU: inputs scaled to at most this many elements
+
+# FILE is described in each command's text: an argument's own help line shows a type tag
+FILE = typer.Argument(..., metavar="FILE", hidden=True)
+INPUTS = typer.Option(None, "--inputs", metavar="JSON",
+                      help="input metadata as JSON ('@file' to read it from a file), like "
+                           "'[{\"shape\": [8, 16], \"dtype\": \"float32\"}]'")
+AS_JSON = typer.Option(False, "--json", help="print JSON instead of tables")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from fusecut import __version__
+
+        out.print(f"fusecut {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _commands(version: bool = typer.Option(False, "--version", callback=_version,
+                                           is_eager=True, help="print the version and exit")
+              ) -> None:
+    """fusecut: segmentation and rematerialization for GPU fusions."""
+
+
+def read_definition(path: str) -> ParsedDefinition:
+    """Parse FILE (or '-' for standard input); exit 2 with a clear message if it is malformed."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as e:
+        fail(f"cannot read {path}: {e.strerror}")
+    except UnicodeDecodeError:
+        fail(f"cannot read {path}: it is not text")
+    from fusecut.sources import parse_any
+
+    try:
+        return parse_any(text)
+    except FusecutError as e:
+        fail(str(e))
+
+
+def fail(message: str, code: int = 2):
+    err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=1) + "\n")
+
+
+@contextmanager
+def progress(what: str) -> Iterator[Callable[[str], None]]:
+    """On a terminal, a spinner and the time spent on standard error while the block runs;
+    yields a function that changes its text. Elsewhere nothing is shown."""
+    if not err.is_terminal:
+        yield lambda text: None
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:
+        task = bar.add_task(what)
+        yield lambda text: bar.update(task, description=text)
+
+
+def _shape(bound: Bound | None, name: str) -> list[int] | None:
+    return list(bound.shapes[name]) if bound is not None and name in bound.shapes else None
+
+
+def _shape_text(shape: list[int] | None) -> str:
+    if shape is None:
+        return ""
+    return "x".join(map(str, shape)) if shape else "scalar"
+
+
+@app.command(short_help="Parse a definition: its inputs, ops and outputs.")
+def check(file: str = FILE,
+          inputs: str = INPUTS, as_json: bool = AS_JSON):
+    """Parse a definition; print its inputs, ops and outputs with shapes and dtypes.
+
+    FILE is an nvFuser repro, a wire-JSON definition or a POST /v1/plan body ('-' reads
+    standard input)."""
+    from fusecut.optimizer.analysis.shapes import bind
+
+    parsed = read_definition(file)
+    fusion = parsed.fusion
+    metas = input_metadata(parsed, inputs, required=False)
+    bound = None
+    if metas is not None:
+        try:
+            bound = bind(fusion, metas)
+        except FusecutError as e:
+            fail(str(e))
+    rows_in = []
+    for name in fusion.inputs:
+        if name in fusion.tensors:
+            t = fusion.tensors[name]
+            meta = bound.inputs[name] if bound else None
+            rows_in.append({"name": name, "dtype": t.dtype.value,
+                            "declared": list(t.declared_shape or ()),
+                            "shape": _shape(bound, name),
+                            "strides": list(meta.strides) if meta else None})
+        else:
+            rows_in.append({"name": name, "dtype": fusion.scalars[name].dtype.value,
+                            "declared": "scalar", "shape": [], "strides": None})
+    rows_ops = [{"index": i, "op": op.name, "inputs": list(op.inputs),
+                 "outputs": list(op.outputs),
+                 "dtypes": [fusion.value_dtype(o).value for o in op.outputs],
+                 "shapes": [_shape(bound, o) for o in op.outputs]}
+                for i, op in enumerate(fusion.ops)]
+    rows_out = [{"name": name, "dtype": fusion.value_dtype(name).value,
+                 "shape": _shape(bound, name)} for name in fusion.outputs]
+    if as_json:
+        emit_json({"function": parsed.function_name, "inputs": rows_in, "ops": rows_ops,
+                   "outputs": rows_out})
+        return
+    table = Table(title="inputs")
+    for col in ("name", "dtype", "declared", "shape", "strides"):
+        table.add_column(col)
+    for r in rows_in:
+        table.add_row(r["name"], r["dtype"], str(r["declared"]), _shape_text(r["shape"]),
+                      "" if r["strides"] is None else str(r["strides"]))
+    out.print(table)
+    ops = Table(title=f"ops ({len(rows_ops)})")
+    for col in ("#", "op", "inputs", "outputs", "dtype", "shape"):
+        ops.add_column(col)
+    for r in rows_ops:
+        ops.add_row(str(r["index"]), r["op"], ", ".join(r["inputs"]), ", ".join(r["outputs"]),
+                    ", ".join(r["dtypes"]), ", ".join(_shape_text(s) for s in r["shapes"]))
+    out.print(ops)
+    outputs = Table(title="outputs")
+    for col in ("name", "dtype", "shape"):
+        outputs.add_column(col)
+    for r in rows_out:
+        outputs.add_row(r["name"], r["dtype"], _shape_text(r["shape"]))
+    out.print(outputs)
+
+
+def input_metadata(parsed: ParsedDefinition, inputs: str | None,
+                   required: bool = True) -> list[InputMeta] | None:
+    """Input metadata from --inputs (JSON text or @file) or the definition's own (a repro's
+    ``inputs = [...]`` list, a plan request's "inputs")."""
+    from fusecut.sources import parse_inputs
+
+    if inputs is None:
+        if parsed.inputs is None and required:
+            fail("no input metadata: the definition has no inputs list; pass --inputs "
+                 "'[{\"shape\": [...], \"dtype\": \"float32\"}, ...]'")
+        return parsed.inputs
+    try:
+        text = Path(inputs[1:]).read_text() if inputs.startswith("@") else inputs
+    except OSError as e:
+        fail(f"--inputs: cannot read {inputs[1:]}: {e.strerror}")
+    try:
+        return parse_inputs(text)
+    except FusecutError as e:
+        fail(str(e))
+
+
+@app.command(short_help="Plan a fusion: segments and bytes against greedy.")
+def plan(file: str = FILE,
+         segmenter: str = typer.Option("cpsat", metavar="NAME", help="cpsat, greedy or mincut"),
+         time_limit: float = typer.Option(5.0, "--time-limit", metavar="SECONDS",
+                                          help="how long the solver may take"),
+         device: str = typer.Option("H100", metavar="NAME",
+                                    help="device profile: H100, H200 or A100"),
+         inputs: str = INPUTS,
+         as_json: bool = typer.Option(False, "--json", help="print the Plan JSON alone"),
+         num_streams: int = typer.Option(4, metavar="N",
+                                         help="CUDA streams a stream-parallel loop uses"),
+         svg: Path = typer.Option(None, metavar="PATH", help="write a picture of the segments"),
+         dot: Path = typer.Option(None, metavar="PATH",
+                                  help="write the segment graph as Graphviz DOT")):
+    """Plan a fusion: segments, boundary tensors and bytes against greedy and the lower bound.
+
+    FILE is an nvFuser repro, a wire-JSON definition or a POST /v1/plan body ('-' reads
+    standard input); without an inputs list in it, give --inputs."""
+    from fusecut.optimizer.planner import PlanOptions, make_plan
+
+    parsed = read_definition(file)
+    metas = input_metadata(parsed, inputs)
+    try:
+        with progress(f"planning {len(parsed.fusion.ops)} ops with {segmenter} (time limit "
+                      f"{time_limit:g} s)"):
+            result = make_plan(parsed.fusion, metas, PlanOptions(
+                segmenter=segmenter, time_limit_s=time_limit, device=device,
+                num_streams=num_streams)).to_json()
+    except FusecutError as e:
+        fail(str(e))
+    for path, draw, what in ((svg, to_svg, "picture"), (dot, to_dot, "DOT graph")):
+        if path:
+            try:
+                path.write_text(draw(result))
+            except OSError as e:
+                fail(f"cannot write {path}: {e.strerror}")
+            err.print(f"wrote the {what} to {path.resolve()}", soft_wrap=True)
+    if as_json:
+        emit_json(result)
+        return
+    print_plan(result)
+
+
+def print_plan(result: dict) -> None:
+    segs = Table(title=f"plan {result['plan_id']} ({result['segmenter']}, "
+                       f"{result['solver']['status']})")
+    for col in ("#", "kind", "ops", "recomputed", "reads", "writes", "read", "write", "est"):
+        segs.add_column(col, justify="right" if col in ("read", "write", "est") else "left")
+    for s in result["segments"]:
+        segs.add_row(str(s["index"]), s["kind"], str(len(s["ops"])),
+                     str(len(s["recomputed_ops"])),
+                     ", ".join(t["tensor"] for t in s["inputs"]),
+                     ", ".join(t["tensor"] for t in s["outputs"]),
+                     human_bytes(s["read_bytes"]), human_bytes(s["write_bytes"]),
+                     human_seconds(s["est_time_s"]))
+    out.print(segs)
+    if result["boundaries"]:
+        b = Table(title="boundary tensors")
+        for col in ("tensor", "shape", "stored as", "dtype", "bytes", "from", "to", "why"):
+            b.add_column(col)
+        for t in result["boundaries"]:
+            b.add_row(t["tensor"], "x".join(map(str, t["shape"])),
+                      "x".join(map(str, t["compact_shape"])) or "scalar", t["dtype"],
+                      human_bytes(t["bytes"]), str(t["producer"]),
+                      ", ".join(map(str, t["consumers"])), t["reason"])
+        out.print(b)
+    else:
+        out.print("no tensor crosses between segments")
+    tot, base = result["totals"], result["baseline"]
+    summary = Table(title="totals", show_header=True)
+    for col in ("", "I/O bytes", "segments", "est time"):
+        summary.add_column(col)
+    summary.add_row("fusecut", human_bytes(tot["io_bytes"]), str(tot["segments"]),
+                    human_seconds(tot["est_time_s"]))
+    summary.add_row("greedy (nvFuser-style)", human_bytes(base["io_bytes"]), str(base["segments"]),
+                    human_seconds(base["est_time_s"]))
+    summary.add_row("lower bound", human_bytes(tot["lower_bound_bytes"]), "",
+                    human_seconds(tot["floor_s"]))
+    out.print(summary)
+    out.print(f"io_ratio {tot['io_ratio']:.3f}; saved {human_bytes(base['saved_bytes'])} against "
+              f"greedy; solver {result['solver']['status']} in {result['solver']['wall_s']:.2f} s"
+              f" ({result['solver']['message']})")
+    if result.get("host_program"):  # stream-parallel axes: the host program
+        out.print("host program:")
+        out.print(result["host_program"], markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command(short_help="Write the CUDA source of every segment.")
+def codegen(file: str = FILE,
+            out_dir: Path = typer.Option(..., "--out", metavar="DIR",
+                                         help="directory for the .cu files"),
+            inputs: str = INPUTS,
+            compile_check: bool = typer.Option(False, "--compile", help="compile with NVRTC"),
+            arch: str = typer.Option("sm_90", metavar="ARCH", help="architecture for --compile"),
+            as_json: bool = AS_JSON):
+    """Write the CUDA source of every generated segment, with its launch parameters.
+
+    FILE is an nvFuser repro, a wire-JSON definition or a POST /v1/plan body ('-' reads
+    standard input)."""
+    from fusecut.codegen import generate_segment
+    from fusecut.optimizer.planner import make_plan
+
+    parsed = read_definition(file)
+    try:
+        with progress(f"planning {len(parsed.fusion.ops)} ops"):
+            plan_ = make_plan(parsed.fusion, input_metadata(parsed, inputs))
+    except FusecutError as e:
+        fail(str(e))
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot make {out_dir}: {e.strerror}")
+    written = []
+    with progress("generating kernels") as say:
+        for seg in plan_.segments:
+            say(f"generating segment {seg.index} of {len(plan_.segments)} ({seg.kind.value})")
+            sk = generate_segment(plan_, seg)
+            if not sk.kernels:
+                written.append({"segment": seg.index, "kind": seg.kind.value, "file": None,
+                                "runs": "torch (library or fallback)", "kernels": []})
+                continue
+            path = out_dir / f"segment{seg.index}_{seg.kind.value}.cu"
+            path.write_text(sk.source)
+            launch = {"segment": seg.index, "kind": seg.kind.value, "file": str(path),
+                      "notes": sk.notes,
+                      "workspaces": [{"name": w.name, "bytes": w.nbytes} for w in sk.workspaces],
+                      "kernels": [{"name": k.name, "grid": k.grid, "block": k.block,
+                                   "shared_memory": k.smem,
+                                   "params": [{"kind": p.kind, "name": p.name, "type": p.ctype}
+                                              for p in k.params]} for k in sk.kernels]}
+            path.with_suffix(".json").write_text(json.dumps(
+                {k: v for k, v in launch.items() if k != "file"}, indent=1) + "\n")
+            if compile_check:
+                from fusecut.runtime.compile import compile_cubin
+
+                compile_cubin(sk.source, arch, sk.kernels[0].name)
+            written.append(launch)
+    if as_json:
+        emit_json({"out": str(out_dir), "segments": written})
+        return
+    table = Table(title=f"generated kernels in {out_dir}")
+    for col in ("segment", "kind", "file", "kernels", "grid x block"):
+        table.add_column(col)
+    for w in written:
+        table.add_row(str(w["segment"]), w["kind"],
+                      Path(w["file"]).name if w["file"] else "(torch: library or fallback)",
+                      ", ".join(k["name"] for k in w["kernels"]),
+                      "; ".join(f"{k['grid']} x {k['block']}" for k in w["kernels"]))
+    out.print(table)
+
+
+@app.command(short_help="Run a definition; print per-segment times.")
+def execute(file: str = FILE,
+            device: str = typer.Option(None, metavar="DEVICE",
+                                       help="cuda, cuda:N or cpu (default: cuda if available)"),
+            scale: int = typer.Option(None, metavar="N",
+                                      help=f"shrink the inputs to at most N elements each; 0: "
+                                           f"full size (default: full size on a GPU, "
+                                           f"{CPU_ELEMENTS} on the CPU)"),
+            inputs: str = INPUTS,
+            check: bool = typer.Option(True, help="compare with the torch reference"),
+            as_json: bool = AS_JSON):
+    """Run a definition on random inputs made like its input metadata; print per-segment times.
+
+    FILE is an nvFuser repro with an inputs list, or a POST /v1/plan body with "inputs" ('-'
+    reads standard input); or give --inputs."""
+    import torch
+
+    from fusecut.optimizer.ir.inputs import TensorMeta, scale_metas
+    from fusecut.optimizer.planner import make_plan
+    from fusecut.runtime.reference import run_reference
+    from fusecut.runtime.run import run_plan
+    from fusecut.runtime.tensors import make_input
+
+    parsed = read_definition(file)
+    metas = input_metadata(parsed, inputs)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        fail(f"--device {device}: not a device; use cuda, cuda:N or cpu")
+    if kind not in ("cuda", "cpu"):
+        fail(f"--device {device}: fusecut runs on cuda or cpu")
+    if kind == "cuda" and not torch.cuda.is_available():
+        fail(f"--device {device}: no CUDA GPU is available here; use --device cpu to run the "
+             f"torch reference segment by segment")
+    limit = (CPU_ELEMENTS if kind == "cpu" else 0) if scale is None else scale
+    largest = max((m.numel for m in metas if isinstance(m, TensorMeta)), default=0)
+    scaled = None
+    if limit and largest > limit:
+        metas = scale_metas(metas, limit)
+        scaled = {"max_elements": limit, "largest_given": largest}
+        err.print(f"note: inputs scaled down to at most {limit:,} elements each (the largest "
+                  f"has {largest:,})" + (" to keep a CPU run short" if scale is None else "")
+                  + "; --scale 0 runs them full size", soft_wrap=True)
+    try:
+        with progress("planning") as say:
+            plan_ = make_plan(parsed.fusion, metas)
+            say("making inputs")
+            args = [make_input(m, device) for m in metas]
+            say(f"running {len(plan_.segments)} segment(s) on {device}")
+            result = run_plan(plan_, args, timed=True)
+            if check:
+                say("checking against the torch reference")
+                want = run_reference(parsed.fusion, args)
+    except FusecutError as e:
+        fail(str(e))
+    except RuntimeError as e:  # from torch or the CUDA driver: its first line says what
+        fail(f"execution on {device} failed: {str(e).strip().splitlines()[0]}", 1)
+    worst = None
+    if check:
+        worst = max((float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
+                     for a, b in zip(result.outputs, want)), default=0.0)
+    segments = [{"index": t.index, "kind": t.kind, "seconds": t.seconds, "bytes": t.bytes,
+                 "bytes_per_second": t.bytes / t.seconds if t.seconds > 0 else None}
+                for t in result.timings]
+    if as_json:
+        emit_json({"device": device, "backend": result.backend, "scaled": scaled,
+                   "segments": segments,
+                   "outputs": [{"name": n, "shape": list(v.shape), "dtype": str(v.dtype)}
+                               for n, v in zip(parsed.fusion.outputs, result.outputs)],
+                   "max_difference": worst})
+        return
+    table = Table(title=f"execution on {device} ({result.backend})")
+    for col in ("segment", "kind", "time", "bytes", "bandwidth"):
+        table.add_column(col, justify="right")
+    for s in segments:
+        table.add_row(str(s["index"]), s["kind"], human_seconds(s["seconds"]),
+                      human_bytes(s["bytes"]), human_rate(s["bytes_per_second"])
+                      if s["bytes_per_second"] is not None else "")
+    out.print(table)
+    for name, value in zip(parsed.fusion.outputs, result.outputs):
+        out.print(f"{name}: {list(value.shape)} {value.dtype}")
+    if worst is not None:
+        if result.backend == "reference":  # the CPU path runs each segment through torch
+            out.print(f"largest difference of the segment-by-segment run from the whole-fusion "
+                      f"torch reference: {worst:.3g} (on the CPU each segment runs the torch "
+                      f"reference; this checks the segmentation, not generated kernels)")
+        else:
+            out.print(f"largest difference of the generated kernels from the torch reference: "
+                      f"{worst:.3g}")
+
+
+@app.command(short_help="Run the HTTP service.")
+def serve(host: str = typer.Option("127.0.0.1", metavar="HOST",
+                                   help="address to bind (loopback by default)"),
+          port: int = typer.Option(8000, metavar="PORT", help="TCP port"),
+          workers: int = typer.Option(1, metavar="N", help="uvicorn worker processes"),
+          db: str = typer.Option(None, metavar="PATH",
+                                 help="the plan cache, an SQLite file (default "
+                                      "~/.local/share/fusecut/plans.sqlite)"),
+          cache: str = typer.Option(None, envvar="FUSECUT_CACHE_URL", metavar="URL",
+                                    help="plan cache: an SQLite path, or postgresql://... to "
+                                         "share one with other replicas (overrides --db)"),
+          gpus: str = typer.Option(None, envvar="FUSECUT_GPUS", metavar="all|0,1,...",
+                                   help="GPU workers per listed device: all, or indices as 0,1 "
+                                        "(default: workers on whatever devices are visible)"),
+          api_key: str = typer.Option(None, envvar="FUSECUT_API_KEY", metavar="KEY",
+                                      help="require 'Authorization: Bearer KEY' on every /v1 "
+                                           "route"),
+          ssl_certfile: Path = typer.Option(None, metavar="PATH",
+                                            help="serve HTTPS with this certificate (PEM)"),
+          ssl_keyfile: Path = typer.Option(None, metavar="PATH",
+                                           help="the certificate's private key (PEM)"),
+          log_level: str = typer.Option("info", metavar="LEVEL", help="uvicorn log level"),
+          access_log: bool = typer.Option(False, help="log every request (metrics count them "
+                                                      "either way)")):
+    """Run the HTTP service (settings from FUSECUT_* environment variables and these options)."""
+    import tempfile
+
+    import uvicorn
+
+    from fusecut.service.settings import Settings
+
+    # Settings reach every uvicorn worker process through the environment.
+    for name, value in (("FUSECUT_DB_PATH", db), ("FUSECUT_API_KEY", api_key),
+                        ("FUSECUT_CACHE_URL", cache), ("FUSECUT_GPUS", gpus)):
+        if value is not None:
+            os.environ[name] = value
+    try:
+        from fusecut.service.processes.worker_pool import parse_gpus
+
+        parse_gpus(Settings.from_env().gpus)  # refuse bad values here, not in every worker
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    if (ssl_certfile is None) != (ssl_keyfile is None):
+        fail("HTTPS needs both --ssl-certfile and --ssl-keyfile")
+    for path in (ssl_certfile, ssl_keyfile):
+        if path is not None and not path.is_file():
+            fail(f"cannot read {path}")
+    if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # Each process writes its samples here; /metrics adds them up.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="fusecut-metrics-")
+    uvicorn.run("fusecut.service.app:create_app", factory=True, host=host, port=port,
+                workers=workers, log_level=log_level, access_log=access_log,
+                http="fusecut.service.http:ReadTimeoutProtocol",  # drops half-sent requests
+                ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
+                ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None)
+
+
+@app.command("ray-serve", short_help="Run the HTTP service on Ray Serve.")
+def ray_serve(address: str = typer.Option(None, metavar="ADDRESS",
+                                          help="a running Ray cluster (auto, or HOST:PORT); "
+                                               "default: start one here"),
+              host: str = typer.Option("127.0.0.1", metavar="HOST",
+                                       help="address Serve's HTTP proxy binds"),
+              port: int = typer.Option(8000, metavar="PORT", help="Serve's HTTP port"),
+              cache: str = typer.Option(None, envvar="FUSECUT_CACHE_URL", metavar="URL",
+                                        help="plan cache shared by the replicas: "
+                                             "postgresql://... (or an SQLite path on one node)"),
+              plan_replicas: int = typer.Option(2, metavar="N", help="planning replicas (CPU)"),
+              min_replicas: int = typer.Option(None, metavar="N",
+                                               help="autoscale planning replicas from this "
+                                                    "many..."),
+              max_replicas: int = typer.Option(None, metavar="N", help="...to this many"),
+              plan_cpus: float = typer.Option(1.0, metavar="CPUS",
+                                              help="CPUs Ray reserves per planning replica"),
+              execute_replicas: int = typer.Option(1, metavar="N", help="execute replicas"),
+              execute_gpus: float = typer.Option(None, metavar="GPUS",
+                                                 help="GPUs per execute replica (default: 1 if "
+                                                      "the cluster has GPUs, else 0: the CPU "
+                                                      "path)"),
+              num_cpus: int = typer.Option(None, metavar="N",
+                                           help="a local cluster's CPUs (default: all)"),
+              object_store_mb: int = typer.Option(256, metavar="MB",
+                                                  help="a local cluster's object store")):
+    """Serve the HTTP API on Ray Serve: planning replicas behind Serve's proxy, executions on
+    GPU replicas, one shared plan cache (needs the 'ray' extra)."""
+    try:
+        from fusecut.service import ray_serve as rs
+    except ImportError as e:
+        fail(f"ray-serve needs Ray Serve: pip install 'fusecut[ray]' ({e})")
+    if cache is not None:
+        os.environ["FUSECUT_CACHE_URL"] = cache
+
+    def ready(url: str, gpus: float) -> None:
+        err.print(f"fusecut on Ray Serve at {url} ({plan_replicas} planning replicas, "
+                  f"{execute_replicas} execute replicas with {gpus:g} GPU each)")
+
+    rs.run(address, host, port, plan_replicas, min_replicas, max_replicas, plan_cpus,
+           execute_replicas, execute_gpus, num_cpus, object_store_mb, ready)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,745 @@
+"""The expression emitter: a tensor's value at a symbolic index, as CUDA statements.
+
+Evaluation is pull-based: ``value(T, idx)`` emits T's producer with its operands evaluated at the
+indices the op maps ``idx`` to (a broadcast operand at index 0 on its broadcast axes, a permuted
+one at permuted indices, a reshaped one at the delinearised flat index, a sliced one at an offset,
+padded and concatenated ones at clamped indices selected by range). Results are memoised by
+(tensor, index), so a value used twice at one index is computed once. Reads of segment inputs go
+to a ``load`` callback, which the kernel builders use to vectorise and hoist loads; values a
+kernel computes itself (reduction results, on-chip buffers) are seeded into ``memo``.
+
+A pull goes at most ``PULL_DEPTH`` producers deep: a value deeper down is computed first, on its
+own, and the pull starts again from where it was (all it computed is memoised), so chains of
+any length (20,000 ops) never exhaust Python's stack.
+
+Indices are C expressions (strings) of the kernel's index type; values are C expressions of the
+value's compute type (float for 16-bit floats).
+
+Generated code is meant to be read: the value of tensor T7 is declared as ``T7`` (``T7_1``... where
+T7 is evaluated again at another index, lane or stage of the same kernel), with a comment giving
+its op over IR names (``// T7 = sub(T3, T6)``), marked ``[recomputed]`` where the op also runs
+in another segment. A cast to the value's own compute type emits nothing (the value is reused);
+values nothing reads (a 16-bit result only stored, an unused reduction result) are dropped when
+the source is assembled (``kernel.drop_unread``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+
+from fusecut.codegen import cuda
+from fusecut.codegen.resize import NO_RESIZES, VectorResizes
+from fusecut.optimizer.analysis.axes import reshape_spans
+from fusecut.optimizer.analysis.opclass import Role, role
+from fusecut.optimizer.analysis.shapes import Bound
+from fusecut.optimizer.errors import PlanError
+from fusecut.optimizer.ir.dtypes import DType, result_type
+from fusecut.optimizer.ir.fusion import Op, Ref
+from fusecut.optimizer.ir.ops_misc import reduction_axes
+from fusecut.optimizer.ir.ops_shape import pad_widths_by_axis, slice_bounds
+
+Index = tuple[str, ...]
+LANE = "_lane"  # a vectorised kernel's lane within a vector
+_SIMPLE = re.compile(r"[A-Za-z_]\w*(\[\w+\]|\.\w+)*")  # a name, maybe indexed: no work to repeat
+_LANE_SUM = re.compile(rf"\((.+) \+ ({LANE})\)")  # a vectorised kernel's innermost index
+BOOL_OPS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"}
+PULL_DEPTH = 50  # producers one pull may go through (about 5 Python frames each)
+
+
+class _TooDeep(Exception):
+    """A pull reached ``PULL_DEPTH``: ``key`` is to be computed first."""
+
+    def __init__(self, emitter: Emitter, key: tuple[str, Index]):
+        super().__init__(key)
+        self.emitter, self.key = emitter, key
+
+
+def dynamic_scalars(bound: Bound) -> set[str]:
+    """Scalars whose value comes from a scalar input at run time (kernel parameters); the
+    others (constants, sizes, and arithmetic on them) are compiled in as literals."""
+    fusion = bound.fusion
+    dyn = set(fusion.scalar_inputs())
+    for op in fusion.ops:
+        if any(o in fusion.scalars for o in op.outputs) and any(n in dyn for n in op.refs()):
+            dyn.update(o for o in op.outputs if o in fusion.scalars)
+    return dyn
+
+
+def value_name(tensor: str) -> str:
+    """The C name of a tensor's value: the IR name where it cannot clash with a C or kernel
+    name (nvFuser's T7, S3), else prefixed."""
+    return tensor if re.fullmatch(r"[A-Z]\d+", tensor) else f"t_{tensor}"
+
+
+class Names:
+    """The declared names of one kernel source, each unique (a value evaluated again gets
+    ``T7_1``, ``T7_2``...), and the ops the segment recomputes (their values are marked)."""
+
+    def __init__(self, recomputed: frozenset[int] | tuple[int, ...] = frozenset()):
+        self.used: set[str] = set()
+        self.recomputed = frozenset(recomputed)
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.used:
+            k += 1
+            name = f"{base}_{k}"
+        self.used.add(name)
+        return name
+
+
+class _Unrounded(str):
+    """A 16-bit op's result, still in float (what a store takes); ``value`` declares its rounded
+    value next. ``described``: the float's declaration already carries the op's comment."""
+
+    described = False
+
+
+FlatIndex = Callable[[str, Index], "tuple[str, str] | None"]
+
+
+class Emitter:
+    """Emits the statements that compute tensors of a segment at symbolic indices. ``load``
+    reads an input; ``fast``: tensors whose op may use fast math; ``flat_index``: a kernel that
+    knows the row-major position of an index in its domain cheaply (the pointwise loop's flat
+    counter) supplies it, flat_index(tensor, idx) -> (base, lane) expressions or None (random
+    numbers need the linear index of each element); ``resizes``: the slices, pads and cats
+    that keep the kernel's vectors whole (their pieces are read a vector at a time)."""
+
+    def __init__(self, bound: Bound, ops: tuple[int, ...], inputs: set[str],
+                 load: Callable[[str, Index], str], itype: str, names: Names | None = None,
+                 fast: frozenset[str] = frozenset(), flat_index: FlatIndex | None = None,
+                 resizes: VectorResizes = NO_RESIZES):
+        self.bound = bound
+        self.fusion = bound.fusion
+        self.producer = {o: i for i in ops for o in self.fusion.ops[i].outputs}
+        self.inputs = inputs
+        self.load = load
+        self.itype = itype
+        self.lines: list[str] = []
+        self.memo: dict[tuple[str, Index], str] = {}
+        self.dynamic = dynamic_scalars(bound)
+        self.params: list[str] = []  # dynamic scalars used, in first-use order
+        # Where values that do not vary within a loop are computed (e.g. once per row):
+        # delegate(tensor, idx) returns an expression, or None to compute here (delegate_to).
+        self.delegate: Callable[[str, Index], str | None] | None = None
+        # 16-bit results are computed in float; consumers get them rounded, stores take the
+        # unrounded value (storing rounds it the same way): one conversion instead of three
+        self._raw: dict[tuple[str, Index], str] = {}
+        self.fast = fast
+        self.flat_index = flat_index
+        self.names = names if names is not None else Names()
+        self._depth = 0  # producers the current pull has gone through
+        # joined index expression and extents -> the parts (see join)
+        self.joined: dict[tuple[str, tuple[int, ...]], Index] = {}
+        self.joined_from: dict[tuple[Index, tuple[int, ...]], str] = {}  # the reverse of split
+        # resizes read a vector at a time (codegen.resize), and the condition under which
+        # each clamped vector index they made is read at all (see lane_guard)
+        self.resizes = resizes
+        self._piece_guards: dict[str, str] = {}
+
+    def delegate_to(self, delegate: Callable[[str, Index], str | None]) -> None:
+        """Compute what ``delegate`` answers for elsewhere (see ``self.delegate``)."""
+        self.delegate = delegate
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def let(self, ctype: str, expr: str, base: str, comment: str = "") -> str:
+        """Declare ``expr`` under a fresh name made from ``base``."""
+        name = self.names.fresh(base)
+        self.lines.append(_declaration(ctype, name, expr, comment))
+        return name
+
+    def let_value(self, tensor: str, expr: str, suffix: str = "", note: str = "") -> str:
+        """Declare ``expr`` as the value of ``tensor`` (of its compute type), commented with
+        its op."""
+        return self.let(cuda.compute(self.dtype(tensor)), expr, value_name(tensor) + suffix,
+                        self.describe(tensor, note))
+
+    def let_load(self, tensor: str, expr: str) -> str:
+        return self.let(cuda.compute(self.dtype(tensor)), expr, value_name(tensor))
+
+    def describe(self, tensor: str, note: str = "") -> str:
+        """``T7 = sub(T3, T6)``: the op producing ``tensor`` over IR names."""
+        i = self.producer.get(tensor)
+        if i is None:
+            return tensor + note
+        op = self.fusion.ops[i]
+        text = f"{tensor} = {describe_op(op)}"
+        if len(op.outputs) > 1:
+            text += f"[{op.outputs.index(tensor)}]"
+        return text + note + ("  [recomputed]" if i in self.names.recomputed else "")
+
+    def result(self, tensor: str, idx: Index, expr: str) -> str:
+        """Declare a value the kernel computed itself (a reduction result); returns the line,
+        for the caller to place."""
+        name = self.names.fresh(value_name(tensor))
+        self.memo[(tensor, idx)] = name
+        return _declaration(cuda.compute(self.dtype(tensor)), name, expr, self.describe(tensor))
+
+    def dtype(self, name: str) -> DType:
+        return self.fusion.value_dtype(name)
+
+    def scalar(self, name: str) -> str:
+        """A scalar as a C expression of its compute type: a literal, or a kernel parameter."""
+        d = self.fusion.scalars[name].dtype
+        if name in self.dynamic:
+            if name not in self.params:
+                self.params.append(name)
+            return f"(({cuda.compute(d)})s_{name})"
+        value = self.bound.scalars.get(name)
+        if value is None:
+            raise PlanError(f"scalar {name} has no value at code generation time")
+        return cuda.literal(value, d)
+
+    def join(self, parts: Index, extents: tuple[int, ...]) -> str:
+        """The index of an axis made of a run of axes (row-major, outer first) from their
+        indices; remembered, so that splitting it again gives the parts back."""
+        whole = self.joined_from.get((parts, extents))
+        if whole is not None:  # the parts were split from this index
+            return whole
+        expr = join_index(parts, extents)
+        self.joined[(expr, extents)] = parts
+        return expr
+
+    def split(self, expr: str, extents: tuple[int, ...]) -> Index:
+        """The indices of a run of axes (extents ``extents``) that an axis indexed by ``expr``
+        is made of: the parts it was joined from, else by division."""
+        hit = self.joined.get((expr, extents))
+        if hit is not None:
+            return hit
+        if len(extents) == 1:
+            return (expr,)
+        first = lane_base(expr)
+        # the lanes of a vector within the innermost part share every other part: they are
+        # the first lane's, and the innermost part is a vector's index again
+        lanes = first is not None and self.resizes.width > 1 and \
+            extents[-1] % self.resizes.width == 0
+        whole = (first if re.fullmatch(r"\w+", first) else f"({first})") if lanes else expr
+        out, stride = [], math.prod(extents)
+        for e in extents:
+            stride //= e
+            q = f"({whole} / {stride})" if stride > 1 else whole
+            out.append(q if len(out) == 0 else f"({q} % {e})")
+        if lanes:
+            out[-1] = f"({out[-1]} + {LANE})"
+        self.joined_from[(tuple(out), extents)] = expr
+        return tuple(out)
+
+    def lane_guard(self, component: str) -> str | None:
+        """The condition under which a vector read at the index ``component`` is needed: a
+        clamped piece index (``vector_piece``) is only read where the vector lies in its piece,
+        as the condition is a function of the clamp's text, shared values stay sound."""
+        conds = [c for clamp, c in self._piece_guards.items() if clamp in component]
+        return " && ".join(conds) if conds else None
+
+    def vector_piece(self, base: str, offset: int, extent: int, axis: int) -> tuple[str, str]:
+        """A whole vector's index into a piece of ``extent`` elements at ``offset`` along an
+        axis of ``axis`` elements, where ``base`` (a multiple of the vector width) indexes the
+        vector's first lane, and the condition that the vector lies in the piece: (index,
+        condition). The index is clamped into the piece, so a read outside its condition stays
+        in bounds."""
+        local = f"({base} - {offset})" if offset else base
+        clamp = f"fc_clampi<{self.itype}>({local}, {extent - self.resizes.width})"
+        # (a bound the axis implies is left out: a weaker condition, where it differs, only
+        # reads more)
+        bounds = ([f"{base} >= {offset}"] if offset else []) + \
+            ([f"{base} < {offset + extent}"] if offset + extent < axis else [])
+        if not bounds:  # the piece is the whole axis
+            return f"({clamp} + {LANE})", "true"
+        cond = f"({' && '.join(bounds)})"
+        self._piece_guards[clamp] = cond
+        return f"({clamp} + {LANE})", cond
+
+    def _whole_vector(self, tensor: str, axis: int, component: str) -> str | None:
+        """The first lane's index of a vector read whole by resize ``tensor`` along ``axis``
+        (where launch decided the resize keeps vectors whole and the lanes run along it)."""
+        return lane_base(component) if self.resizes.whole(tensor, axis) else None
+
+    def ref_int(self, x) -> int:
+        return int(self.bound.scalars[x.name]) if isinstance(x, Ref) else int(x)
+
+    def operand(self, name: str, out_idx: Index, target: DType | None = None) -> str:
+        """An elementwise operand at the output's index (right-aligned, broadcast axes at 0),
+        converted to compute type ``target`` if given."""
+        if name in self.fusion.scalars:
+            expr, src = self.scalar(name), self.dtype(name)
+        else:
+            rank = len(self.bound.shapes[name])
+            off = len(out_idx) - rank
+            flags = self.bound.broadcast[name]
+            idx = tuple("0" if flags[a] else out_idx[off + a] for a in range(rank))
+            expr, src = self.value(name, idx), self.dtype(name)
+        if target is not None and src.compute != target.compute:
+            return cuda.convert(expr, src.compute, target.compute)
+        return expr
+
+    # ---- values -------------------------------------------------------------------------------
+
+    def value(self, tensor: str, idx: Index) -> str:
+        key = (tensor, idx)
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit
+        if self._depth == 0:
+            return self._pull(key)
+        if self._depth >= PULL_DEPTH:
+            raise _TooDeep(self, key)
+        self._depth += 1
+        try:
+            return self._compute(tensor, idx)
+        finally:
+            self._depth -= 1
+
+    def _pull(self, key: tuple[str, Index]) -> str:
+        """A value pulled from outside the emitter: depth first, the deepest values before the
+        ones that read them whenever a pull goes ``PULL_DEPTH`` deep. An abandoned op has emitted
+        nothing of its own (its operands, complete, are memoised); it is evaluated again."""
+        pending = [key]
+        while pending:
+            if pending[-1] in self.memo:
+                pending.pop()
+                continue
+            self._depth = 1
+            try:
+                self._compute(*pending[-1])
+                pending.pop()
+            except _TooDeep as deeper:
+                if deeper.emitter is not self:
+                    raise
+                pending.append(deeper.key)
+            finally:
+                self._depth = 0
+        return self.memo[key]
+
+    def _compute(self, tensor: str, idx: Index) -> str:
+        key = (tensor, idx)
+        if self.delegate is not None:
+            out = self.delegate(tensor, idx)
+            if out is not None:
+                self.memo[key] = out
+                return out
+        if tensor in self.inputs:
+            out = self.load(tensor, idx)
+        else:
+            i = self.producer.get(tensor)
+            if i is None:
+                raise PlanError(f"{tensor} is neither computed by nor read by this kernel")
+            out = self._op(self.fusion.ops[i], tensor, idx)
+            if isinstance(out, _Unrounded):
+                # Rounded right here even if only stores read it (they take the raw value): an
+                # unread rounding is dropped from the source at the end (kernel.drop_unread),
+                # while rounding at its first reader instead would move these conversions
+                # (inline asm) between guarded stores and change the compiled branches.
+                d = self.dtype(tensor)
+                self._raw[key] = str(out)
+                note = f"{tensor} rounded to {d.value}" if out.described else \
+                    self.describe(tensor)
+                out = self.let(cuda.compute(d), cuda.round_half(out, d), value_name(tensor), note)
+        self.memo[key] = out
+        return out
+
+    def raw(self, tensor: str, idx: Index) -> str:
+        """The value to store: for a computed 16-bit tensor, the float before rounding."""
+        rounded = self.value(tensor, idx)
+        return self._raw.get((tensor, idx), rounded)
+
+    def _unrounded_let(self, tensor: str, expr: str) -> _Unrounded:
+        """A 16-bit op's result before rounding, declared as ``T7_f32``."""
+        out = _Unrounded(self.let_value(tensor, expr, "_f32", " (in float)"))
+        out.described = True
+        return out
+
+    def _op(self, op: Op, tensor: str, idx: Index) -> str:
+        name = op.name
+        out_dtype = self.dtype(tensor)
+        if role(op, self.bound) is Role.REDUCTION:
+            raise PlanError(f"reduction {tensor} must be computed by the kernel, not pulled")
+        method = getattr(self, f"_op_{name}", None)
+        if method is not None:
+            return method(op, tensor, idx)
+        if name in ("set", "segment_set"):
+            return self.operand(op.inputs[0], idx)
+        if name == "cast":
+            src = self.dtype(op.inputs[0])
+            x = self.operand(op.inputs[0], idx)
+            if cuda.narrow(out_dtype) and src.compute is not DType.bool:
+                if src.compute is DType.float32 and _SIMPLE.fullmatch(x):
+                    return _Unrounded(x)  # already a float: rounding it is the whole cast
+                return self._unrounded_let(
+                    tensor, x if src.compute is DType.float32 else f"(float)({x})")
+            converted = cuda.convert(x, src.compute, out_dtype)
+            if converted == x and _SIMPLE.fullmatch(x):
+                return x  # the same compute type: the operand's value is this one
+            return self.let_value(tensor, converted)
+        if name in ("sum", "max", "min", "prod", "var", "var_mean"):
+            return self._trivial_reduction(op, tensor, idx)
+        return self._elementwise(op, tensor, idx)
+
+    def _constant_exponent(self, op: Op, ct: DType) -> float | None:
+        """The exponent of a float ``pow`` by a compiled-in constant that torch computes
+        without ``pow`` (``x.pow(2)`` of RMSNorm is ``x * x``: powf costs tens of
+        instructions)."""
+        if op.name != "pow" or not ct.is_float or len(op.inputs) != 2:
+            return None
+        exponent = op.inputs[1]
+        if exponent not in self.fusion.scalars or exponent in self.dynamic:
+            return None
+        value = self.bound.scalars.get(exponent)
+        return float(value) if value in cuda.SMALL_POWERS else None
+
+    def _elementwise(self, op: Op, tensor: str, idx: Index) -> str:
+        out_dtype = self.dtype(tensor)
+        operands = list(op.inputs)
+        value_operands = operands[1:] if op.name == "where" else operands
+        tensors = [self.dtype(n) for n in value_operands if n in self.fusion.tensors]
+        scalars = [self.dtype(n) for n in value_operands if n in self.fusion.scalars]
+        if op.name in BOOL_OPS or (out_dtype.is_bool and op.name not in ("where",)):
+            ct = result_type(tensors, scalars).compute if (tensors or scalars) else DType.bool
+            if op.name in ("logical_and", "logical_or", "logical_xor", "logical_not"):
+                ct = DType.bool if all(d.is_bool for d in tensors + scalars) else ct
+        else:
+            ct = out_dtype.compute
+        if op.name == "where":
+            args = [self.operand(operands[0], idx, DType.bool)] + \
+                [self.operand(n, idx, ct) for n in operands[1:]]
+        else:
+            args = [self.operand(n, idx, ct) for n in operands]
+        fast = tensor in self.fast
+        power = self._constant_exponent(op, ct)
+        if power is not None:
+            expr = cuda.small_power(args[0], power, ct)
+        elif len(args) == 1:
+            expr = cuda.unary(op.name, args[0], ct, fast)
+        elif len(args) == 2:
+            expr = cuda.binary(op.name, args[0], args[1], ct, fast)
+        elif op.name == "addcmul":
+            expr = f"({args[0]} + {args[3]} * {args[1]} * {args[2]})"
+        else:
+            expr = cuda.ternary(op.name, *args, ct)
+        if cuda.narrow(out_dtype):
+            return self._unrounded_let(tensor, expr)
+        if cuda.compute(out_dtype) != cuda.compute(ct) and not out_dtype.is_bool:
+            expr = f"({cuda.compute(out_dtype)})({expr})"
+        return self.let_value(tensor, expr)
+
+    def _trivial_reduction(self, op: Op, tensor: str, idx: Index) -> str:
+        """A reduction over broadcast axes only: a squeeze, times the expanded extent for sum."""
+        src = op.inputs[0]
+        shape = self.bound.shapes[src]
+        axes = reduction_axes(op.attrs, len(shape))
+        if op.attrs["keepdim"]:
+            src_idx = tuple("0" if a in axes else idx[a] for a in range(len(shape)))
+        else:
+            it = iter(idx)
+            src_idx = tuple("0" if a in axes else next(it) for a in range(len(shape)))
+        out_dtype = self.dtype(tensor)
+        x = cuda.convert(self.value(src, src_idx), self.dtype(src).compute, out_dtype.compute)
+        count = math.prod(shape[a] for a in axes)
+        if op.name in ("var", "var_mean"):
+            if tensor == op.outputs[0]:  # the values are all equal: variance 0 (nan if n <= corr)
+                ct = out_dtype.compute
+                undefined = count - op.attrs["correction"] <= 0
+                return cuda.literal(float("nan") if undefined else 0.0, ct)
+            return x
+        if op.name == "sum" and count != 1:
+            x = f"({x} * {cuda.literal(count, out_dtype.compute)})"
+        elif op.name == "prod" and count != 1:
+            x = "*".join([f"({x})"] * count) if count <= 4 else \
+                f"{'pow' if out_dtype is DType.float64 else 'powf'}({x}, {count})"
+        if cuda.narrow(out_dtype):
+            x = cuda.round_half(x, out_dtype)
+        return x if _SIMPLE.fullmatch(x) else self.let_value(tensor, x)  # a squeeze is a name
+
+    # ---- index-mapping ops ----------------------------------------------------------------------
+
+    def operand_index(self, op: Op, idx: Index) -> Index:
+        """The index of ``op``'s first operand that ``idx`` of its output reads (pure index
+        transforms: broadcasts, squeeze, permute, reshape, slice)."""
+        b = self.bound
+        src = op.inputs[0]
+        shape, flags = b.shapes[src], b.broadcast[src]
+        rank = len(shape)
+        name = op.name
+        if name == "broadcast_in_dim":
+            return tuple("0" if flags[i] else idx[d] for i, d in
+                         enumerate(op.attrs["broadcast_dims"]))
+        if name == "broadcast":
+            kept = [j for j, f in enumerate(op.attrs["is_broadcast_dim"]) if not f]
+            return tuple("0" if flags[i] else idx[j] for i, j in enumerate(kept))
+        if name == "expand":
+            return tuple("0" if flags[i] else idx[i] for i in range(rank))
+        if name == "squeeze":
+            dims = {d % rank for d in op.attrs["dims"]}
+            it = iter(idx)
+            return tuple("0" if a in dims else next(it) for a in range(rank))
+        if name == "permute":
+            inv = [0] * rank
+            for j, a in enumerate(op.attrs["dims"]):
+                inv[a % rank] = j
+            return tuple("0" if flags[a] else idx[inv[a]] for a in range(rank))
+        if name == "reshape":
+            out_shape = b.shapes[op.outputs[0]]
+            spans = reshape_spans(shape, out_shape)
+            if spans is None:  # elements regrouped: through the flat index
+                flat = _linearize(idx, out_shape)
+                return _delinearize(flat, shape, flags)
+            out = ["0"] * rank  # extent-1 axes are in no span
+            for ins, outs in spans:
+                if len(ins) == 1:  # kept or split: the split parts make its index
+                    out[ins[0]] = self.join(tuple(idx[j] for j in outs),
+                                            tuple(out_shape[j] for j in outs))
+                else:  # merged: its index splits back into theirs
+                    for a, part in zip(ins, self.split(idx[outs[0]],
+                                                       tuple(shape[a] for a in ins))):
+                        out[a] = part
+            return tuple("0" if flags[a] else out[a] for a in range(rank))
+        if name == "slice":
+            strides = op.attrs["strides"] or [1] * rank
+            out = []
+            for a in range(rank):
+                if flags[a]:
+                    out.append("0")
+                    continue
+                s, _ = slice_bounds(shape[a], self.ref_int(op.attrs["start_indices"][a]),
+                                    self.ref_int(op.attrs["end_indices"][a]),
+                                    op.attrs["manual_normalization"])
+                lane = self._whole_vector(op.outputs[0], a, idx[a]) if s else None
+                if lane is not None:  # the vector, moved whole
+                    out.append(f"({s} + {lane} + {LANE})")
+                    continue
+                term = idx[a] if strides[a] == 1 else f"{idx[a]} * {strides[a]}"
+                out.append(term if s == 0 else f"({s} + {term})")
+            return tuple(out)
+        raise PlanError(f"{name} is not an index transform")
+
+    def _op_broadcast_in_dim(self, op, tensor, idx):
+        return self.value(op.inputs[0], self.operand_index(op, idx))
+
+    _op_broadcast = _op_expand = _op_squeeze = _op_permute = _op_reshape = _op_slice = \
+        _op_broadcast_in_dim
+
+    def _op_pad(self, op, tensor, idx):
+        src = op.inputs[0]
+        shape, flags = self.bound.shapes[src], self.bound.broadcast[src]
+        widths = [self.ref_int(w) for w in op.attrs["pad_widths"]]
+        out_dtype = self.dtype(tensor)
+        ctype = cuda.compute(out_dtype)
+        pad = self.scalar(op.inputs[1]) if op.attrs.get("has_value") else \
+            cuda.literal(0, out_dtype.compute)
+        pad_type = cuda.compute(self.dtype(op.inputs[1])) if op.attrs.get("has_value") else ctype
+        if pad_type != ctype:
+            pad = f"({ctype})({pad})"
+        if math.prod(shape) == 0:
+            return self.let_value(tensor, pad)
+        conds, src_idx = [], []
+        for a, (lo, _) in enumerate(pad_widths_by_axis(len(shape), widths)):
+            if lo == 0 and shape[a] == self.bound.shapes[tensor][a]:
+                src_idx.append("0" if flags[a] else idx[a])
+                continue
+            lane = self._whole_vector(tensor, a, idx[a])
+            if lane is not None:  # the whole vector is data or padding
+                piece, cond = self.vector_piece(lane, lo, shape[a],
+                                                self.bound.shapes[tensor][a])
+                conds.append(cond)
+                src_idx.append(piece)
+                continue
+            shifted = f"({idx[a]} - {lo})" if lo else idx[a]
+            conds.append(f"({shifted} >= 0 && {shifted} < {shape[a]})")
+            src_idx.append("0" if flags[a] else f"fc_clampi<{self.itype}>({shifted}, "
+                                                f"{shape[a] - 1})")
+        inner = self.value(src, tuple(src_idx))
+        if not conds:
+            return inner
+        return self.let_value(tensor, f"({' && '.join(conds)}) ? {inner} : {pad}")
+
+    def _op_cat(self, op, tensor, idx):
+        dim = op.attrs["dim"] % len(self.bound.shapes[tensor])
+        lane = self._whole_vector(tensor, dim, idx[dim])  # each vector in one piece
+        pieces = []
+        offset = 0
+        for name in op.inputs:
+            extent = self.bound.shapes[name][dim]
+            if extent:
+                flags = self.bound.broadcast[name]
+                if lane is not None:
+                    at = self.vector_piece(lane, offset, extent,
+                                           self.bound.shapes[tensor][dim])[0]
+                else:
+                    local = f"({idx[dim]} - {offset})" if offset else idx[dim]
+                    at = f"fc_clampi<{self.itype}>({local}, {extent - 1})"
+                src_idx = tuple("0" if flags[a] else (at if a == dim else idx[a])
+                                for a in range(len(idx)))
+                pieces.append((offset + extent, self.value(name, src_idx)))
+            offset += extent
+        if not pieces:  # every operand is empty along dim: so is the output, never read
+            return self.let_value(tensor, cuda.literal(0, self.dtype(tensor)))
+        expr = pieces[-1][1]
+        for end, val in reversed(pieces[:-1]):
+            expr = f"({idx[dim] if lane is None else lane} < {end} ? {val} : {expr})"
+        return self.let_value(tensor, expr)
+
+    def _gather_index(self, index_tensor: str, idx: Index, extent: int) -> str:
+        raw = self.value(index_tensor, idx)
+        return f"fc_clampi<{self.itype}>(({self.itype})({raw}) < 0 ? ({self.itype})({raw}) + " \
+               f"{extent} : ({self.itype})({raw}), {extent - 1})"
+
+    def _op_take_along_axis(self, op, tensor, idx):
+        src, index = op.inputs
+        dim = op.attrs["dim"] % len(idx)
+        flags = self.bound.broadcast[src]
+        extent = self.bound.shapes[src][dim]
+        iflags = self.bound.broadcast[index]
+        index_idx = tuple("0" if iflags[a] else idx[a] for a in range(len(idx)))
+        pos = self._gather_index(index, index_idx, extent)
+        src_idx = tuple("0" if flags[a] else (pos if a == dim else idx[a])
+                        for a in range(len(idx)))
+        return self.value(src, src_idx)
+
+    _op_gather = _op_take_along_axis
+
+    def _op_index_select(self, op, tensor, idx):
+        src, index = op.inputs
+        dim = op.attrs["dim"] % len(idx)
+        extent = self.bound.shapes[src][dim]
+        index_idx = (idx[dim],) if len(self.bound.shapes[index]) == 1 else ()
+        if index_idx and self.bound.broadcast[index][0]:
+            index_idx = ("0",)
+        pos = self._gather_index(index, index_idx, extent)
+        flags = self.bound.broadcast[src]
+        src_idx = tuple("0" if flags[a] else (pos if a == dim else idx[a])
+                        for a in range(len(idx)))
+        return self.value(src, src_idx)
+
+    def _op_full(self, op, tensor, idx):
+        d = self.dtype(tensor)
+        return self.let_value(tensor, cuda.convert(self.scalar(op.inputs[0]),
+                                                   self.dtype(op.inputs[0]).compute, d))
+
+    def linear_index(self, tensor: str, idx: Index) -> tuple[str, str]:
+        """The row-major linear index of ``idx`` in ``tensor``'s shape, as (base, lane): an
+        unsigned 64-bit C expression and a small unsigned one to add to it."""
+        if self.flat_index is not None:
+            hit = self.flat_index(tensor, idx)
+            if hit is not None:
+                return hit
+        lane = "0u"
+        first = lane_base(idx[-1]) if idx else None
+        # the vector lane apart: the lanes of a vector may then share a Philox block
+        if first is not None:
+            idx, lane = (*idx[:-1], first), f"(unsigned int){LANE}"
+        terms, stride = [], 1
+        for i, e in zip(reversed(idx), reversed(self.bound.shapes[tensor])):
+            if i != "0" and e != 1:
+                term = f"(unsigned long long)({i})"
+                terms.append(term if stride == 1 else f"{term} * {stride}ULL")
+            stride *= e
+        return ("(" + " + ".join(reversed(terms)) + ")" if terms else "0ULL"), lane
+
+    def _op_uniform(self, op, tensor, idx):
+        """Philox values of (seed, offset, linear index): see codegen.rng."""
+        d = self.dtype(tensor)
+        ct = DType.float64 if d is DType.float64 else DType.float32
+        present = iter(op.inputs[2:])
+        key = [f"(unsigned long long)({self.scalar(next(present))})"
+               if op.attrs.get(f"has_{p}") else "0ULL" for p in ("rng_seed", "rng_offset")]
+        # uniform's bounds in its compute type; normal's mean and std always in double
+        pt = ct if op.name == "uniform" else DType.float64
+        a, b = (cuda.convert(self.scalar(n), self.dtype(n).compute, pt) for n in op.inputs[:2])
+        fn = f"fc_{op.name}_{'d' if ct is DType.float64 else 'f'}"
+        base, lane = self.linear_index(tensor, idx)
+        expr = f"{fn}({key[0]}, {key[1]}, {base}, {lane}, {a}, {b})"
+        if d.is_half:
+            return self._unrounded_let(tensor, expr)
+        return self.let_value(tensor, expr)
+
+    _op_normal = _op_uniform
+
+    def _op_iota(self, op, tensor, idx):
+        d = self.dtype(tensor)
+        ct = cuda.compute(d)
+        rest = iter(op.inputs[1:])
+        start = self.scalar(next(rest)) if op.attrs.get("has_start") else "0"
+        step = self.scalar(next(rest)) if op.attrs.get("has_step") else "1"
+        pos = idx[0] if ct == {"int": "int", "int64": "long long"}.get(self.itype) else \
+            f"({ct})({idx[0]})"
+        return self.let_value(tensor, f"({ct})({start}) + {pos} * ({ct})({step})")
+
+
+def join_index(parts: Index, extents: tuple[int, ...]) -> str:
+    """``sum(part * stride)`` over a row-major run of axes, as C: ``(i1 * 10 + c_2)``. A vector
+    lane stays last and outside inner parentheses (``(i3 * 64 + c_4 + _lane)``), the form
+    the kernels recognise as a lane-contiguous index."""
+    if len(parts) == 1:
+        return parts[0]
+    terms, stride = [], 1
+    for p, e in zip(reversed(parts), reversed(extents)):
+        if p != "0":
+            lane = _LANE_SUM.fullmatch(p) if stride == 1 else None
+            if lane is not None and _balanced(lane.group(1)):
+                terms.append(f"{lane.group(1)} + {lane.group(2)}")
+            else:
+                terms.append(p if stride == 1 else f"{p} * {stride}")
+        stride *= e
+    if not terms:
+        return "0"
+    return f"({' + '.join(reversed(terms))})"
+
+
+def lane_base(component: str) -> str | None:
+    """``B`` of a vector's index component ``(B + _lane)`` (B, the first lane's index, is a
+    multiple of the vector width), or None when the component is not of that form."""
+    m = _LANE_SUM.fullmatch(component)
+    return m.group(1) if m is not None and _balanced(m.group(1)) else None
+
+
+def _linearize(idx: Index, shape) -> str:
+    terms = []
+    stride = 1
+    for i, e in zip(reversed(idx), reversed(shape)):
+        if i != "0":
+            terms.append(i if stride == 1 else f"{i} * {stride}")
+        stride *= e
+    return "(" + " + ".join(reversed(terms)) + ")" if terms else "0"
+
+
+def _delinearize(flat: str, shape, flags) -> Index:
+    out = []
+    stride = math.prod(shape)
+    for e, b in zip(shape, flags):
+        stride //= max(e, 1)
+        if b or e == 1:
+            out.append("0")
+        elif stride == 1:
+            out.append(f"({flat} % {e})")
+        else:
+            out.append(f"(({flat} / {stride}) % {e})")
+    return tuple(out)
+
+
+def _balanced(expr: str) -> bool:
+    """Parentheses in ``expr`` pair up (it is one expression, not a piece of one)."""
+    depth = 0
+    for ch in expr:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def _declaration(ctype: str, name: str, expr: str, comment: str = "") -> str:
+    return f"const {ctype} {name} = {expr};" + (f"  // {comment}" if comment else "")
+
+
+def describe_op(op: Op) -> str:
+    """An op over IR names, as in the comments of generated code: ``sub(T3, T6)``,
+    ``cast(T18, bfloat16)``, ``sum(T4, dims=[1])``."""
+    args = list(op.inputs)
+    if op.name == "cast":
+        args.append(op.attrs["dtype"].value)
+    dims = op.attrs.get("dims")
+    if dims is not None and op.name in ("sum", "max", "min", "prod", "var", "var_mean"):
+        args.append(f"dims={list(dims)}")
+    return f"{op.name}({', '.join(args)})"

@@ -1,0 +1,216 @@
+"""Generated kernels: their source, parameters and launch configuration, and the reduction
+accumulators (types, identities, combine functors) they share. The device helpers they call
+are in ``codegen.preamble``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from fusecut.codegen import cuda
+from fusecut.codegen.emit import describe_op
+from fusecut.codegen.preamble import preamble
+from fusecut.optimizer.analysis.shapes import Bound
+from fusecut.optimizer.ir.dtypes import DType
+from fusecut.optimizer.ir.fusion import Op
+
+
+@dataclass(frozen=True)
+class KernelParam:
+    kind: str  # "in" (a tensor read), "out" (a tensor written), "ws" (workspace), "scalar"
+    name: str  # tensor, workspace or scalar name
+    ctype: str
+
+
+@dataclass
+class Kernel:
+    name: str
+    params: list[KernelParam]
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int = 0
+
+
+@dataclass
+class Workspace:
+    name: str
+    nbytes: int
+
+
+@dataclass
+class SegmentKernels:
+    """Everything the runtime needs to run one segment: one CUDA source (the helpers its kernels'
+    ``code`` uses, then that code), its kernels in launch order, scratch buffers, and which
+    tensors must be 16-byte-vector aligned."""
+
+    segment: int
+    kind: str
+    code: str  # the kernels' code (``kernel_code``); empty where the segment has no kernel
+    kernels: list[Kernel]
+    workspaces: list[Workspace] = field(default_factory=list)
+    vector_aligned: dict[str, int] = field(default_factory=dict)  # tensor -> alignment bytes
+    notes: dict[str, object] = field(default_factory=dict)
+
+    @cached_property
+    def source(self) -> str:
+        return preamble(self.code) + "\n" + self.code if self.code else ""
+
+
+@dataclass
+class Reducer:
+    """How one reduction op accumulates: accumulator type, identity, combine functor, and the
+    values of its outputs from a finished accumulator."""
+
+    op_index: int
+    op: Op
+    source: str  # the reduced tensor
+    acc_type: str
+    identity: str
+    functor: str
+    welford: bool
+    value_dtype: DType  # the type values are accumulated in
+
+    def describe(self) -> str:
+        """``T4, T5 = var_mean(T3, dims=[1])``: what the accumulator computes."""
+        return f"{', '.join(self.op.outputs)} = {describe_op(self.op)}"
+
+    def add(self, acc: str, x: str) -> str:
+        if self.welford:
+            return f"fc_welford_add({acc}, {x});"
+        return f"{acc} = {self.functor}({acc}, {x});"
+
+    def results(self, bound: Bound, acc: str) -> list[tuple[str, str]]:
+        """(output tensor, C expression of its compute type) from a finished accumulator."""
+        fusion = bound.fusion
+        outs = []
+        for k, name in enumerate(self.op.outputs):
+            d = fusion.tensors[name].dtype
+            if self.welford:  # torch: divisor max(n - correction, 0); empty -> nan
+                nan = cuda.literal(float("nan"), self.value_dtype)
+                zero = cuda.literal(0, self.value_dtype)
+                if k == 0:
+                    corr = cuda.literal(self.op.attrs["correction"], self.value_dtype)
+                    raw = f"(fc_welford_m2({acc}) / fc_max({acc}.n - {corr}, {zero}))"
+                else:
+                    raw = f"({acc}.n == {zero} ? {nan} : fc_welford_mean({acc}))"
+                expr = cuda.convert(raw, self.value_dtype, d)
+            else:
+                expr = cuda.convert(acc, self.value_dtype, d)
+            outs.append((name, expr))
+        return outs
+
+
+def reducer(bound: Bound, op_index: int) -> Reducer:
+    fusion = bound.fusion
+    op = fusion.ops[op_index]
+    src = op.inputs[0]
+    src_dtype = fusion.tensors[src].dtype
+    out_dtype = fusion.tensors[op.outputs[0]].dtype
+    if op.name in ("var", "var_mean"):
+        vt = DType.float64 if src_dtype is DType.float64 else DType.float32
+        acc = "fc_welford_d" if vt is DType.float64 else "fc_welford_f"
+        zeros = "0, 0, 0" if vt is DType.float64 else "0, 0, 0, 0"
+        return Reducer(op_index, op, src, acc, f"{acc}{{{zeros}}}", "fc_welfordop()", True, vt)
+    if op.name in ("sum", "prod"):
+        if out_dtype.is_float:
+            vt = DType.float64 if DType.float64 in (out_dtype, src_dtype) else DType.float32
+        else:
+            vt = DType.int64
+    else:
+        vt = src_dtype.compute if src_dtype.is_float else src_dtype
+    ct = cuda.compute(vt)
+    if op.name == "sum":
+        identity, functor = cuda.literal(0, vt), "fc_add()"
+    elif op.name == "prod":
+        identity, functor = cuda.literal(1, vt), "fc_mul()"
+    elif op.name == "max":
+        identity = cuda.literal(float("-inf"), vt) if vt.is_float else \
+            ("(-9223372036854775807LL - 1)" if vt is DType.int64 else "(-2147483647 - 1)")
+        if vt.is_bool:
+            identity = "false"
+        functor = "fc_maxop()"
+    else:
+        identity = cuda.literal(float("inf"), vt) if vt.is_float else \
+            ("9223372036854775807LL" if vt is DType.int64 else "2147483647")
+        if vt.is_bool:
+            identity = "true"
+        functor = "fc_minop()"
+    return Reducer(op_index, op, src, ct, identity, functor, False, vt)
+
+
+def kernel_code(body: list[str]) -> str:
+    """A segment's kernels' code from their lines, without the values nothing reads (its source
+    adds the helpers the code uses: ``SegmentKernels.source``)."""
+    return "\n".join(drop_unread(body)) + "\n"
+
+
+def joined(parts: list[SegmentKernels], notes: dict[str, object]) -> SegmentKernels:
+    """One segment's kernels generated apart (each part's kernels already named apart), launched
+    in the parts' order: one source, one preamble. A tensor two parts read keeps the larger
+    alignment."""
+    aligned: dict[str, int] = {}
+    for p in parts:
+        for t, a in p.vector_aligned.items():
+            aligned[t] = max(aligned.get(t, 1), a)
+    return SegmentKernels(parts[0].segment, parts[0].kind, "".join(p.code for p in parts),
+                          [k for p in parts for k in p.kernels],
+                          [w for p in parts for w in p.workspaces], aligned, notes)
+
+
+_DECLARATION = re.compile(r"\s*const [\w<>, :]+? (\w+) = [^;]*;(\s*//.*)?")
+_WORD = re.compile(r"[A-Za-z_]\w*")
+
+
+def drop_unread(lines: list[str]) -> list[str]:
+    """``lines`` without the ``const`` declarations nothing reads (a reduction result or 16-bit
+    rounding no consumer took), repeated until none is left. Exact: only a name declared once
+    in the source counts, and a read is the name as a token outside comments."""
+    lines = list(lines)
+    while True:
+        code = [line.split("//", 1)[0] for line in lines]
+        declared: dict[str, list[int]] = {}
+        for i, line in enumerate(lines):
+            m = _DECLARATION.fullmatch(line)
+            if m:
+                declared.setdefault(m.group(1), []).append(i)
+        reads: dict[str, int] = {}
+        for text in code:
+            for word in _WORD.findall(text):
+                reads[word] = reads.get(word, 0) + 1
+        dead = {at[0] for name, at in declared.items() if len(at) == 1 and reads[name] == 1}
+        if not dead:
+            return lines
+        lines = [line for i, line in enumerate(lines) if i not in dead]
+
+
+def indent(lines: list[str], n: int) -> list[str]:
+    pad = " " * n
+    return [pad + line if line else line for line in lines]
+
+
+def signature(name: str, params: list[KernelParam], threads: int, min_blocks: int = 0) -> str:
+    """The kernel's declaration; ``min_blocks`` (blocks per SM the registers must allow) lets
+    ptxas use up to its share of the register file instead of its own smaller default."""
+    args = ",\n    ".join(f"{p.ctype} {_param_name(p)}" for p in params)
+    bounds = f"{threads}, {min_blocks}" if min_blocks else f"{threads}"
+    return (f'extern "C" __global__ void __launch_bounds__({bounds}) {name}(\n    {args})')
+
+
+def _param_name(p: KernelParam) -> str:
+    return {"in": f"in_{p.name}", "out": f"out_{p.name}", "ws": f"ws_{p.name}",
+            "scalar": f"s_{p.name}"}[p.kind]
+
+
+def tensor_params(bound: Bound, inputs, outputs, scalars) -> list[KernelParam]:
+    fusion = bound.fusion
+    params = [KernelParam("in", t, f"const {cuda.storage(fusion.tensors[t].dtype)}* __restrict__")
+              for t in inputs]
+    params += [KernelParam("out", t, f"{cuda.storage(fusion.tensors[t].dtype)}* __restrict__")
+               for t in outputs]
+    params += [KernelParam("scalar", s, _scalar_ctype(fusion.scalars[s].dtype)) for s in scalars]
+    return params
+
+
+def _scalar_ctype(d: DType) -> str:
+    return "double" if d.is_float else ("bool" if d.is_bool else "long long")

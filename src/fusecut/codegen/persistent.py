@@ -1,0 +1,596 @@
+"""Persistent segments: normalization and inner-outer.
+
+One block (or one warp, for short rows) owns a row at a time and walks it in the stages of
+``optimizer.kinds.persistent``: stage s evaluates what it needs at each of the thread's row
+positions (``E`` vectors of ``VEC`` elements, kept in registers), accumulates the row reductions
+of stage s, and the block combines them; their results are broadcast to every thread and later
+stages use them. Values that do not vary along the row (row statistics, per-row inputs) are
+computed once per row, outside the per-element loops. Inputs read in several stages are loaded
+once into registers; values computed from reduction results that later stages need stay in
+registers too.
+
+Inner-outer segments also hold per-thread column accumulators: a thread sees the same columns in
+every row, so it sums them across the rows it takes; a finishing kernel combines the blocks'
+partial sums and runs the column epilogue. Their blocks are resident for the whole kernel (one per
+SM) and hold several row groups, each walking its own rows (strided by the grid); the groups'
+column sums are combined in shared memory at the end, so one partial row per block is left for
+the finishing kernel. Registers hold the column accumulators, not the inputs: the inputs of the
+next row are prefetched into shared memory while the group works on the current one (on sm_90,
+one bulk copy (TMA) per contiguous row tensor, issued by the group's first thread and completed
+on an mbarrier; otherwise each thread copies its own slots with ``cp.async``, so no barrier is
+needed), and every stage reads the row from there. Stage-0 values that later stages would
+recompute are kept in registers when they fit. Row reductions of a group meet on the group's
+named barrier, so groups never wait for each other.
+Measured on H100 (layernorm_bwd, 32768 x 4096 bf16): holding the inputs in registers (the
+normalization scheme) left no registers for the column accumulators at full occupancy and
+blocks whose loads waited out each row's reductions: 0.63 of the copy bandwidth; this scheme
+reaches 0.81-0.83. Deeper prefetch (3-4 rows), more blocks per SM, 1024-thread blocks and
+contiguous runs of rows per block were each slower.
+"""
+
+from __future__ import annotations
+
+from fusecut.codegen import cuda
+from fusecut.codegen.emit import Names
+from fusecut.codegen.kernel import (
+    Kernel,
+    KernelParam,
+    SegmentKernels,
+    Workspace,
+    indent,
+    kernel_code,
+    reducer,
+    signature,
+    tensor_params,
+)
+from fusecut.codegen.launch import (
+    PrefetchPlan,
+    is_row_input,
+    persistent_launch,
+    prefetch_plan,
+    slot_index,
+)
+from fusecut.codegen.layout import address, decompose, index_typedefs, tensor_strides
+from fusecut.codegen.online import accumulator_bytes
+from fusecut.codegen.regions import LANE, Region, at_lane_zero, lane_loop, vector_address
+from fusecut.optimizer.analysis.shapes import Bound
+from fusecut.optimizer.kinds.persistent import COLUMN
+from fusecut.optimizer.kinds.rules import Schedule
+from fusecut.optimizer.profiles import DeviceProfile
+
+IO_PREAMBLE = r"""
+// ---- inner-outer: prefetch through shared memory, group reductions ------------------------
+// Copy BYTES (4, 8 or a multiple of 16) from global to this thread's own shared-memory slot,
+// asynchronously; a commit closes a group of copies, wait<N> leaves at most N groups in flight.
+template <int BYTES>
+__device__ __forceinline__ void fc_cp_async(void* dst, const void* src) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+#if __CUDA_ARCH__ >= 800
+  if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < BYTES / 16; ++i)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s + 16 * i),
+                   "l"((const char*)src + 16 * i) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(src), "n"(BYTES)
+                 : "memory");
+  }
+#else
+  (void)s;
+  for (int i = 0; i < BYTES / 4; ++i) ((int*)dst)[i] = ((const int*)src)[i];
+#endif
+}
+__device__ __forceinline__ void fc_cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void fc_cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+#if __CUDA_ARCH__ >= 900
+// Bulk copies (TMA) into shared memory, completed on an mbarrier; the barrier's phase parity
+// says which completion a waiter waits for.
+__device__ __forceinline__ unsigned fc_smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void fc_mbar_init(unsigned long long* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(fc_smem_addr(bar)), "r"(count)
+               : "memory");
+}
+__device__ __forceinline__ void fc_mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void fc_mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               ::"r"(fc_smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void fc_mbar_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(fc_smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void fc_mbar_wait(unsigned long long* bar, int parity) {
+  asm volatile("{\n .reg .pred p;\n FC_WAIT_%=:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra FC_WAIT_%=;\n}" ::"r"(fc_smem_addr(bar)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void fc_bulk_copy(void* dst, const void* src, unsigned bytes,
+                                             unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+               "%2, [%3];" ::"r"(fc_smem_addr(dst)), "l"(src), "r"(bytes),
+               "r"(fc_smem_addr(bar)) : "memory");
+}
+#endif
+"""
+
+
+def generate_persistent(bound: Bound, schedule: Schedule, profile: DeviceProfile,
+                        index: int, vector: int | None = None,
+                        recomputed: frozenset[int] = frozenset()) -> SegmentKernels:
+    """``recomputed``: ops of the segment that also run in another one (marked in comments)."""
+    return _Persistent(bound, schedule, profile, index, vector or 8, recomputed).build()
+
+
+class _Persistent:
+    def __init__(self, bound, schedule, profile, index, max_vector, recomputed=frozenset()):
+        self.bound, self.schedule, self.profile, self.index = bound, schedule, profile, index
+        self.fusion = bound.fusion
+        self.domain = list(schedule.domain)
+        self.launch = launch = persistent_launch(bound, schedule, profile, max_vector)
+        self.rows_axes, self.row_axes = list(launch.rows_axes), list(launch.row_axes)
+        self.rows, self.row_len = launch.rows, launch.row_len
+        self.itype, self.vec, self.slots = launch.index_type, launch.vector, launch.slots
+        self.warp_rows, self.threads = launch.warp_rows, launch.threads
+        self.threads_per_row, self.rows_per_block = launch.threads_per_row, launch.rows_per_block
+        self.groups, self.norm_group, self.guard = launch.groups, launch.norm_group, launch.guard
+        self.pers = schedule.persistence
+        self.kind = schedule.kind
+        self.names = Names(recomputed)
+        self.aligned: dict[str, int] = {}
+        self.params: list[str] = []
+        self.name = f"fusecut_segment{index}_{schedule.kind.value}"
+        self.row_reducers = [reducer(bound, i) for i in schedule.reductions]
+        self.col_reducers = [reducer(bound, i) for i in schedule.outer_reductions]
+        self.smem_decls: list[str] = []
+        self.rvars = [f"i{a}" for a in self.rows_axes]
+        self.cvars = [f"c_{a}" for a in self.row_axes]
+        # what the row groups prefetch into shared memory
+        self.fetch = (prefetch_plan(bound, schedule, profile, launch)
+                      if launch.groups and launch.rows else PrefetchPlan())
+        for t in self.fetch.bulk:
+            self.aligned[t] = max(self.aligned.get(t, 1), 16)
+
+    def is_row(self, t: str) -> bool:
+        return is_row_input(self.schedule, self.row_axes, t)
+
+    def region(self, rows, cols, lane) -> Region:
+        return Region(self.bound, self.schedule, self.itype,
+                      slot_index(self.launch, rows, cols, lane),
+                      self.vec if lane else 1, self.aligned, self.params, self.names)
+
+    # ---- inner-outer prefetch -----------------------------------------------------------------
+
+    def slot_of(self, t: str, buf: str) -> str:
+        """Where this thread's slot of input t lies in shared memory, in stage buffer ``buf``
+        (an element pointer expression)."""
+        if t in self.fetch.fixed:
+            return f"(sm_{t} + c)"
+        if t in self.fetch.row_scalars:
+            return f"(sm_{t} + {buf} * {self.threads} + threadIdx.x)"
+        return f"(sm_{t} + ({buf} * {self.rows_per_block} + g) * {self.row_len} + c)"
+
+    def prefetch(self, row: str, buf: str, first: bool, reuse: bool = False) -> list[str]:
+        """Issue the copies of row ``row`` (if it exists) into stage buffer ``buf``: per
+        thread, committed as one group (an empty group past the last row keeps the count), and
+        on sm_90 one bulk copy per contiguous row tensor, issued by the group's first thread."""
+        fusion = self.fusion
+        nvars = [f"n{a}" for a in self.rows_axes]
+        reg = self.region(nvars, self.cvars, True)
+        row_reg = self.region(nvars, ["0"] * len(self.row_axes), False)
+        body = decompose("nrow", [self.domain[a] for a in self.rows_axes], nvars, "index_t")
+        for t in self.fetch.row_scalars:
+            size = fusion.tensors[t].dtype.itemsize
+            addr = address(row_reg.index_of(t), tensor_strides(self.bound, t))
+            body.append(f"fc_cp_async<{size}>({self.slot_of(t, buf)}, in_{t} + {addr});")
+
+        def slot_loop(tensors):
+            per_slot = []
+            for t in tensors:
+                size = self.vec * fusion.tensors[t].dtype.itemsize
+                src = f"in_{t} + {vector_address(self.bound, t, reg.index_of(t), self.vec)}"
+                per_slot.append(f"fc_cp_async<{size}>({self.slot_of(t, buf)}, {src});")
+                self.aligned[t] = max(self.aligned.get(t, 1), min(16, size))
+            if not per_slot:
+                return []
+            return ["#pragma unroll", f"for (int k = 0; k < {self.slots}; ++k) {{",
+                    f"  const index_t c = (k * {self.threads_per_row} + {self.tid}) * "
+                    f"{self.vec};",
+                    f"  if (c < {self.row_len}) {{"] + \
+                indent(decompose("c", [self.domain[a] for a in self.row_axes], self.cvars,
+                                 "index_t") + per_slot, 4) + ["  }", "}"]
+
+        fixed = list(self.fetch.fixed) if first else []
+        if self.fetch.bulk:
+            total = sum(self.row_len * fusion.tensors[t].dtype.itemsize for t in self.fetch.bulk)
+            issue = [f"if ({self.tid} == 0) {{"]
+            if reuse:  # the buffer held an earlier row: the group must be done with it
+                issue += [f"  if (it > 0) fc_mbar_wait(&fc_empty[{buf}][g], "
+                          f"((it - 1) / {self.fetch.stages}) & 1);"]
+            issue += [f"  fc_mbar_expect_tx(&fc_full[{buf}][g], {total});"]
+            for t in self.fetch.bulk:
+                nbytes = self.row_len * fusion.tensors[t].dtype.itemsize
+                base = address(row_reg.index_of(t), tensor_strides(self.bound, t))
+                dst = f"sm_{t} + ({buf} * {self.rows_per_block} + g) * {self.row_len}"
+                issue += [f"  fc_bulk_copy({dst}, in_{t} + {base}, {nbytes}, &fc_full[{buf}][g]);"]
+            issue.append("}")
+            body += ["#if __CUDA_ARCH__ >= 900"] + issue + \
+                slot_loop(fixed + [t for t in self.fetch.staged if t not in self.fetch.bulk]) + \
+                ["#else"] + slot_loop(fixed + list(self.fetch.staged)) + ["#endif"]
+        else:
+            body += slot_loop(fixed + list(self.fetch.staged))
+        return ["{", f"  const index_t nrow = {row};", f"  if (nrow < {self.rows}) {{"] + \
+            indent(body, 4) + ["  }", "  fc_cp_async_commit();", "}"]
+
+    def bulk_setup(self) -> list[str]:
+        """The mbarriers of the bulk copies: per stage and group, `full` (the copies landed)
+        and `empty` (every thread of the group is done with the buffer)."""
+        if not self.fetch.bulk:
+            return []
+        s, groups = self.fetch.stages, self.rows_per_block
+        return ["#if __CUDA_ARCH__ >= 900",
+                f"__shared__ __align__(8) unsigned long long fc_full[{s}][{groups}], "
+                f"fc_empty[{s}][{groups}];",
+                f"if ({self.tid} == 0) {{",
+                f"  for (int s = 0; s < {s}; ++s) {{",
+                "    fc_mbar_init(&fc_full[s][g], 1);",
+                f"    fc_mbar_init(&fc_empty[s][g], {self.threads_per_row});",
+                "  }",
+                "  fc_mbar_fence_init();",
+                "}",
+                "__syncthreads();",
+                "#endif"]
+
+    @property
+    def tid(self) -> str:
+        """The thread's index within its row (group)."""
+        if self.threads_per_row == self.threads:
+            return "threadIdx.x"
+        if self.threads_per_row == 32:
+            return "(threadIdx.x & 31)"
+        return f"(threadIdx.x % {self.threads_per_row})"
+
+    # ---- the row kernel -----------------------------------------------------------------------
+
+    def build(self) -> SegmentKernels:
+        if self.rows == 0:
+            return SegmentKernels(self.index, self.kind.value, "", [])
+        sched, pers = self.schedule, self.pers
+        vec, slots = self.vec, self.slots
+        tid = self.tid
+        row_region = self.region(self.rvars, ["0"] * len(self.row_axes), False)
+        prefetched = self.fetch.staged + self.fetch.fixed
+        persisted = [t for t in pers.persisted if t not in prefetched] + list(self.fetch.kept)
+        row_values = []  # per-row values, from their prefetch slots
+        for t in self.fetch.row_scalars:
+            d = self.fusion.tensors[t].dtype
+            name = f"r_{t}"
+            row_values.append(f"const {cuda.compute(d)} {name} = "
+                              f"{cuda.to_compute('*' + self.slot_of(t, 'buf'), d)};")
+            row_region.seed(t, name)
+        buffers = []  # registers that keep values across stages
+        for t in persisted:
+            d = self.fusion.tensors[t].dtype
+            buffers.append(f"fc_vec<{cuda.storage(d)}, {vec}> p_{t}[{slots}];"
+                           if t in sched.inputs else f"{cuda.compute(d)} p_{t}[{slots}][{vec}];")
+        stage_code: list[str] = []
+        for s in range(pers.n_stages):
+            stage_code += self.stage(s, row_region, persisted, tid)
+        # outputs that do not vary along the row: one thread stores them
+        mark, pre_mark = len(row_region.em.lines), len(row_region.pre)
+        for t in sched.outputs:
+            if not self.is_row(t) and pers.stage[t] < COLUMN:
+                row_region.store(t, row_region.raw(t), f"{tid} == 0")
+        stage_code += ["// per-row outputs"] + row_region.pre[pre_mark:] + \
+            row_region.em.lines[mark:]
+        for p in row_region.em.params:
+            if p not in self.params:
+                self.params.append(p)
+        out_main = [t for t in sched.outputs if pers.stage[t] < COLUMN]
+        ps = tensor_params(self.bound, sched.inputs, out_main, self.params)
+        ps += [KernelParam("ws", f"c{k}", f"{r.acc_type}* __restrict__")
+               for k, r in enumerate(self.col_reducers)]
+        blocks = self.launch.blocks
+        how = "a warp" if self.warp_rows else f"{self.threads_per_row} threads"
+        on_chip = ', '.join(persisted) or '-'
+        if self.groups:
+            how += f" ({self.rows_per_block} rows per block)"
+            on_chip += f"; prefetched {self.fetch.stages} rows deep: " + \
+                (", ".join(self.fetch.staged + self.fetch.row_scalars) or "-") + "; read once: " + \
+                (", ".join(self.fetch.fixed) or "-")
+        head = [f"// segment {self.index}: {self.kind.value} over domain {self.domain}: "
+                f"{self.rows} rows of {self.row_len}, {how} per row, {slots} x {vec} elements "
+                f"per thread, {pers.n_stages} stage(s), on chip: {on_chip}",
+                index_typedefs(self.itype),
+                signature(self.name, ps, self.threads,
+                          self.launch.min_blocks) + " {"]
+        if self.groups:
+            head = IO_PREAMBLE.strip("\n").split("\n") + [""] + head
+        main = list(self.smem_decls)
+        if self.fetch.dyn_smem:
+            main.append("extern __shared__ __align__(16) unsigned char fc_dyn[];")
+        for t, off in self.fetch.smem_offsets:
+            st = cuda.storage(self.fusion.tensors[t].dtype)
+            main.append(f"{st}* sm_{t} = reinterpret_cast<{st}*>(fc_dyn + {off});")
+        if not self.warp_rows and not self.groups and not self.norm_group:
+            main += [f"__shared__ {r.acc_type} smem{k}[33];"
+                     for k, r in enumerate(self.row_reducers)]
+        for k, r in enumerate(self.col_reducers):
+            main += [f"{r.acc_type} colacc{k}[{slots}][{vec}];  // {r.describe()}",
+                     f"for (int k = 0; k < {slots}; ++k)",
+                     f"  for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) colacc{k}[k][{LANE}] = "
+                     f"{r.identity};"]
+        worker = (f"(index_t)blockIdx.x * {self.rows_per_block} + (threadIdx.x >> 5)"
+                  if self.warp_rows else "(index_t)blockIdx.x")
+        step = (f"(index_t)gridDim.x * {self.rows_per_block}" if self.warp_rows
+                else "(index_t)gridDim.x")
+        loop_top: list[str] = []
+        if self.groups or self.norm_group:  # rows strided by the grid
+            worker, step = f"(index_t)blockIdx.x * {self.rows_per_block} + g", "step"
+            main += [f"const int g = threadIdx.x / {self.threads_per_row};  // row group",
+                     f"const index_t step = (index_t)gridDim.x * {self.rows_per_block};",
+                     "int parity = 0;  // which half of the row reductions' buffers"]
+        if self.fetch.stages:
+            ahead = self.fetch.stages - 1
+            main += self.bulk_setup()
+            main.append(f"// prefetch: rows {ahead} ahead")
+            for k in range(ahead):
+                main += self.prefetch(f"{worker} + {k} * step" if k else worker, str(k),
+                                      k == 0)
+            main.append("int buf = 0, it = 0;  // the stage buffer of the current row, its index")
+            loop_top = [f"const int nbuf = buf == 0 ? {ahead} : buf - 1;  // free since the last "
+                        f"row"]
+            loop_top += self.prefetch(f"row + {ahead} * step", "nbuf", False, True)
+            loop_top += [f"fc_cp_async_wait<{ahead}>();  // this row's copies have landed"]
+            if self.fetch.bulk:
+                loop_top += ["#if __CUDA_ARCH__ >= 900",
+                             f"fc_mbar_wait(&fc_full[buf][g], (it / {self.fetch.stages}) & 1);",
+                             "#endif"]
+        main.append(f"for (index_t row = {worker}; row < {self.rows}; row += {step}) {{")
+        per_row = decompose("row", [self.domain[a] for a in self.rows_axes], self.rvars,
+                            "index_t") + loop_top + row_values + buffers + stage_code
+        if self.fetch.bulk:  # this thread is done with the row's buffer
+            per_row += ["#if __CUDA_ARCH__ >= 900", "fc_mbar_arrive(&fc_empty[buf][g]);",
+                        "#endif"]
+        if self.fetch.stages:
+            per_row.append(f"buf = buf + 1 == {self.fetch.stages} ? 0 : buf + 1;")
+            per_row.append("++it;")
+        if self.groups or self.norm_group:
+            per_row.append("parity ^= 1;")
+        main += indent(per_row, 2) + ["}"]
+        if self.col_reducers:
+            main.append("// partial column sums of the rows this block took")
+            if self.rows_per_block > 1:
+                main += self.combine_groups(tid)
+            else:
+                for k in range(len(self.col_reducers)):
+                    main += [f"for (int k = 0; k < {slots}; ++k) {{",
+                             f"  const index_t c = (k * {self.threads_per_row} + {tid}) * {vec};",
+                             f"  if (c < {self.row_len})",
+                             f"    for (int {LANE} = 0; {LANE} < {vec}; ++{LANE})",
+                             f"      ws_c{k}[(index_t)blockIdx.x * {self.row_len} + c + {LANE}] = "
+                             f"colacc{k}[k][{LANE}];",
+                             "}"]
+        code = head + indent(main, 2) + ["}"]
+        kernels = [Kernel(self.name, ps, (blocks, 1, 1), (self.threads, 1, 1),
+                          self.fetch.dyn_smem)]
+        workspaces: list[Workspace] = []
+        notes = {"vector": vec, "slots": slots, "threads": self.threads,
+                 "warp_rows": self.warp_rows, "stages": pers.n_stages, "persisted": persisted,
+                 "index_type": self.itype}
+        if self.groups:
+            notes.update(rows_per_block=self.rows_per_block, threads_per_row=self.threads_per_row,
+                         prefetch_stages=self.fetch.stages,
+                         prefetched=list(self.fetch.staged + self.fetch.row_scalars),
+                         read_once=list(self.fetch.fixed),
+                         smem=self.fetch.dyn_smem)
+        if self.col_reducers:
+            parts = blocks
+            fcode, fk = self.column_finish(parts)
+            code += [""] + fcode
+            kernels.append(fk)
+            workspaces = [Workspace(f"c{k}", parts * self.row_len * accumulator_bytes(r))
+                          for k, r in enumerate(self.col_reducers)]
+        return SegmentKernels(self.index, self.kind.value, kernel_code(code), kernels, workspaces,
+                              self.aligned, notes)
+
+    def stage(self, s: int, row_region: Region, persisted: list[str], tid: str) -> list[str]:
+        """Stage s: evaluate what it needs at each of the thread's row positions, accumulate
+        its row reductions, combine them across the row's threads."""
+        sched, pers = self.schedule, self.pers
+        vec, slots = self.vec, self.slots
+        mark, pre_mark = len(row_region.em.lines), len(row_region.pre)
+        reg = self.region(self.rvars, self.cvars, True)
+        from_smem: list[str] = []  # prefetched inputs this stage reads, from their slots
+
+        def per_row(tensor: str, idx) -> str | None:
+            """Values that do not vary along the row are computed once per row; prefetched
+            inputs are read from this thread's shared-memory slots."""
+            if tensor in self.fetch.staged or tensor in self.fetch.fixed:
+                if idx == reg.index_of(tensor):
+                    from_smem.append(tensor)
+                    return cuda.to_compute(f"q_{tensor}.v[{LANE}]",
+                                           self.fusion.tensors[tensor].dtype)
+            if any(LANE in i or "c_" in i for i in idx):
+                return None
+            return row_region.em.value(tensor, row_region.index_of(tensor))
+
+        reg.em.delegate_to(per_row)
+        slot_pre: list[str] = []
+        lane_first: list[str] = []
+        for t in persisted:
+            d = self.fusion.tensors[t].dtype
+            if t in sched.inputs:
+                if s == 0:
+                    self.buffer_load(t, reg, slot_pre, lane_first)
+                reg.seed(t, cuda.to_compute(f"p_{t}[k].v[{LANE}]", d))
+            elif pers.stage[t] < s:
+                reg.seed(t, f"p_{t}[k][{LANE}]")
+        mine = [r for r in self.row_reducers if pers.eval_stages[r.op_index] == frozenset({s})]
+        for r in mine:
+            x = cuda.convert(reg.value(r.source), reg.em.dtype(r.source).compute, r.value_dtype)
+            reg.em.lines.append(r.add(f"acc{self.row_reducers.index(r)}", x))
+        for k, r in enumerate(self.col_reducers):
+            if pers.eval_stages[r.op_index] == frozenset({s}):
+                x = cuda.convert(reg.value(r.source), reg.em.dtype(r.source).compute,
+                                 r.value_dtype)
+                reg.em.lines.append(r.add(f"colacc{k}[k][{LANE}]", x))
+        for t in persisted:
+            if t not in sched.inputs and pers.stage[t] == s:
+                reg.em.lines.append(f"p_{t}[k][{LANE}] = {reg.value(t)};")
+        for t in sched.outputs:
+            if self.is_row(t) and pers.stage[t] == s:
+                reg.store(t, reg.raw(t))
+        reg.finish()
+        lane_part = lane_first + reg.em.lines
+        code = [f"// stage {s}: " + ("read the row" if s == 0 else
+                                     f"with the results of stage {s - 1}")]
+        code += row_region.pre[pre_mark:] + row_region.em.lines[mark:]
+        code += [f"{r.acc_type} acc{self.row_reducers.index(r)} = {r.identity};  "
+                 f"// {r.describe()}" for r in mine]
+        slot = decompose("c", [self.domain[a] for a in self.row_axes], self.cvars, "index_t")
+        for t in from_smem:
+            st = f"fc_vec<{cuda.storage(self.fusion.tensors[t].dtype)}, {vec}>"
+            slot_pre.append(f"const {st} q_{t} = *reinterpret_cast<const {st}*>"
+                            f"{self.slot_of(t, 'buf')};")
+        slot += slot_pre + reg.pre + reg.decls
+        if vec > 1:
+            slot += ["#pragma unroll", f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) {{"]
+            slot += indent(lane_part, 2) + ["}"]
+        else:
+            slot += lane_loop(1, lane_part)  # declares the lane only if it is read
+        slot += reg.post
+        if lane_part or slot_pre or reg.pre or reg.post:
+            code += ["#pragma unroll", f"for (int k = 0; k < {slots}; ++k) {{",
+                     f"  const index_t c = (k * {self.threads_per_row} + {tid}) * {vec};"]
+            if self.guard:
+                code += [f"  if (c < {self.row_len}) {{"] + indent(slot, 4) + ["  }", "}"]
+            else:
+                code += indent(slot, 2) + ["}"]
+        groups: dict[tuple, list[int]] = {}  # reductions sharing type and operation
+        for r in mine:
+            groups.setdefault((r.acc_type, r.functor, r.identity), []).append(
+                self.row_reducers.index(r))
+        for (acc_type, functor, identity), ks in groups.items():
+            if (self.groups and self.threads_per_row > 32) or self.norm_group:
+                # the row group's named barrier
+                buf = f"smem_s{s}_{ks[0]}"
+                self.smem_decls.append(f"__shared__ {acc_type} {buf}[{self.rows_per_block}]"
+                                       f"[{64 * len(ks)}];")
+                accs = ", ".join(f"acc{k}" for k in ks)
+                code += ["{", f"  {acc_type} together[{len(ks)}] = {{{accs}}};",
+                         f"  fc_group_reduce_n<{len(ks)}, {self.threads_per_row}>(together, "
+                         f"{functor}, {identity}, {buf}[g], g + 1, parity);"]
+                code += [f"  acc{k} = together[{n}];" for n, k in enumerate(ks)] + ["}"]
+            elif self.warp_rows or self.groups:
+                code += [f"acc{k} = fc_warp_reduce(acc{k}, {functor});" for k in ks]
+            elif len(ks) == 1:
+                code.append(f"acc{ks[0]} = fc_block_reduce(acc{ks[0]}, {functor}, {identity}, "
+                            f"smem{ks[0]});")
+            else:  # one pass for all of them
+                buf = f"smem_s{s}_{ks[0]}"
+                self.smem_decls.append(f"__shared__ {acc_type} {buf}[{33 * len(ks)}];")
+                accs = ", ".join(f"acc{k}" for k in ks)
+                code += ["{", f"  {acc_type} together[{len(ks)}] = {{{accs}}};",
+                         f"  fc_block_reduce_n<{len(ks)}>(together, {functor}, {identity}, {buf});"]
+                code += [f"  acc{k} = together[{n}];" for n, k in enumerate(ks)] + ["}"]
+        for r in mine:
+            for out, expr in r.results(self.bound, f"acc{self.row_reducers.index(r)}"):
+                code.append(row_region.result(out, expr))
+        return code
+
+    def buffer_load(self, t: str, reg: Region, slot_pre: list[str], lane_first: list[str]):
+        """Read input t's row positions into its register buffer (a vector where possible)."""
+        d = self.fusion.tensors[t].dtype
+        idx = reg.index_of(t)
+        strides = tensor_strides(self.bound, t)
+        lanes = [a for a, i in enumerate(idx) if LANE in i]
+        st = cuda.storage(d)
+        if (self.vec > 1 and len(lanes) == 1 and strides[lanes[0]] == 1
+                and all(x % self.vec == 0 for a, x in enumerate(strides) if a != lanes[0])):
+            a = lanes[0]
+            base = tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx))
+            slot_pre.append(f"p_{t}[k] = *reinterpret_cast<const fc_vec<{st}, {self.vec}>*>("
+                            f"in_{t} + {address(base, strides)});")
+            self.aligned[t] = self.vec * d.itemsize
+        else:
+            lane_first.append(f"p_{t}[k].v[{LANE}] = in_{t}[{address(idx, strides)}];")
+
+    def combine_groups(self, tid: str) -> list[str]:
+        """Sum the row groups' column accumulators in shared memory (the prefetch buffers are
+        done with), one accumulator at a time; the block writes one partial row."""
+        vec, slots, groups = self.vec, self.slots, self.rows_per_block
+        lines = ["fc_cp_async_wait<0>();"] if self.fetch.stages else []
+        for k, r in enumerate(self.col_reducers):
+            buf = f"colsm{k}"
+            lines += ["__syncthreads();  // shared memory is free for the column sums",
+                      "{",
+                      f"  {r.acc_type}* {buf} = reinterpret_cast<{r.acc_type}*>(fc_dyn);",
+                      f"  for (int k = 0; k < {slots}; ++k) {{",
+                      f"    const index_t c = (k * {self.threads_per_row} + {tid}) * {vec};",
+                      f"    if (c < {self.row_len})",
+                      f"      for (int {LANE} = 0; {LANE} < {vec}; ++{LANE})",
+                      f"        {buf}[g * {self.row_len} + c + {LANE}] = colacc{k}[k][{LANE}];",
+                      "  }",
+                      "  __syncthreads();",
+                      f"  for (index_t c = threadIdx.x; c < {self.row_len}; c += blockDim.x) {{",
+                      f"    {r.acc_type} a = {buf}[c];",
+                      f"    for (int w = 1; w < {groups}; ++w) a = {r.functor}(a, "
+                      f"{buf}[w * {self.row_len} + c]);",
+                      f"    ws_c{k}[(index_t)blockIdx.x * {self.row_len} + c] = a;",
+                      "  }",
+                      "}"]
+        return lines
+
+    # ---- the column finisher (inner-outer) ----------------------------------------------------
+
+    def column_finish(self, parts: int) -> tuple[list[str], Kernel]:
+        """Combine the blocks' partial column sums: a block takes 32 columns, its 32 rows of
+        threads stride over the partials, shared memory combines them, then the epilogue."""
+        sched = self.schedule
+        params: list[str] = []
+        names = [f"f_{a}" for a in self.row_axes]
+        region = Region(self.bound, sched, self.itype,
+                        slot_index(self.launch, ["0"] * len(self.rows_axes), names, False), 1,
+                        self.aligned, params, self.names)
+        reducers = list(enumerate(self.col_reducers))
+        lines = [f"__shared__ {r.acc_type} sm{k}[32][33];" for k, r in reducers]
+        lines += ["const index_t col = (index_t)blockIdx.x * 32 + threadIdx.x;"]
+        lines += [f"{r.acc_type} acc{k} = {r.identity};" for k, r in reducers]
+        lines += [f"if (col < {self.row_len}) {{",
+                  f"  for (int p = threadIdx.y; p < {parts}; p += 32) {{"]
+        lines += [f"    acc{k} = {r.functor}(acc{k}, ws_c{k}[(index_t)p * {self.row_len} + col]);"
+                  for k, r in reducers]
+        lines += ["  }", "}"]
+        lines += [f"sm{k}[threadIdx.y][threadIdx.x] = acc{k};" for k, _ in reducers]
+        lines += ["__syncthreads();", f"if (threadIdx.y == 0 && col < {self.row_len}) {{"]
+        epilogue = [f"for (int y = 1; y < 32; ++y) acc{k} = {r.functor}(acc{k}, "
+                    f"sm{k}[y][threadIdx.x]);" for k, r in reducers]
+        for k, r in reducers:
+            for out, expr in r.results(self.bound, f"acc{k}"):
+                region.em.lines.append(region.result(out, expr))
+        col_outputs = [t for t in sched.outputs if self.pers.stage[t] >= COLUMN]
+        for t in col_outputs:
+            region.store(t, region.raw(t))
+        epilogue += decompose("col", [self.domain[a] for a in self.row_axes], names, "index_t")
+        epilogue += region.finish()
+        lines += indent(epilogue, 2) + ["}"]
+        kname = f"{self.name}_columns"
+        ps = tensor_params(self.bound, sched.inputs, col_outputs, params)
+        ps += [KernelParam("ws", f"c{k}", f"const {r.acc_type}* __restrict__") for k, r in reducers]
+        blocks = max(1, -(-self.row_len // 32))
+        code = [f"// segment {self.index}: combine {parts} blocks' partial column sums",
+                signature(kname, ps, 1024) + " {"] + indent(lines, 2) + ["}"]
+        return code, Kernel(kname, ps, (blocks, 1, 1), (32, 32, 1))

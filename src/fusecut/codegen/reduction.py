@@ -1,0 +1,389 @@
+"""Reduction segments: every reduction reduces the same axes R of one domain P.
+
+- inner layout (the innermost axis of P is reduced): a warp per row for short rows, a block per
+  row otherwise; threads stride over the row with vector loads, reduce with warp shuffles and
+  shared memory, and one thread runs the epilogue on the reduced domain.
+- outer layout (the innermost axis is kept): threads take consecutive columns (vector loads along
+  the innermost axis), loop over rows, and combine through shared memory.
+When there are too few rows (inner) or columns (outer) to fill the GPU, the reduced axes are split
+across blocks: each writes partial accumulators to a workspace and a small finishing kernel
+combines them and runs the epilogue. P-domain outputs of the prologue are written in the main loop.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fusecut.codegen import cuda
+from fusecut.codegen.emit import Names
+from fusecut.codegen.kernel import (
+    Kernel,
+    KernelParam,
+    SegmentKernels,
+    Workspace,
+    indent,
+    kernel_code,
+    signature,
+    tensor_params,
+)
+from fusecut.codegen.launch import (
+    FINISH_THREADS,
+    MAX_VECTOR,
+    ColumnReductionLaunch,
+    RowReductionLaunch,
+    column_reduction_launch,
+    finish_blocks,
+    row_reduction_launch,
+    segment_index_type,
+)
+from fusecut.codegen.layout import decompose, index_typedefs
+from fusecut.codegen.online import accumulator_bytes, add_batched, segment_reducers
+from fusecut.codegen.regions import LANE, Region
+from fusecut.optimizer.analysis.axes import domain_axes
+from fusecut.optimizer.analysis.shapes import Bound
+from fusecut.optimizer.errors import PlanError
+from fusecut.optimizer.kinds.gather import ROW_GATHERS
+from fusecut.optimizer.kinds.resize import reads_results_shifted
+from fusecut.optimizer.kinds.rules import Schedule
+from fusecut.optimizer.profiles import DeviceProfile
+
+
+def _varies_along(schedule: Schedule, tensor: str, axes) -> bool:
+    return any(a in axes for m in schedule.axis_map[tensor] for a in domain_axes(m))
+
+
+def gathers_rows(bound: Bound, schedule: Schedule) -> bool:
+    """Whether the segment holds a gather of one element per row (``optimizer.kinds.gather``):
+    the only gathers a reduction segment may hold."""
+    return any(bound.fusion.ops[i].name in ROW_GATHERS for i in schedule.ops)
+
+
+def generate_reduction(bound: Bound, schedule: Schedule, profile: DeviceProfile,
+                       index: int, vector: int | None = None,
+                       recomputed: frozenset[int] = frozenset()) -> SegmentKernels:
+    """``recomputed``: ops of the segment that also run in another one (marked in comments)."""
+    domain = list(schedule.domain)
+    rank = len(domain)
+    red_axes = list(schedule.reduction_axes)
+    keep_axes = [a for a in range(rank) if a not in red_axes]
+    rows = math.prod(domain[a] for a in keep_axes)
+    row_len = math.prod(domain[a] for a in red_axes)
+    if rows == 0:
+        return SegmentKernels(index, "reduction", "", [])
+    inner = rank == 0 or (rank - 1) in red_axes
+    builder = _Builder(bound, schedule, profile, index, keep_axes, red_axes, rows, row_len,
+                       Names(recomputed))
+    max_vector = vector or MAX_VECTOR
+    if inner:
+        loaded = [t for t in schedule.inputs if _varies_along(schedule, t, red_axes)]
+        return builder.build_inner(row_reduction_launch(
+            bound, schedule, profile, rows, row_len, loaded or schedule.inputs, max_vector))
+    staged = reads_results_shifted(bound, schedule.ops, schedule.reductions)
+    return builder.build_outer(column_reduction_launch(bound, schedule, profile, rows, row_len,
+                                                       max_vector, staged), staged)
+
+
+class _Builder:
+    def __init__(self, bound, schedule, profile, index, keep_axes, red_axes, rows, row_len,
+                 names: Names):
+        self.bound, self.schedule, self.profile, self.index = bound, schedule, profile, index
+        self.keep_axes, self.red_axes = keep_axes, red_axes
+        self.rows, self.row_len = rows, row_len
+        self.domain = list(schedule.domain)
+        self.reducers = segment_reducers(bound, schedule)
+        self.itype = segment_index_type(bound, schedule)
+        self.aligned: dict[str, int] = {}
+        self.loop_outputs = [t for t in schedule.outputs
+                             if _varies_along(schedule, t, red_axes)]
+        self.epilogue_outputs = [t for t in schedule.outputs if t not in self.loop_outputs]
+        self.name = f"fusecut_segment{index}_reduction"
+        self.names = names
+        self.keep_names = [f"i{a}" for a in keep_axes]
+
+    # ---- pieces ---------------------------------------------------------------------------
+
+    def p_idx(self, keep_names, red_names, lane_axis: int | None) -> tuple[str, ...]:
+        out = []
+        ki, ri = iter(keep_names), iter(red_names)
+        for a in range(len(self.domain)):
+            var = next(ri) if a in self.red_axes else next(ki)
+            out.append(f"({var} + {LANE})" if a == lane_axis else var)
+        return tuple(out)
+
+    def accumulation_loop(self, vec: int, acc_of, flat: str) -> tuple[list[str], list[str]]:
+        """The body of the loop over the reduced axes (their index decomposed from ``flat``):
+        accumulate, store loop outputs. Also the scalar parameters it reads."""
+        red_names = [f"r{a}" for a in self.red_axes]
+        params: list[str] = []
+        lane_axis = len(self.domain) - 1 if vec > 1 else None
+        loop = Region(self.bound, self.schedule, self.itype,
+                      self.p_idx(self.keep_names, red_names, lane_axis), vec, self.aligned,
+                      params, self.names)
+        self.accumulate(loop, acc_of)
+        red_ext = [self.domain[a] for a in self.red_axes]
+        return loop.lane_block(decompose(flat, red_ext, red_names, "index_t")), params
+
+    def accumulate(self, region: Region, acc_of) -> None:
+        """Add each reduction's input (at this region's index) to its accumulator; store the
+        loop outputs."""
+        for r in self.reducers:
+            x = region.value(r.source)
+            x = cuda.convert(x, region.em.dtype(r.source).compute, r.value_dtype)
+            if not add_batched(region, r, acc_of(r), x):
+                region.em.lines.append(r.add(acc_of(r), x))
+        for t in self.loop_outputs:
+            region.store(t, region.raw(t))
+
+    def epilogue(self, region: Region, result_of, guard: str | None = None) -> None:
+        """Seed the reduction results and store the reduced-domain outputs."""
+        for r in self.reducers:
+            for out, expr in r.results(self.bound, result_of(r)):
+                region.em.lines.append(region.result(out, expr))
+        for t in self.epilogue_outputs:
+            region.store(t, region.raw(t), guard)
+
+    def finish_kernel(self, parts: int, ws_of) -> tuple[list[str], Kernel]:
+        """Combine ``parts`` partial accumulators per reduced-domain element, then the
+        epilogue."""
+        keep_ext = [self.domain[a] for a in self.keep_axes]
+        names = [f"o{a}" for a in self.keep_axes]
+        params: list[str] = []
+        region = Region(self.bound, self.schedule, self.itype,
+                        self.p_idx(names, ["0"] * len(self.red_axes), None), 1,
+                        self.aligned, params, self.names)
+        lines = [f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}"
+                 for k, r in enumerate(self.reducers)]
+        lines += [f"for (int p = 0; p < {parts}; ++p) {{"]
+        lines += [f"  acc{k} = {r.functor}(acc{k}, {ws_of(r, k)}[(index_t)p * {self.rows} + o]);"
+                  for k, r in enumerate(self.reducers)]
+        lines += ["}"]
+        ids = {id(r): k for k, r in enumerate(self.reducers)}
+        self.epilogue(region, lambda r: f"acc{ids[id(r)]}")
+        body_lines = decompose("o", keep_ext, names, "index_t") + lines + region.finish()
+        kname = f"{self.name}_finish"
+        ps = self.kernel_params(self.epilogue_outputs, params, "const ")
+        threads = FINISH_THREADS
+        blocks = finish_blocks(self.rows, self.profile)
+        code = [f"// segment {self.index}: combine {parts} partial results per output element",
+                signature(kname, ps, threads) + " {",
+                f"  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < "
+                f"{self.rows}; o += (index_t)gridDim.x * blockDim.x) {{"]
+        code += indent(body_lines, 4) + ["  }", "}"]
+        return code, Kernel(kname, ps, (blocks, 1, 1), (threads, 1, 1))
+
+    def kernel_params(self, outputs: list[str], params: list[str], workspaces: str | None
+                      ) -> list[KernelParam]:
+        """The tensors, scalars and (``workspaces``: their pointee qualifier, None for none) the
+        partial accumulators a kernel of the segment takes."""
+        ps = tensor_params(self.bound, self.schedule.inputs, outputs, params)
+        if workspaces is not None:
+            ps += [KernelParam("ws", f"r{k}", f"{workspaces}{r.acc_type}* __restrict__")
+                   for k, r in enumerate(self.reducers)]
+        return ps
+
+    def workspaces(self, parts: int) -> list[Workspace]:
+        return [Workspace(f"r{k}", parts * self.rows * accumulator_bytes(r))
+                for k, r in enumerate(self.reducers)]
+
+    # ---- inner layout -------------------------------------------------------------------------
+
+    def build_inner(self, launch: RowReductionLaunch) -> SegmentKernels:
+        sched = self.schedule
+        vec, warp_rows, per_row = launch.vector, launch.warp_rows, launch.per_row
+        rows_per_block, threads, split = launch.rows_per_block, launch.threads, launch.split
+        chunk = launch.chunk
+        keep_names = self.keep_names
+        loop_lines, params = self.accumulation_loop(
+            vec, lambda r: f"acc{self.reducers.index(r)}", "c")
+        tid = "(threadIdx.x & 31)" if warp_rows else "threadIdx.x"
+        step = per_row * vec
+        body = [f"__shared__ {r.acc_type} smem{k}[33];" for k, r in enumerate(self.reducers)]
+        row_expr = (f"(index_t)blockIdx.x * {rows_per_block} + (threadIdx.x >> 5)" if warp_rows
+                    else "(index_t)blockIdx.x")
+        row_step = (f"(index_t)gridDim.x * {rows_per_block}" if warp_rows
+                    else "(index_t)gridDim.x")
+        body += [f"for (index_t row = {row_expr}; row < {self.rows}; row += {row_step}) {{"]
+        inner = decompose("row", [self.domain[a] for a in self.keep_axes], keep_names, "index_t")
+        inner += [f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}"
+                  for k, r in enumerate(self.reducers)]
+        before_loop = len(inner)
+        begin = f"(index_t)blockIdx.y * {chunk}" if split > 1 else "0"
+        end = f"min((index_t){self.row_len}, {begin} + {chunk})" if split > 1 else \
+            f"(index_t){self.row_len}"
+        inner += [f"const index_t c_end = {end};",
+                  "#pragma unroll 4",
+                  f"for (index_t c = {begin} + {tid} * {vec}; c < c_end; c += {step}) {{"]
+        inner += indent(loop_lines, 2) + ["}"]
+        inner.append("// reduce across the threads of the row")
+        for k, r in enumerate(self.reducers):
+            if warp_rows:
+                inner.append(f"acc{k} = fc_warp_reduce(acc{k}, {r.functor});")
+            else:
+                inner.append(f"acc{k} = fc_block_reduce(acc{k}, {r.functor}, {r.identity}, "
+                             f"smem{k});")
+        kernels_code: list[str] = []
+        kernels: list[Kernel] = []
+        workspaces: list[Workspace] = []
+        if split > 1:
+            inner.append(f"if ({tid} == 0) {{")
+            inner += [f"  ws_r{k}[(index_t)blockIdx.y * {self.rows} + row] = acc{k};"
+                      for k in range(len(self.reducers))]
+            inner.append("}")
+            out_params = self.loop_outputs
+        else:
+            epi_params: list[str] = params
+            epi = Region(self.bound, sched, self.itype,
+                         self.p_idx(keep_names, ["0"] * len(self.red_axes), None), 1,
+                         self.aligned, epi_params, self.names)
+            self.epilogue(epi, lambda r: f"acc{self.reducers.index(r)}")
+            lines = epi.finish()
+            if gathers_rows(self.bound, sched) and epi.pre:
+                # a row gather's loads (the index, then the element it picks) go out before
+                # the row streams in, instead of after its reduction; every thread issues them
+                # (one address per row: a broadcast)
+                early = ["// the row's gathered elements, loaded while the row streams in",
+                         *epi.pre]
+                inner[before_loop:before_loop] = early
+                lines = lines[len(epi.pre):]
+            inner.append(f"if ({tid} == 0) {{")
+            inner += indent(lines, 2)
+            inner.append("}")
+            out_params = list(sched.outputs)
+        body += indent(inner, 2) + ["}"]
+        ps = self.kernel_params(out_params, params, "" if split > 1 else None)
+        blocks = launch.blocks
+        how = "a warp" if warp_rows else f"{per_row} threads"
+        note = f", split in {split} chunks" if split > 1 else ""
+        head = [f"// segment {self.index}: reduce {self.row_len} elements per row over "
+                f"{self.rows} rows (domain {self.domain}, reduced axes {self.red_axes}); "
+                f"{how} per row, {vec} per load{note}",
+                index_typedefs(self.itype),
+                signature(self.name, ps, threads) + " {"]
+        kernels_code += head + body + ["}"]
+        kernels.append(Kernel(self.name, ps, (blocks, split, 1), (threads, 1, 1)))
+        if split > 1:
+            code, k = self.finish_kernel(split, lambda r, i: f"ws_r{i}")
+            kernels_code += [""] + code
+            kernels.append(k)
+            workspaces = self.workspaces(split)
+        return SegmentKernels(self.index, "reduction", kernel_code(kernels_code), kernels,
+                              workspaces, self.aligned,
+                              {"layout": "inner", "vector": vec, "split": split,
+                               "index_type": self.itype})
+
+    def staged_results(self, epi: Region, vec: int):
+        """The outer epilogue's delegate: a reduction result at another column of the thread's
+        row (along the innermost axis; the block holds whole rows) is read from row 0 of the
+        combining buffer, where the block staged its results."""
+        last = len(self.domain) - 1
+        first_col = self.keep_names[-1]  # the innermost index of the thread's lane 0
+        results = {}
+        for k, r in enumerate(self.reducers):
+            for out, _ in r.results(self.bound, "acc"):
+                results[out] = (k, r)
+
+        def staged(tensor: str, idx) -> str | None:
+            if tensor not in results:
+                return None
+            own = epi.index_of(tensor)
+            amap = self.schedule.axis_map[tensor]
+            along = [j for j, m in enumerate(amap) if m == last]
+            if len(along) != 1 or any(a != b for j, (a, b) in enumerate(zip(idx, own))
+                                      if j != along[0]):
+                raise PlanError(f"{tensor} is read at {list(idx)}: a reduction result is "
+                                f"staged along the innermost axis only")
+            k, r = results[tensor]
+            col = f"threadIdx.x * {vec} + {idx[along[0]]} - {first_col}"
+            expr = dict(r.results(self.bound, f"smem{k}[0][{col}]"))[tensor]
+            return epi.em.let_value(tensor, expr, note=" (staged, another column)")
+
+        return staged
+
+    # ---- outer layout -------------------------------------------------------------------------
+
+    def build_outer(self, launch: ColumnReductionLaunch, staged: bool = False
+                    ) -> SegmentKernels:
+        """``staged``: the epilogue reads results at other columns of the thread's row (RoPE's
+        rotate-half of a group sum): the block stages them in shared memory first."""
+        sched = self.schedule
+        cols, rows_r = self.rows, self.row_len  # kept ("columns") and reduced extents
+        vec, bx, by, grid_x, split = launch.vector, launch.bx, launch.by, launch.grid_x, \
+            launch.split
+        keep_ext = [self.domain[a] for a in self.keep_axes]
+        keep_names = self.keep_names
+        loop_lines, params = self.accumulation_loop(
+            vec, lambda r: f"acc{self.reducers.index(r)}[{LANE}]", "r")
+        # rows taken by several threads of a block meet in shared memory (and so do staged
+        # results); a thread that summed its columns' rows alone needs none
+        combine = by > 1 or staged
+        body = [f"__shared__ {r.acc_type} smem{k}[{by}][{bx * vec}];"
+                for k, r in enumerate(self.reducers)] if combine else []
+        body += [f"const index_t col = ((index_t)blockIdx.x * {bx} + threadIdx.x) * {vec};",
+                 f"const bool active = col < {cols};"]
+        body += decompose("(active ? col : 0)", keep_ext, keep_names, "index_t")
+        for k, r in enumerate(self.reducers):
+            body += [f"{r.acc_type} acc{k}[{vec}];  // {r.describe()}",
+                     f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) acc{k}[{LANE}] = "
+                     f"{r.identity};"]
+        body += ["if (active) {",
+                 "  #pragma unroll 4",
+                 f"  for (index_t r = (index_t)blockIdx.y * {by} + threadIdx.y; r < {rows_r}; "
+                 f"r += (index_t)gridDim.y * {by}) {{"]
+        body += indent(loop_lines, 4) + ["  }", "}"]
+        comb = []
+        if combine:
+            body.append("// combine the rows the threads of the block took")
+            for k in range(len(self.reducers)):
+                body += [f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) "
+                         f"smem{k}[threadIdx.y][threadIdx.x * {vec} + {LANE}] = "
+                         f"acc{k}[{LANE}];"]
+            body += ["__syncthreads();", "if (threadIdx.y == 0 && active) {"]
+            for k, r in enumerate(self.reducers):
+                comb += [f"for (int y = 1; y < {by}; ++y)",
+                         f"  for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) acc{k}[{LANE}] = "
+                         f"{r.functor}(acc{k}[{LANE}], smem{k}[y][threadIdx.x * {vec} + "
+                         f"{LANE}]);"]
+        else:
+            body += ["// each thread summed its columns' rows alone", "if (active) {"]
+        if split > 1:
+            for k in range(len(self.reducers)):
+                comb += [f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE})",
+                         f"  ws_r{k}[(index_t)blockIdx.y * {cols} + col + {LANE}] = "
+                         f"acc{k}[{LANE}];"]
+            out_params = self.loop_outputs
+        else:
+            epi = Region(self.bound, sched, self.itype,
+                         self.p_idx(keep_names, ["0"] * len(self.red_axes),
+                                    len(self.domain) - 1 if vec > 1 else None),
+                         vec, self.aligned, params, self.names)
+            if staged:
+                epi.em.delegate_to(self.staged_results(epi, vec))
+            self.epilogue(epi, lambda r: f"acc{self.reducers.index(r)}[{LANE}]")
+            if staged:  # row 0 of each combining buffer takes the block's results
+                for k in range(len(self.reducers)):
+                    comb.append(f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) "
+                                f"smem{k}[0][threadIdx.x * {vec} + {LANE}] = acc{k}[{LANE}];")
+                body += indent(comb, 2) + ["}", "__syncthreads();",
+                                           "// the epilogue: results of other columns from there",
+                                           "if (threadIdx.y == 0 && active) {"]
+                comb = []
+            comb += epi.lane_block([])
+            out_params = list(sched.outputs)
+        body += indent(comb, 2) + ["}"]
+        ps = self.kernel_params(out_params, params, "" if split > 1 else None)
+        code = [f"// segment {self.index}: reduce {rows_r} rows for each of {cols} columns "
+                f"(domain {self.domain}, reduced axes {self.red_axes}); {vec} columns per "
+                f"thread, {by} rows at a time per block" + (f", {split} blocks per column"
+                                                             if split > 1 else ""),
+                index_typedefs(self.itype),
+                signature(self.name, ps, bx * by) + " {"] + indent(body, 2) + ["}"]
+        kernels = [Kernel(self.name, ps, (grid_x, split, 1), (bx, by, 1))]
+        workspaces: list[Workspace] = []
+        if split > 1:
+            fcode, fk = self.finish_kernel(split, lambda r, i: f"ws_r{i}")
+            code += [""] + fcode
+            kernels.append(fk)
+            workspaces = self.workspaces(split)
+        return SegmentKernels(self.index, "reduction", kernel_code(code), kernels, workspaces,
+                              self.aligned, {"layout": "outer", "vector": vec, "split": split,
+                                             "index_type": self.itype})

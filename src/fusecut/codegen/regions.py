@@ -1,0 +1,211 @@
+"""Shared machinery of the reduction-kind generators: a code region evaluates tensors at an index
+of the reduction domain P, with loads vectorised along the innermost axis and hoisted when they
+do not depend on the lane.
+
+A region owns its statements and memo: values computed inside a loop are not visible after it,
+so each region (loop body, epilogue, finishing kernel) starts fresh, seeded with the values the
+kernel itself holds there (reduction results, on-chip buffers).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from fusecut.codegen import cuda
+from fusecut.codegen.emit import LANE, Emitter, Names, join_index, value_name
+from fusecut.codegen.layout import address, compact_strides, tensor_strides
+from fusecut.codegen.precision import fast_math_tensors
+from fusecut.codegen.resize import whole_vector_resizes
+from fusecut.optimizer.analysis.axes import domain_axes
+from fusecut.optimizer.analysis.shapes import Bound
+from fusecut.optimizer.kinds.rules import Schedule
+
+_DECLARED = re.compile(r"\s*const [\w<>, :]+? (\w+) = ")
+_WORD = re.compile(r"[A-Za-z_]\w*")
+
+
+class Region:
+    def __init__(self, bound: Bound, schedule: Schedule, itype: str, p_idx: tuple[str, ...],
+                 vec: int, aligned: dict[str, int], params: list[str],
+                 names: Names | None = None):
+        """``p_idx``: the index of every domain axis in this region (C expressions); ``vec``:
+        lanes of the innermost axis (its index contains ``_lane``); ``names``: those of the
+        kernel source the region is part of."""
+        self.bound = bound
+        self.schedule = schedule
+        self.p_idx = p_idx
+        self.vec = vec
+        self.aligned = aligned
+        self.params = params
+        self.pre: list[str] = []
+        self.decls: list[str] = []  # registers of vectorised stores (before the lane loop)
+        self.post: list[str] = []  # the vector stores (after the lane loop)
+        self._vec_loads: dict[tuple, str] = {}
+        self._computed: set[str] = set()  # names the statements declare (see _reads_computed)
+        self._scanned = 0
+        self.em = Emitter(bound, schedule.ops, set(schedule.inputs), self._load, itype, names,
+                          fast_math_tensors(bound, schedule),
+                          resizes=whole_vector_resizes(bound, schedule.ops, vec))
+
+    def index_of(self, tensor: str) -> tuple[str, ...]:
+        """The tensor's index in this region, through its axis map onto the domain (an axis on
+        a run of domain axes joins their indices, as the emitter's reshapes do)."""
+        return tensor_index(self.schedule, self.p_idx, tensor, self.em.join)
+
+    def value(self, tensor: str) -> str:
+        return self.em.value(tensor, self.index_of(tensor))
+
+    def raw(self, tensor: str) -> str:
+        """The value to store (see ``Emitter.raw``)."""
+        return self.em.raw(tensor, self.index_of(tensor))
+
+    def seed(self, tensor: str, expr: str) -> None:
+        """A value the kernel holds itself (an on-chip buffer)."""
+        self.em.memo[(tensor, self.index_of(tensor))] = expr
+
+    def result(self, tensor: str, expr: str) -> str:
+        """Declare a value the kernel computed itself (a reduction result); returns the line."""
+        return self.em.result(tensor, self.index_of(tensor), expr)
+
+    def store(self, tensor: str, expr: str, guard: str | None = None) -> None:
+        """Write a value: lane by lane into a register vector stored whole after the lane loop
+        where the tensor's innermost stored axis follows the lanes, else element by element."""
+        d = self.bound.fusion.tensors[tensor].dtype
+        idx = self.index_of(tensor)
+        strides = compact_strides(self.bound, tensor)
+        lanes = [a for a, i in enumerate(idx) if LANE in i]
+        if (guard is None and self.vec > 1 and len(lanes) == 1
+                and idx[lanes[0]].endswith(f" + {LANE})") and strides[lanes[0]] == 1
+                and all(s % self.vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
+            a = lanes[0]
+            base = tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx))
+            reg = f"o_{tensor}"
+            st = cuda.storage(d)
+            self.decls.append(f"fc_vec<{st}, {self.vec}> {reg};")
+            self.em.lines.append(f"{reg}.v[{LANE}] = {cuda.to_storage(expr, d)};")
+            self.post.append(f"*reinterpret_cast<fc_vec<{st}, {self.vec}>*>(out_{tensor} + "
+                             f"{address(base, strides)}) = {reg};")
+            self.aligned[tensor] = self.vec * d.itemsize
+            return
+        where = address(idx, strides)
+        line = f"out_{tensor}[{where}] = {cuda.to_storage(expr, d)};"
+        self.em.lines.append(f"if ({guard}) {line}" if guard else line)
+
+    def lane_block(self, prefix: list[str]) -> list[str]:
+        """``prefix``, the hoisted loads, then the per-lane statements in a lane loop, then the
+        vector stores."""
+        self.finish()
+        lines = prefix + self.pre + self.decls + lane_loop(self.vec, self.em.lines) + self.post
+        return lines
+
+    def finish(self) -> list[str]:
+        for p in self.em.params:
+            if p not in self.params:
+                self.params.append(p)
+        return self.pre + self.em.lines
+
+    def _load(self, t: str, idx: tuple[str, ...]) -> str:
+        bound, em = self.bound, self.em
+        d = bound.fusion.tensors[t].dtype
+        strides = tensor_strides(bound, t)
+        st, ct = cuda.storage(d), cuda.compute(d)
+        if all(LANE not in i for i in idx) and not self._reads_computed(idx):
+            name = em.names.fresh(value_name(t))
+            self.pre.append(f"const {ct} {name} = "
+                            f"{cuda.to_compute(f'in_{t}[{address(idx, strides)}]', d)};")
+            return name
+        lanes = [a for a, i in enumerate(idx) if LANE in i]
+        if (self.vec > 1 and len(lanes) == 1 and idx[lanes[0]].endswith(f" + {LANE})")
+                and strides[lanes[0]] == 1
+                and all(s % self.vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
+            a = lanes[0]
+            base = tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx))
+            key = (t, base)
+            if key not in self._vec_loads:
+                vname = em.names.fresh(f"vec_{t}")
+                read = vector_read(st, self.vec, f"in_{t} + {address(base, strides)}",
+                                   em.lane_guard(idx[a]))
+                self.pre.append(f"const fc_vec<{st}, {self.vec}> {vname} = {read};")
+                self._vec_loads[key] = vname
+                self.aligned[t] = self.vec * d.itemsize
+            return cuda.to_compute(f"{self._vec_loads[key]}.v[{LANE}]", d)
+        return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
+
+    def _reads_computed(self, idx: tuple[str, ...]) -> bool:
+        """Whether an index reads a value the region's statements compute (a gather's index
+        computed from its input): a load at it cannot be hoisted above them."""
+        lines = self.em.lines
+        for line in lines[self._scanned:]:
+            m = _DECLARED.match(line)
+            if m:
+                self._computed.add(m.group(1))
+        self._scanned = len(lines)
+        return any(w in self._computed for i in idx for w in _WORD.findall(i))
+
+
+def tensor_index(schedule: Schedule, p_idx: tuple[str, ...], tensor: str,
+                 join: Callable[[tuple[str, ...], tuple[int, ...]], str] = join_index
+                 ) -> tuple[str, ...]:
+    """The tensor's index where the domain's axes are indexed by ``p_idx``, through its axis
+    map (an axis on a run of domain axes joins their indices with ``join``)."""
+    out = []
+    for m in schedule.axis_map[tensor]:
+        run = domain_axes(m)
+        if not run:
+            out.append("0")
+        elif len(run) == 1:
+            out.append(p_idx[run[0]])
+        else:
+            out.append(join(tuple(p_idx[a] for a in run),
+                            tuple(schedule.domain[a] for a in run)))
+    return tuple(out)
+
+
+def shorter_axes(bound: Bound, schedule: Schedule, t: str) -> list[tuple[int, int]]:
+    """(axis of output t, the domain axis it runs along) wherever t is shorter than the domain
+    (k's heads beside q's, a slice written out): t's stores there are guarded, and the loads
+    that feed it must stay inside their tensors (``codegen.bounds``)."""
+    return [(a, m) for a, m in enumerate(schedule.axis_map[t])
+            if m is not None and bound.shapes[t][a] < schedule.domain[m]]
+
+
+def vector_read(storage: str, vec: int, pointer: str, guard: str | None = None) -> str:
+    """A vector of ``vec`` values of C type ``storage`` at ``pointer`` (aligned to the
+    vector); where ``guard`` is given, read only under it (zeros otherwise: a piece of a cat or
+    pad the vector does not lie in)."""
+    vt = f"fc_vec<{storage}, {vec}>"
+    read = f"*reinterpret_cast<const {vt}*>({pointer})"
+    return f"{guard} ? {read} : {vt}{{}}" if guard else read
+
+
+def vector_address(bound: Bound, t: str, idx: tuple[str, ...], vec: int) -> str | None:
+    """The address of input t's first element at index ``idx`` (its lanes along the
+    innermost axis), if its ``vec`` lanes are contiguous in memory (else None)."""
+    strides = tensor_strides(bound, t)
+    lanes = [a for a, i in enumerate(idx) if LANE in i]
+    if vec == 1 and not lanes:
+        return address(idx, strides)
+    if (vec > 1 and len(lanes) == 1 and strides[lanes[0]] == 1
+            and all(x % vec == 0 for a, x in enumerate(strides) if a != lanes[0])):
+        a = lanes[0]
+        return address(tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx)),
+                       strides)
+    return None
+
+
+def at_lane_zero(component: str) -> str:
+    """An index component of a vector's first lane: ``(c_2 + _lane)`` -> ``c_2``, and for an
+    axis joined from several (``(i1 * 64 + c_2 + _lane)``) -> ``(i1 * 64 + c_2)``."""
+    suffix = f" + {LANE})"
+    if not (component.startswith("(") and component.endswith(suffix)):
+        return component
+    inner = component[1:-len(suffix)]
+    return inner if re.fullmatch(r"\w+", inner) else f"({inner})"
+
+
+def lane_loop(vec: int, lines: list[str]) -> list[str]:
+    if vec == 1:
+        return [f"const int {LANE} = 0;", *lines] if any(LANE in x for x in lines) else lines
+    return ["#pragma unroll", f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) {{",
+            *["  " + x for x in lines], "}"]

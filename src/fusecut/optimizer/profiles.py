@@ -1,0 +1,66 @@
+"""Device profiles: the numbers the cost model and the kind rules use.
+
+Bandwidths are what a large device-to-device copy reaches (bytes read plus written per second),
+not datasheet peaks: the planner estimates time from them, and the floor of a fusion is its
+lower-bound bytes over this bandwidth. ``persistent_budget`` is how many bytes of one row a
+normalization kernel may keep on chip (registers and shared memory of one block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from fusecut.optimizer.errors import PlanError
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str
+    bandwidth: float  # bytes/s, copy bandwidth counting reads and writes
+    sm_count: int
+    smem_per_block: int  # bytes of shared memory a block may use (opt-in maximum)
+    launch_overhead_s: float  # per kernel, as seen between back-to-back launches
+    persistent_budget: int  # bytes of one row a persistent (normalization) kernel keeps on chip
+    compute_rate: float  # simple fp32 ops per second, for the recomputation term
+    arch: str = "sm_90"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+PROFILES: dict[str, DeviceProfile] = {
+    "H100": DeviceProfile("H100", bandwidth=2.94e12, sm_count=132, smem_per_block=227 * 1024,
+                          launch_overhead_s=4e-6, persistent_budget=96 * 1024,
+                          compute_rate=4.0e13, arch="sm_90"),
+    "H200": DeviceProfile("H200", bandwidth=4.3e12, sm_count=132, smem_per_block=227 * 1024,
+                          launch_overhead_s=4e-6, persistent_budget=96 * 1024,
+                          compute_rate=4.0e13, arch="sm_90"),
+    "A100": DeviceProfile("A100", bandwidth=1.7e12, sm_count=108, smem_per_block=163 * 1024,
+                          launch_overhead_s=5e-6, persistent_budget=64 * 1024,
+                          compute_rate=1.9e13, arch="sm_80"),
+}
+DEFAULT_PROFILE = "H100"
+
+
+def get_profile(name: str | None = None, overrides: dict[str, Any] | None = None) -> DeviceProfile:
+    """A built-in profile by name (case-insensitive), with fields overridden per request."""
+    key = (name or DEFAULT_PROFILE).upper()
+    if key not in PROFILES:
+        raise PlanError(f"unknown device profile {name!r}; built in: {', '.join(PROFILES)}")
+    profile = PROFILES[key]
+    if overrides:
+        fields = set(DeviceProfile.__dataclass_fields__) - {"name"}
+        unknown = set(overrides) - fields
+        if unknown:
+            raise PlanError(f"unknown device profile fields {sorted(unknown)}; "
+                            f"known: {sorted(fields)}")
+        for field, value in overrides.items():
+            if field == "arch":
+                if not isinstance(value, str) or not value.startswith("sm_"):
+                    raise PlanError(f"device arch must look like 'sm_90', got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise PlanError(f"device profile field {field} must be a positive number, "
+                                f"got {value!r}")
+        profile = replace(profile, **overrides)
+    return profile

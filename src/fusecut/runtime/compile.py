@@ -1,0 +1,129 @@
+"""NVRTC compilation with an in-memory and on-disk cache.
+
+Sources compile through cuda-python (``cuda.core``'s Program) to a cubin for one architecture;
+headers such as ``cuda_bf16.h`` are found with ``cuda.pathfinder``. The cache key is the SHA-256 of
+the source, the architecture, the options and the NVRTC version, so a warm process never
+recompiles and a new process reuses the disk cache (``$FUSECUT_CACHE_DIR``, default
+``~/.cache/fusecut/kernels``). NVRTC needs no GPU: CI compiles every generated kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fusecut.runtime.lru import BoundedCache
+
+OPTIONS = ("std=c++17",)
+
+
+class CompileError(RuntimeError):
+    """NVRTC rejected a generated kernel (a fusecut bug: the log says where)."""
+
+
+@dataclass
+class CompileStats:
+    compiles: int = 0
+    memory_hits: int = 0
+    disk_hits: int = 0
+    seconds: float = 0.0
+
+
+STATS = CompileStats()
+MAX_CUBINS = 512  # in memory; the disk cache keeps every one
+_memory: BoundedCache[str, bytes] = BoundedCache(MAX_CUBINS)
+_lock = threading.Lock()  # guards STATS
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("FUSECUT_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "fusecut" / "kernels"
+
+
+@functools.lru_cache(maxsize=1)
+def include_dirs() -> tuple[str, ...]:
+    from cuda import pathfinder
+
+    found = pathfinder.find_nvidia_header_directory("cudart")
+    if not found:
+        raise CompileError("CUDA runtime headers (cuda_fp16.h, cuda_bf16.h) were not found; "
+                           "install cuda-python[all] or the CUDA toolkit")
+    return (str(found),)
+
+
+@functools.lru_cache(maxsize=1)
+def nvrtc_version() -> str:
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    return f"{major}.{minor}"
+
+
+@functools.lru_cache(maxsize=1)
+def defines() -> tuple[str, ...]:
+    """Macros that make kernels follow the installed torch where torch's own semantics changed:
+    torch < 2.12 casts a float past float8_e4m3fn's range (and inf) to NaN, later versions
+    saturate to +-448 (the preamble's fc_f_to_e4m3 does either)."""
+    import torch
+
+    overflow = torch.tensor([1000.0]).to(torch.float8_e4m3fn).float()
+    return ("FC_E4M3_OVERFLOW_NAN",) if bool(overflow.isnan()) else ()
+
+
+def cache_key(source: str, arch: str) -> str:
+    blob = "\0".join([source, arch, *OPTIONS, *defines(), nvrtc_version()])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def compile_cubin(source: str, arch: str = "sm_90", name: str = "fusecut") -> bytes:
+    """The cubin of ``source`` for ``arch``, from cache when possible."""
+    key = cache_key(source, arch)
+    hit = _memory.get(key)
+    if hit is not None:
+        with _lock:
+            STATS.memory_hits += 1
+        return hit
+    path = cache_dir() / f"{key}.cubin"
+    if path.exists():
+        data = path.read_bytes()
+        _memory.put(key, data)
+        with _lock:
+            STATS.disk_hits += 1
+        return data
+    start = time.perf_counter()
+    data = _nvrtc(source, arch, name)
+    elapsed = time.perf_counter() - start
+    _memory.put(key, data)
+    with _lock:
+        STATS.compiles += 1
+        STATS.seconds += elapsed
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(data)
+        tmp.replace(path)  # atomic: concurrent processes never see half a file
+    except OSError:
+        pass  # a read-only home still compiles; it just does not persist
+    return data
+
+
+def _nvrtc(source: str, arch: str, name: str) -> bytes:
+    from cuda.core import Program, ProgramOptions
+
+    options = ProgramOptions(arch=arch, std="c++17", include_path=list(include_dirs()),
+                             define_macro=list(defines()) or None)
+    try:
+        program = Program(source, "c++", options=options)
+        module = program.compile("cubin", name_expressions=())
+    except Exception as e:  # NVRTC reports through exceptions carrying its log
+        raise CompileError(f"NVRTC failed for {name} ({arch}): {e}") from e
+    return bytes(module.code)
+
+
+def clear_memory_cache() -> None:
+    _memory.clear()

@@ -1,0 +1,318 @@
+"""The GPU worker: a separate process that owns the CUDA context and runs executions.
+
+The service sends it a plan and tensors over a pipe and waits, with a timeout. If a kernel (or
+anything else) kills the process, the request in flight fails with ``WorkerCrashed``, a new
+worker starts, and the service keeps serving. Without a GPU the worker runs the CPU path (the
+torch reference). ``Worker(process=False)`` runs executions in the service's own process.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from fusecut.service.processes.children import become_child, reap, start_child
+
+
+class WorkerCrashed(RuntimeError):
+    """The worker process died while running a request."""
+
+
+class WorkerTimeout(RuntimeError):
+    """The worker did not answer within the request's timeout (it was restarted)."""
+
+
+class WorkerUnavailable(RuntimeError):
+    """No worker is running (it is starting, or failed to start)."""
+
+
+def _describe_device() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One execution: the plan (by id), the inputs by name (scalars as one-element tensors),
+    the response's wire format ("json" or "safetensors": its outputs must fit it) and the
+    limits on what the execution may make (see service.processes.limits)."""
+
+    plan_id: str
+    tensors: dict[str, Any]
+    wire: str = "safetensors"
+    max_output_bytes: int = 1 << 62
+    max_tensor_bytes: int = 1 << 62
+
+
+# How a worker gets a plan it does not hold: the JSON texts of the request that made it (its
+# definition and input metadata) and of the plan, from which it rebuilds the plan without
+# solving. Texts, not a Plan object: pickling a 20,000-op plan held the service's GIL for a
+# second.
+PlanSource = tuple[str, str]
+
+
+def restore_stored(source: PlanSource):
+    from fusecut.optimizer.ir.wire import fusion_from_json, meta_from_json
+    from fusecut.optimizer.plan.restore import restore_plan
+
+    request, plan = json.loads(source[0]), json.loads(source[1])
+    fusion = fusion_from_json(request["definition"])
+    return restore_plan(fusion, [meta_from_json(m) for m in request["inputs"]], plan)
+
+
+class _Runner:
+    """Executes jobs; lives in the worker process (or in the service, inline)."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.plans: OrderedDict[str, Any] = OrderedDict()
+
+    def execute(self, job: Job, source: PlanSource | None) -> dict[str, Any]:
+        import fusecut.runtime.compile as rc
+        from fusecut.optimizer.errors import FusecutError
+        from fusecut.runtime.run import run_plan
+        from fusecut.service.processes.limits import check_result_sizes
+        from fusecut.wire.tensors import arguments, check_encodable, to_device
+
+        try:
+            plan = self.plans.get(job.plan_id)
+            if plan is None:
+                if source is None:
+                    return {"ok": False, "kind": "MissingPlan", "message": job.plan_id}
+                plan = self.plans[job.plan_id] = restore_stored(source)
+                while len(self.plans) > 64:
+                    self.plans.popitem(last=False)
+            self.plans.move_to_end(job.plan_id)
+            args = arguments(plan.fusion, job.tensors)
+            check_encodable(plan.fusion, job.wire)
+            check_result_sizes(plan, job.max_output_bytes, job.max_tensor_bytes)
+            args = [to_device(v, self.device) if isinstance(v, self.torch.Tensor) else v
+                    for v in args]
+            stats = rc.STATS
+            before = (stats.compiles, stats.seconds, stats.memory_hits + stats.disk_hits)
+            result = run_plan(plan, args, timed=True)
+            outputs = [(name, t.cpu()) for name, t in zip(plan.fusion.outputs, result.outputs)]
+        except FusecutError as e:
+            return {"ok": False, "kind": type(e).__name__, "message": str(e)}
+        return {"ok": True, "plan_id": job.plan_id, "outputs": outputs,
+                "backend": result.backend, "timings": [t.__dict__ for t in result.timings],
+                "compiles": rc.STATS.compiles - before[0],
+                "compile_seconds": rc.STATS.seconds - before[1],
+                "cache_hits": rc.STATS.memory_hits + rc.STATS.disk_hits - before[2]}
+
+
+# Plain pickle, not multiprocessing's (which would share tensors through fds). Every CPU tensor
+# travels as its bytes, out of band: pickling its storage copies it while holding the GIL (90 ms
+# per 100 MB, a stall of the service's event loop), while its bytes are written to and read from
+# the pipe a chunk at a time, and copied into a tensor by torch, which lets other threads run.
+# Small tensors too: torch cannot unpickle its own uint16/32/64 and float8 tensors ("type object
+# 'UntypedStorage' has no attribute 'dtype'"), which killed the worker on a 4-byte input.
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        torch = sys.modules.get("torch")
+        if torch is None or type(obj) is not torch.Tensor or obj.device.type != "cpu" \
+                or obj.requires_grad:
+            return NotImplemented
+        # by its module's name: this module is __main__ in the worker process
+        from fusecut.wire.safetensors import tensor_from_bytes
+
+        # stride-0 (expanded) axes travel as one entry and are expanded again on arrival
+        core = obj
+        for axis in range(obj.dim()):
+            if obj.stride(axis) == 0 and obj.shape[axis] > 1:
+                core = core.narrow(axis, 0, 1)
+        flat = core.contiguous().reshape(-1)
+        if flat.numel() and flat.stride(0) != 1:  # one element with stride 0 is "contiguous"
+            flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+        raw = pickle.PickleBuffer(flat.view(torch.uint8).numpy())
+        return tensor_from_bytes, (raw, obj.dtype, tuple(core.shape), tuple(obj.shape))
+
+
+def _send(conn: Connection, message: Any) -> None:
+    buffers: list[pickle.PickleBuffer] = []
+    head = io.BytesIO()
+    _Pickler(head, protocol=5, buffer_callback=buffers.append).dump(message)
+    conn.send_bytes(len(buffers).to_bytes(4, "little") + head.getbuffer())
+    for raw in buffers:
+        conn.send_bytes(raw.raw())
+
+
+def _recv(conn: Connection) -> Any:
+    head = conn.recv_bytes()
+    buffers = [conn.recv_bytes() for _ in range(int.from_bytes(head[:4], "little"))]
+    return pickle.loads(memoryview(head)[4:], buffers=buffers)
+
+
+def _main(conn: Connection) -> None:  # the worker process
+    try:
+        runner = _Runner()
+        _send(conn, {"ready": True, "device": _describe_device()})
+    except Exception as e:  # report, then exit: the service restarts us
+        _send(conn, {"ready": False, "error": repr(e)})
+        return
+    while True:
+        try:
+            request = _recv(conn)
+        except (EOFError, OSError):
+            return
+        except Exception as e:  # a message this process cannot decode: say so, keep serving
+            _send(conn, {"ok": False, "kind": "InternalError",
+                         "message": f"the worker could not decode the request: {e!r}"})
+            continue
+        try:
+            response = runner.execute(request["job"], request["source"])
+        except Exception as e:  # a bug in fusecut: report it, keep serving
+            response = {"ok": False, "kind": "InternalError", "message": repr(e)}
+        _send(conn, response)
+
+
+class Worker:
+    """The service's handle on the worker process: start, restart, run one request at a time."""
+
+    def __init__(self, process: bool = True, start_timeout: float = 120.0,
+                 env: dict[str, str] | None = None):
+        self.process = process
+        self.start_timeout = start_timeout
+        self.env = env or {}  # for the worker process: CUDA_VISIBLE_DEVICES pins it to a GPU
+        self.restarts = 0
+        self.device = "starting"
+        self._lock = threading.Lock()  # one request at a time through the socket
+        self._proc: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self._inline: _Runner | None = None
+        self._known: set[str] = set()  # plan ids the current worker holds
+        self._settled = threading.Event()  # set once a start has succeeded or failed
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the worker in the background; ``ready`` says when it takes requests."""
+        self._settled.clear()
+        self.device = "starting"
+        threading.Thread(target=self._start, daemon=True, name="fusecut-worker-start").start()
+
+    def _start(self) -> None:
+        try:
+            if self.process:
+                self._spawn()
+            else:
+                self._inline = _Runner()
+                self.device = _describe_device()
+        finally:
+            self._settled.set()
+
+    def _spawn(self) -> None:
+        proc, conn = start_child("fusecut.service.processes.worker", self.env)
+        hello: dict[str, Any] = {"ready": False, "error": "no answer"}
+        if conn.poll(self.start_timeout):
+            try:
+                hello = _recv(conn)
+            except (EOFError, OSError):
+                hello = {"ready": False, "error": f"exited with code {proc.wait()}"}
+        if not hello.get("ready"):
+            reap(proc, conn)
+            self.device = f"failed to start: {hello.get('error')}"
+            return
+        self._proc, self._conn, self._known = proc, conn, set()
+        self.device = hello["device"]
+
+    def wait_ready(self, timeout: float) -> bool:
+        self._settled.wait(timeout)
+        return self.ready
+
+    @property
+    def ready(self) -> bool:
+        if not self.process:
+            return self._inline is not None
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def settled(self) -> bool:
+        """False while a start is under way."""
+        return self._settled.is_set()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def restart(self) -> None:
+        self._kill()
+        self.restarts += 1
+        self.start()
+
+    def stop(self) -> None:
+        self._kill()
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            reap(self._proc, self._conn)
+        self._proc = self._conn = None
+
+    # ---- requests -----------------------------------------------------------------------------
+
+    def execute(self, job: Job, source: Callable[[], PlanSource], timeout: float
+                ) -> dict[str, Any]:
+        """Run ``job``: the worker's response (``ok``, named outputs, timings...). ``source``
+        gives the plan when this worker does not hold it."""
+        with self._lock:
+            if not self.wait_ready(self.start_timeout):
+                if self._settled.is_set():  # it failed to start, or died idle: try again
+                    self.restart()
+                raise WorkerUnavailable(f"the worker is not running ({self.device})")
+            if not self.process:
+                response = self._inline.execute(job, None)
+                if response.get("kind") == "MissingPlan":
+                    response = self._inline.execute(job, source())
+                return response
+            known = job.plan_id in self._known
+            response = self._call(job, None if known else source(), timeout)
+            if response.get("kind") == "MissingPlan":  # the worker forgot it: send it again
+                response = self._call(job, source(), timeout)
+            return response
+
+    def knows(self, plan_id: str) -> bool:
+        """Whether this worker was sent the plan (and so likely holds it)."""
+        return plan_id in self._known
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    def _call(self, job: Job, source: PlanSource | None, timeout: float) -> dict[str, Any]:
+        try:
+            _send(self._conn, {"job": job, "source": source})
+            self._known.add(job.plan_id)
+            deadline = time.monotonic() + timeout
+            while not self._conn.poll(0.05):
+                if self._proc.poll() is not None:
+                    raise EOFError
+                if time.monotonic() > deadline:
+                    self.restart()
+                    raise WorkerTimeout(f"the execution took longer than {timeout:g} s; the "
+                                        f"worker was restarted")
+            return _recv(self._conn)
+        except (EOFError, OSError):
+            code = self._proc.poll() if self._proc is not None else None
+            self.restart()
+            raise WorkerCrashed(f"the GPU worker died while running this request (exit code "
+                                f"{code}); it is restarting") from None
+
+
+if __name__ == "__main__":
+    _main(become_child(sys.argv))
