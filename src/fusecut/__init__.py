@@ -22,7 +22,7 @@ _LAZY = {
     "AsyncClient": "fusecut.client", "Client": "fusecut.client",
     "RemoteExecution": "fusecut.client", "ServiceError": "fusecut.client",
     "DataType": "fusecut.definition", "FusionDefinition": "fusecut.definition",
-    "ParallelType": "fusecut.definition", "Plan": "fusecut.plan", "PlanView": "fusecut.plan",
+    "ParallelType": "fusecut.definition", "PlanView": "fusecut.plan",
     "ParsedDefinition": "fusecut.optimizer.ir.nvtext", "parse_text": "fusecut.optimizer.ir.nvtext",
 }
 
@@ -30,11 +30,11 @@ if TYPE_CHECKING:
     from fusecut.client import AsyncClient, Client, RemoteExecution, ServiceError
     from fusecut.definition import DataType, FusionDefinition, ParallelType
     from fusecut.optimizer.ir.nvtext import ParsedDefinition, parse_text  # noqa: F401
-    from fusecut.plan import Plan, PlanView
+    from fusecut.plan import PlanView
 
 __all__ = [
     "AsyncClient", "Client", "DataType", "DefinitionError", "FusecutError", "FusionDefinition",
-    "InputError", "ParallelType", "ParsedDefinition", "Plan", "PlanError", "PlanView",
+    "InputError", "ParallelType", "ParsedDefinition", "PlanError", "PlanView",
     "RemoteExecution",
     "ServiceError", "load",
 ]

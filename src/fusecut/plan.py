@@ -102,5 +102,3 @@ class PlanView:
                 f"{human_bytes(self.io_bytes)} moved, io_ratio {self.io_ratio:.3f}, greedy "
                 f"{human_bytes(self.baseline['io_bytes'])})")
 
-
-Plan = PlanView  # ``fusecut.Plan``: the SDK's first name for it, kept for existing callers

@@ -199,7 +199,7 @@ def test_sdk_clients_plan_and_execute(server):
     want = x / x.exp().sum(1, keepdim=True)
     with fusecut.Client(server.url) as client:
         plan = client.plan(fd, [x], time_limit_s=3)
-        assert isinstance(plan, fusecut.Plan)
+        assert isinstance(plan, fusecut.PlanView)
         local = fd.plan([x], time_limit_s=3).to_json()  # the same plan as local planning
         assert {k: v for k, v in plan.to_json().items() if k != "solver"} == \
             {k: v for k, v in local.items() if k != "solver"}

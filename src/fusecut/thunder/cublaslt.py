@@ -66,9 +66,9 @@ def _load() -> ctypes.CDLL:
 
 
 @dataclass
-class Plan:
-    """One GEMM shape and epilogue: descriptors, the heuristic's algorithm, and scratch for the
-    pointers a call sets."""
+class MatmulPlan:
+    """A cuBLASLt matmul for one GEMM shape and epilogue: descriptors, the heuristic's algorithm,
+    and scratch for the pointers a call sets."""
 
     desc: ctypes.c_void_p
     layouts: tuple[ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -87,7 +87,7 @@ class CublasLt:
         _check(self.lt.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
         self.alpha, self.beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self.accumulate = ctypes.c_float(1.0)  # beta when C is added
-        self.plans: dict[tuple, Plan | None] = {}
+        self.plans: dict[tuple, MatmulPlan | None] = {}
         self.workspaces: dict[tuple[int, int], torch.Tensor] = {}
         self.lock = threading.Lock()
 
@@ -104,7 +104,7 @@ class CublasLt:
 
     def plan(self, dtype: torch.dtype, trans_a: int, a_shape: tuple[int, int], trans_b: int,
              b_shape: tuple[int, int], d_shape: tuple[int, int], epilogue: str,
-             workspace: int) -> Plan | None:
+             workspace: int) -> MatmulPlan | None:
         """The plan of ``D = op(A) op(B)`` (column-major shapes, each leading dimension its
         rows), or None where the heuristic offers no algorithm (the caller computes it unfused)."""
         # the heuristic's choice is the current device's (cuda.current_device: a C call)
@@ -136,7 +136,7 @@ class CublasLt:
                 self.handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref, 1,
                 ctypes.byref(algo), ctypes.byref(found))
             self.lt.cublasLtMatmulPreferenceDestroy(pref)
-            plan = Plan(desc, layouts, algo) if status == 0 and found.value == 1 else None
+            plan = MatmulPlan(desc, layouts, algo) if status == 0 and found.value == 1 else None
             self.plans[key] = plan
             return plan
 
@@ -148,7 +148,7 @@ class CublasLt:
             self.workspaces[key] = workspace
         return workspace
 
-    def run(self, plan: Plan, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
+    def run(self, plan: MatmulPlan, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
             bias: torch.Tensor | None = None, aux: torch.Tensor | None = None,
             c: torch.Tensor | None = None) -> None:
         """``d = epilogue(op(a) op(b) + c)`` on the current stream (``c`` laid out as ``d``)."""
