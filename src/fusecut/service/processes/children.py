@@ -28,9 +28,11 @@ POLL_S = 0.2  # how often a helper looks for its parent
 
 
 def child_env() -> dict[str, str]:
-    """A helper imports fusecut's packages from where this process found them."""
+    """A helper imports fusecut's packages from where this process found them: the folder
+    holding the ``fusecut`` package (src/), never a package's own folder, whose modules (e.g.
+    service/http.py) would shadow the standard library's."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[3])  # src/fusecut/service/processes/children.py
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
 
