@@ -1,5 +1,6 @@
 """The service's OpenAPI document: request and problem schemas under components, every error
-answered as problem+json documented, and Swagger UI served from the package (no CDN).
+answered as problem+json documented, and Swagger UI's files served from the package (no CDN; the
+/docs page is service.routes.docs).
 
 Swagger UI's files come from the ``swagger-ui-bundle`` package (Swagger UI is Apache-2.0, as is
 that package).
@@ -10,16 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 from pydantic.json_schema import models_json_schema
 
 from fusecut.service.models import ExecuteRequest, PlanOptionsModel, PlanRequest
 from fusecut.service.problems import PROBLEM
-from fusecut.service.security import DOCS_POLICY
 
 REF = "#/components/schemas/{model}"
 DOCS_ASSETS = "/docs/assets"
@@ -78,7 +76,7 @@ def schema_of(model: type[BaseModel]) -> dict[str, Any]:
 
 def install(app: FastAPI, secured: bool = False) -> None:
     """Give ``app`` a complete OpenAPI document (``secured``: its /v1 routes need the API key)
-    and an offline /docs."""
+    and Swagger UI's files, for an offline /docs."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -111,12 +109,3 @@ def install(app: FastAPI, secured: bool = False) -> None:
 
     app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_bundle.swagger_ui_path),
               name="docs-assets")
-
-    @app.get("/docs", include_in_schema=False)
-    async def docs() -> HTMLResponse:
-        page = get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} API",
-                                   swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
-                                   swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
-                                   swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png")
-        page.headers["content-security-policy"] = DOCS_POLICY
-        return page
