@@ -1,0 +1,197 @@
+"""The README and docs/ against the code: length and first lines, links, paths, settings,
+benchmark commands. Each check reads the files as a reader would and fails on what would
+mislead one."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from fusecut.service.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+CODE_SPAN = re.compile(r"`([^`]+)`")
+
+FIRST_BLOCK = [
+    "```sh",
+    "make run    # start the service on 127.0.0.1:8000 with its embedded defaults (CPU path "
+    "without a GPU)",
+    "make test   # create/update .venv and run the whole test suite",
+    "```",
+]
+
+
+def prose(path: Path) -> str:
+    """The page without its fenced code blocks (code is not links)."""
+    return FENCE.sub("", path.read_text())
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    return {slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", prose(path), re.M)}
+
+
+# ---- the README ---------------------------------------------------------------------------------
+
+def test_readme_is_short():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines; the rest belongs in docs/"
+
+
+def test_readme_starts_with_the_two_commands():
+    lines = README.read_text().splitlines()
+    assert lines[0].startswith("# "), "the README opens with its title"
+    body = [line for line in lines[1:] if line.strip()]
+    assert body[:4] == FIRST_BLOCK, "after the title: the make run / make test block, exactly"
+    targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M)
+    assert {"run", "test"} <= set(targets), "the Makefile must have the targets the README runs"
+
+
+def test_readme_links_every_docs_page():
+    linked = {(README.parent / target.split("#")[0]).resolve()
+              for target in LINK.findall(prose(README))}
+    missing = [p.name for p in sorted(DOCS.glob("*.md")) if p.resolve() not in linked]
+    assert not missing, f"docs pages the README does not link: {missing}"
+
+
+# ---- links and paths ----------------------------------------------------------------------------
+
+def relative_links(path: Path) -> list[str]:
+    return [t for t in LINK.findall(prose(path))
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", t)]  # http:, https:, mailto: ...
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page: Path):
+    assert relative_links(page) or page.name == "ops.md", f"{page.name} links nothing"
+    broken = []
+    for target in relative_links(page):
+        file, _, anchor = target.partition("#")
+        dest = (page.parent / file).resolve() if file else page.resolve()
+        if not dest.is_relative_to(ROOT) or not dest.exists():
+            broken.append(target)
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(target)
+    assert not broken, f"{page.name}: links to nothing in this repository: {broken}"
+
+
+def test_every_src_path_in_the_architecture_page_exists():
+    text = (DOCS / "architecture.md").read_text()
+    paths = {p.rstrip(".,;:") for p in re.findall(r"\bsrc/[\w./-]*", text)}
+    assert len(paths) >= 50, "the concept map names the files"
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+def test_the_architecture_page_names_every_package():
+    text = (DOCS / "architecture.md").read_text()
+    packages = [p.name for p in (ROOT / "src" / "fusecut").iterdir()
+                if (p / "__init__.py").exists()]
+    assert packages
+    missing = [name for name in packages if f"src/fusecut/{name}/" not in text]
+    assert not missing, f"packages docs/architecture.md leaves out: {missing}"
+
+
+# ---- settings -----------------------------------------------------------------------------------
+
+def settings_table() -> dict[str, list[str]]:
+    """docs/service.md's settings table: setting -> its cells."""
+    text = (DOCS / "service.md").read_text()
+    section = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        m = re.fullmatch(r"`(\w+)`", cells[0]) if line.startswith("|") else None
+        if m:
+            assert m.group(1) not in rows, f"{m.group(1)} has two rows"
+            rows[m.group(1)] = cells
+    return rows
+
+
+def test_the_settings_table_has_every_setting_and_no_other():
+    documented = set(settings_table())
+    fields = {f.name for f in dataclasses.fields(Settings)}
+    assert documented == fields, (f"missing from docs/service.md: {sorted(fields - documented)}; "
+                                  f"not settings: {sorted(documented - fields)}")
+
+
+@pytest.mark.parametrize("field", dataclasses.fields(Settings), ids=lambda f: f.name)
+def test_each_setting_has_its_variable_and_default(field, monkeypatch):
+    cells = settings_table()[field.name]
+    assert len(cells) == 4 and cells[3], f"{field.name}: setting | variable | default | meaning"
+    assert cells[1] == f"`FUSECUT_{field.name.upper()}`"
+    spans = CODE_SPAN.findall(cells[2])
+    assert spans, f"{field.name}: the default as a Python literal in backticks"
+    written = ast.literal_eval(spans[0])
+    if field.default is dataclasses.MISSING:  # made by a factory: db_path under $XDG_DATA_HOME
+        monkeypatch.setenv("XDG_DATA_HOME", "$XDG_DATA_HOME")
+        default = field.default_factory()
+    else:
+        default = field.default
+    assert written == default and type(written) is type(default), (
+        f"{field.name}: docs/service.md says {spans[0]}, the code has {default!r}")
+
+
+@pytest.mark.parametrize("field", dataclasses.fields(Settings), ids=lambda f: f.name)
+def test_the_documented_variable_is_the_one_read(field, monkeypatch):
+    for f in dataclasses.fields(Settings):
+        monkeypatch.delenv(f"FUSECUT_{f.name.upper()}", raising=False)
+    default = getattr(Settings(), field.name)
+    if isinstance(default, bool):
+        raw, expected = ("0", False) if default else ("1", True)
+    elif isinstance(default, int):
+        raw, expected = str(default + 3), default + 3
+    elif isinstance(default, float):
+        raw, expected = str(default + 1.5), default + 1.5
+    else:
+        raw = expected = "documented-value"
+    variable = settings_table()[field.name][1].strip("`")
+    monkeypatch.setenv(variable, raw)
+    assert getattr(Settings.from_env(), field.name) == expected
+
+
+def test_every_fusecut_variable_named_in_the_docs_exists():
+    names = set()
+    for page in PAGES:
+        names |= set(re.findall(r"\bFUSECUT_[A-Z0-9_]*[A-Z0-9]\b", page.read_text()))
+    settings = {f"FUSECUT_{f.name.upper()}" for f in dataclasses.fields(Settings)}
+    code = "\n".join(p.read_text() for p in [*(ROOT / "src").rglob("*.py"),
+                                             *(ROOT / "docker").rglob("*.y*ml")])
+    unknown = sorted(n for n in names - settings if n not in code)
+    assert not unknown, f"the docs name variables nothing reads: {unknown}"
+
+
+# ---- benchmarks ---------------------------------------------------------------------------------
+
+def benchmark_commands() -> set[str]:
+    return {m for page in PAGES
+            for m in re.findall(r"python -m benchmarks\.(\w+)", page.read_text())}
+
+
+def test_every_benchmark_command_in_the_docs_exists():
+    named = benchmark_commands()
+    assert named
+    missing = sorted(n for n in named if not (ROOT / "benchmarks" / f"{n}.py").exists())
+    assert not missing, f"the docs run benchmarks that do not exist: {missing}"
+
+
+def test_every_runnable_benchmark_is_documented():
+    runnable = {p.stem for p in (ROOT / "benchmarks").glob("*.py")
+                if '__name__ == "__main__"' in p.read_text()}
+    text = (DOCS / "benchmarks.md").read_text()
+    missing = sorted(n for n in runnable if f"python -m benchmarks.{n}" not in text)
+    assert not missing, f"docs/benchmarks.md lacks: {missing}"
