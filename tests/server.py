@@ -1,4 +1,6 @@
-"""A real fusecut service for tests: ``fusecut serve`` in a subprocess on a free loopback port."""
+"""A real fusecut service for tests: ``fusecut serve`` in a subprocess on a free loopback port
+(``Server``), or an app the test made (``create_app`` with its own settings, worker or routes)
+served by uvicorn in a thread (``ThreadServer``)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,12 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
+import uvicorn
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,3 +95,26 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class ThreadServer:
+    """uvicorn serving ``app`` in a thread on a free loopback port."""
+
+    def __init__(self, app):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> ThreadServer:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(20)
