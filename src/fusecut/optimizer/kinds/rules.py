@@ -29,13 +29,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 
 from fusecut.optimizer.analysis.axes import AxisEntry, AxisMap, domain_axes
 from fusecut.optimizer.analysis.opclass import Role, reindexes, role
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.ir.ops_misc import reduction_axes
 from fusecut.optimizer.kinds.gather import may_gather_rows, row_gather_misfit, tie_row_gathers
+from fusecut.optimizer.kinds.kind import Kind
 from fusecut.optimizer.kinds.online import online_pairs
 from fusecut.optimizer.kinds.persistent import Extension, Persistence, analyze_persistence
 from fusecut.optimizer.kinds.resize import (
@@ -45,15 +45,6 @@ from fusecut.optimizer.kinds.resize import (
     tie_resizes,
 )
 from fusecut.optimizer.profiles import DeviceProfile
-
-
-class Kind(str, Enum):
-    POINTWISE = "pointwise"
-    REDUCTION = "reduction"
-    NORMALIZATION = "normalization"
-    INNER_OUTER = "inner_outer"
-    LIBRARY = "library"
-    FALLBACK = "fallback"
 
 
 @dataclass(frozen=True)
