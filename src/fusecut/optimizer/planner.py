@@ -9,16 +9,28 @@ reports, the warm start of the CP-SAT model and the answer when a solver finds n
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from fusecut.optimizer.analysis.shapes import bind
-from fusecut.optimizer.errors import PlanError
 from fusecut.optimizer.gcpause import gc_paused
 from fusecut.optimizer.ir.fusion import Fusion
 from fusecut.optimizer.ir.inputs import InputMeta
 from fusecut.optimizer.ir.rng import seed_implicit_rng
 from fusecut.optimizer.kinds.rules import Kind
+from fusecut.optimizer.options import (
+    COMPUTE_WEIGHT,
+    DEVICE,
+    DEVICE_OVERRIDES,
+    KINDS,
+    LAUNCH_WEIGHT,
+    NUM_STREAMS,
+    PLAN_OPTIONS,
+    SEED,
+    SEGMENTER,
+    TIME_LIMIT_S,
+    checked,
+)
 from fusecut.optimizer.plan.build import build_plan
 from fusecut.optimizer.plan.plan import Baseline, Plan
 from fusecut.optimizer.profiles import get_profile
@@ -33,53 +45,40 @@ from fusecut.optimizer.segmenters.result import (
     plan_cost,
 )
 
-SEGMENTERS = ("cpsat", "greedy", "mincut")
+SEGMENTERS = SEGMENTER.choices
 
 
 @dataclass(frozen=True)
 class PlanOptions:
-    segmenter: str = "cpsat"
-    time_limit_s: float = 5.0
-    device: str = "H100"
-    device_overrides: dict[str, Any] = field(default_factory=dict)
-    launch_weight: float = 1.0  # scales the per-kernel launch cost in the objective
-    compute_weight: float = 1.0  # scales the recomputation term in the objective
-    seed: int = 0
-    kinds: tuple[str, ...] = tuple(k.value for k in Kind)  # segment kinds the plan may use
-    num_streams: int = 4  # CUDA streams a stream-parallel loop cycles through
+    """A plan's options. Each is declared once in ``optimizer.options`` (type, default, what it
+    takes, description) and checked against that declaration here: a bad value is a PlanError
+    naming the option, what it takes and what was given. Values are held in their declared types
+    (5 becomes 5.0, a list of kinds a tuple), so equal options make equal JSON: ``to_json`` feeds
+    the plan's key."""
+
+    segmenter: str = SEGMENTER.default
+    time_limit_s: float = TIME_LIMIT_S.default
+    device: str = DEVICE.default
+    device_overrides: dict[str, Any] = field(
+        default_factory=lambda: dict(DEVICE_OVERRIDES.default))
+    launch_weight: float = LAUNCH_WEIGHT.default
+    compute_weight: float = COMPUTE_WEIGHT.default
+    seed: int = SEED.default
+    kinds: tuple[str, ...] = KINDS.default
+    num_streams: int = NUM_STREAMS.default
 
     def __post_init__(self):
-        unknown = set(self.kinds) - {k.value for k in Kind}
-        if unknown:
-            raise PlanError(f"unknown segment kinds {sorted(unknown)}; known: "
-                            f"{', '.join(k.value for k in Kind)}")
-        if not {"library", "fallback"} <= set(self.kinds):
-            raise PlanError("library and fallback segments cannot be disabled: some ops have "
-                            "no other home")
-        if self.segmenter not in SEGMENTERS:
-            raise PlanError(f"unknown segmenter {self.segmenter!r}; choose one of "
-                            f"{', '.join(SEGMENTERS)}")
-        if not 0 < self.time_limit_s <= 600:
-            raise PlanError(f"time_limit_s must be in (0, 600], got {self.time_limit_s}")
-        if isinstance(self.num_streams, bool) or not isinstance(self.num_streams, int) or \
-                not 1 <= self.num_streams <= MAX_STREAMS:
-            raise PlanError(f"num_streams must be an integer in [1, {MAX_STREAMS}], got "
-                            f"{self.num_streams!r}")
-        for name in ("launch_weight", "compute_weight"):
-            if getattr(self, name) < 0:
-                raise PlanError(f"{name} must be >= 0")
+        for option in PLAN_OPTIONS:  # frozen: the checked value replaces the given one
+            object.__setattr__(self, option.name, checked(option, getattr(self, option.name)))
 
     @property
     def solver(self) -> SolverOptions:
         """What the solvers take from these options."""
-        return SolverOptions(self.time_limit_s, self.launch_weight, self.compute_weight,
-                             self.seed)
+        return SolverOptions(**{f.name: getattr(self, f.name) for f in fields(SolverOptions)})
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["kinds"] = sorted(self.kinds)
-        for name in ("time_limit_s", "launch_weight", "compute_weight"):  # 5 and 5.0: one key
-            data[name] = float(data[name])
         return data
 
 
@@ -151,7 +150,6 @@ def _make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions) -> 
     return build_plan(graph, groups, options.segmenter, report, baseline, options.to_json())
 
 
-MAX_STREAMS = 64
 GREEDY_SHARE = 0.6  # of the time limit, at most, for binding and the greedy segmenter
 # CPU seconds, measured on a 20,000-op generated fusion (12,500 placed ops, 789 segments), of
 # the stages after the greedy segmenter when it is cut short (the level grouping, building and

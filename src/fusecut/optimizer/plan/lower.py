@@ -18,6 +18,7 @@ from fusecut.optimizer.analysis.streams import stream_stages
 from fusecut.optimizer.errors import PlanError
 from fusecut.optimizer.ir.inputs import TensorMeta, contiguous_strides
 from fusecut.optimizer.kinds.rules import Kind
+from fusecut.optimizer.options import KINDS, NUM_STREAMS
 from fusecut.optimizer.plan.host_text import print_host_program
 from fusecut.optimizer.plan.plan import HostProgram, Plan, Segment, Step, assemble
 from fusecut.optimizer.segmenters.graph import SegGraph
@@ -67,7 +68,7 @@ def lower(graph: SegGraph, segments: list[Segment], options: dict[str, Any], pla
         for j in step.segments:
             step.plans[j] = segment_plan(graph, segments[j], options, plan_id, step.stage.axes,
                                          set(step.slices))
-    return HostProgram(steps, int(options.get("num_streams", 4)),
+    return HostProgram(steps, int(options.get("num_streams", NUM_STREAMS.default)),
                        print_host_program(bound, segments, steps))
 
 
@@ -104,7 +105,7 @@ def segment_plan(whole: SegGraph, segment: Segment, options: dict[str, Any], pla
                     -1 if a == axis else e for a, e in enumerate(declared))
         _slice_shape_attrs(fusion, axes)
     bound = bind(fusion, metas)
-    kinds = frozenset(Kind(k) for k in options.get("kinds", [k.value for k in Kind]))
+    kinds = frozenset(Kind(k) for k in options.get("kinds", KINDS.default))
     graph = SegGraph(bound, whole.profile, kinds)
     everything = frozenset(fusion.live_tensor_ops())
     report = SolverReport("FIXED", message=f"segment {segment.index} of plan {plan_id}")

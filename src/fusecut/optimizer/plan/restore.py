@@ -16,6 +16,7 @@ from fusecut.optimizer.ir.inputs import InputMeta
 from fusecut.optimizer.ir.rng import as_written, seed_implicit_rng
 from fusecut.optimizer.ir.wire import fusion_id
 from fusecut.optimizer.kinds.rules import Kind
+from fusecut.optimizer.options import KINDS
 from fusecut.optimizer.plan.build import build_plan
 from fusecut.optimizer.plan.plan import Baseline, Plan
 from fusecut.optimizer.profiles import get_profile
@@ -32,7 +33,7 @@ def restore_plan(fusion: Fusion, metas: list[InputMeta], data: dict[str, Any]) -
     options = data["options"]
     profile = get_profile(options.get("device"), options.get("device_overrides"))
     graph = SegGraph(bind(fusion, metas), profile,
-                     frozenset(Kind(k) for k in options.get("kinds", [k.value for k in Kind])))
+                     frozenset(Kind(k) for k in options.get("kinds", KINDS.default)))
     if any(op >= len(fusion.ops) or op < 0 for s in data["segments"] for op in s["ops"]):
         raise PlanError("the plan names ops the fusion does not have")
     groups = [(frozenset(s["ops"]), frozenset(t["tensor"] for t in s["outputs"]))

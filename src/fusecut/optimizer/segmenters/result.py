@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusecut.optimizer.analysis.cost import read_bytes, write_bytes
+from fusecut.optimizer.options import COMPUTE_WEIGHT, LAUNCH_WEIGHT, SEED, TIME_LIMIT_S
 from fusecut.optimizer.segmenters.graph import SegGraph
 
 # One segment: the ops it places (forwarded ops are added by ``SegGraph.closure``) and the
@@ -30,12 +31,14 @@ class SolverReport:
 @dataclass(frozen=True)
 class SolverOptions:
     """What the solvers (CP-SAT, min-cut) take from a request's options: the time limit, the
-    objective's weights (per-kernel launch cost, recomputed arithmetic) and CP-SAT's seed."""
+    objective's weights (per-kernel launch cost, recomputed arithmetic) and CP-SAT's seed. Their
+    defaults and bounds are the plan options' (``optimizer.options``); ``PlanOptions.solver``
+    fills each field from the plan option of its name, checked."""
 
-    time_limit_s: float = 5.0
-    launch_weight: float = 1.0
-    compute_weight: float = 1.0
-    seed: int = 0
+    time_limit_s: float = TIME_LIMIT_S.default
+    launch_weight: float = LAUNCH_WEIGHT.default
+    compute_weight: float = COMPUTE_WEIGHT.default
+    seed: int = SEED.default
 
 
 def plan_cost(graph: SegGraph, groups: list[Group]) -> float:
