@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from fusecut.codegen import GENERATED_KINDS, generate_segment
 from fusecut.codegen.emit import Emitter
+from fusecut.codegen.index import Var
 from fusecut.codegen.kernel import drop_unread
 from fusecut.codegen.layout import address, decompose, merge_axes
 from fusecut.codegen.preamble import HEADER, PIECES, needed, preamble
@@ -80,9 +81,9 @@ def test_codegen_accepts_every_segment_the_planner_makes(drawn):
             assert bool(sk.kernels) == (seg.kind in GENERATED_KINDS and not empty), seg.kind
 
 
-def _eval(expr: str, env: dict[str, int]) -> int:
-    """Evaluate an index expression the generator wrote as C (our own generated text)."""
-    py = expr.replace("/", "//").replace("(uindex_t)", "")  # positions: never negative
+def _eval(expr, env: dict[str, int]) -> int:
+    """Evaluate an index expression as the generator renders it to C (our own generated text)."""
+    py = str(expr).replace("/", "//").replace("(uindex_t)", "")  # positions: never negative
     py = re.sub(r"fc_clampi<\w+>\(", "_clamp(", py)
     return eval(py, {"_clamp": lambda i, hi: min(max(i, 0), hi)}, dict(env))
 
@@ -96,7 +97,7 @@ def test_decompose_and_address_match_row_major_order():
             name, expr = re.match(r"const index_t (\w+) = (.*);", line).groups()
             env[name] = _eval(expr, env)
         assert (env["a"], env["b"], env["c"]) == (flat // 35, flat // 7 % 5, flat % 7)
-        assert _eval(address(("a", "b", "c"), (35, 7, 1)), env) == flat
+        assert _eval(address((Var("a"), Var("b"), Var("c")), (35, 7, 1)), env) == flat
 
 
 VIEWS = """
@@ -121,9 +122,9 @@ def test_index_maps_of_views_match_torch(target):
     producer = {o: op for op in f.ops for o in op.outputs}
     em = Emitter(bound, tuple(range(len(f.ops))), {"T0"}, lambda t, i: "", "index_t")
     shape = bound.shapes[target]
-    names = [f"x{a}" for a in range(len(shape))]
+    names = [Var(f"x{a}") for a in range(len(shape))]
     for idx in itertools.product(*[range(e) for e in shape]):
-        env = dict(zip(names, idx))
+        env = {v.name: i for v, i in zip(names, idx)}
         t, cur = target, tuple(names)
         while t != "T0":  # follow the chain of index maps back to the input
             op = producer[t]
@@ -731,7 +732,7 @@ def test_index_maps_of_split_and_merged_axes_match_torch(target):
     producer = {o: op for op in f.ops for o in op.outputs}
     em = Emitter(bound, tuple(range(len(f.ops))), {"T0"}, lambda t, i: "", "index_t")
     shape = bound.shapes[target]
-    names = tuple(f"x{a}" for a in range(len(shape)))
+    names = tuple(Var(f"x{a}") for a in range(len(shape)))
     chain = []
     t, cur = target, names
     while t != "T0":
@@ -742,9 +743,9 @@ def test_index_maps_of_split_and_merged_axes_match_torch(target):
     if target == "T2":
         assert cur == names  # split then merged: no division left
     if target == "T1":
-        assert cur == ("x0", "(x1 * 3 + x2)", "x3")
+        assert [str(i) for i in cur] == ["x0", "(x1 * 3 + x2)", "x3"]
     for idx in itertools.product(*[range(e) for e in shape]):
-        env = dict(zip(names, idx))
+        env = {v.name: i for v, i in zip(names, idx)}
         assert src[tuple(_eval(i, env) for i in cur)] == want[idx], (target, idx)
 
 

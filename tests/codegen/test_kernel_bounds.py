@@ -23,6 +23,7 @@ from fusecut.optimizer.ir.dtypes import DType
 from fusecut.optimizer.ir.inputs import tensor_meta
 from fusecut.optimizer.planner import PlanOptions, make_plan
 from fusecut.runtime.reference import run_reference
+from tests.codegen.index_text import parse_index
 from tests.conftest import CORPUS_FILES
 from tests.corpus_torch import small_definition
 from tests.helpers import fusion, small_metas
@@ -128,19 +129,28 @@ def test_a_slice_written_out_beside_its_source_reads_inside_it(start, tmp_path):
 
 def test_index_ranges_follow_integer_arithmetic():
     from fusecut.codegen.bounds import in_bounds, index_range
+    from fusecut.codegen.index import Data
 
     ranges = {"x0": (0, 7, 1), "x1": (0, 1016, 8), "_lane": (0, 7, 1)}
-    assert index_range("(x1 + _lane)", ranges) == (0, 1023)
-    assert index_range("((x1 + _lane) / 2) * 2 + 1", ranges) == (1, 1023)
-    assert index_range("((x1 % 128) + _lane)", ranges) == (0, 127)  # x1 starts a vector
-    assert index_range("((x1 % 60) + _lane)", ranges) == (0, 66)  # 60-wide heads split them
-    assert index_range("x1 % 4", ranges) == (0, 0)
-    assert index_range("(x0 - 64)", ranges) == (-64, -57)
-    assert index_range("x0 * 4 + x0 % 3", ranges) == (0, 30)
-    assert index_range("x0 % 200", ranges) == (0, 7)  # one period: the values themselves
-    assert index_range("-x0", ranges) == (-7, 0)
-    for opaque in ("fc_clampi<int>((x1 - 64), 56)", "in_T3[x0]", "x9 + 1", "x0 / x1", "1.5"):
-        assert index_range(opaque, ranges) is None
-    assert in_bounds("(2 + x0)", 8, ranges) == ["(2 + x0) < 8"]
-    assert in_bounds("(x0 - 1)", 8, ranges) == ["(x0 - 1) >= 0"]
-    assert in_bounds("x0", 8, ranges) == [] and in_bounds("fc_clampi<int>(x0, 3)", 4, ranges) == []
+
+    def span(text):
+        return index_range(parse_index(text), ranges)
+
+    def conds(text, extent):
+        return [str(c) for c in in_bounds(parse_index(text), extent, ranges)]
+
+    assert span("(x1 + _lane)") == (0, 1023)
+    assert span("((x1 + _lane) / 2) * 2 + 1") == (1, 1023)
+    assert span("((x1 % 128) + _lane)") == (0, 127)  # x1 starts a vector
+    assert span("((x1 % 60) + _lane)") == (0, 66)  # 60-wide heads split them
+    assert span("x1 % 4") == (0, 0)
+    assert span("(x0 - 64)") == (-64, -57)
+    assert span("x0 * 4 + x0 % 3") == (0, 30)
+    assert span("x0 % 200") == (0, 7)  # one period: the values themselves
+    assert span("0 - x0") == (-7, 0)
+    for opaque in ("fc_clampi<int>((x1 - 64), 56)", "x9 + 1", "x0 / x1", "(int)(x0)"):
+        assert span(opaque) is None
+    assert index_range(Data("in_T3[x0]", frozenset({"x0"})), ranges) is None  # data: unknown
+    assert conds("(2 + x0)", 8) == ["(2 + x0) < 8"]
+    assert conds("(x0 - 1)", 8) == ["(x0 - 1) >= 0"]
+    assert conds("x0", 8) == [] and conds("fc_clampi<int>(x0, 3)", 4) == []

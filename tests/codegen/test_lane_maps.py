@@ -15,6 +15,7 @@ from fusecut.optimizer.planner import PlanOptions, make_plan
 from fusecut.runtime.compile import compile_cubin
 from fusecut.runtime.reference import run_reference
 from fusecut.runtime.tensors import to_torch_dtype
+from tests.codegen.index_text import parse_index
 from tests.host_kernels import run_on_host
 
 # q of shape (b, s, h, d) = (2, 8, 4, 16), rotated as complex pairs (d/2 of them) by cos/sin
@@ -63,21 +64,25 @@ inputs = [
 
 
 def test_lane_map_follows_pairs_and_rejects_what_leaves_the_vector():
-    odd = lane_map("(((x3 + _lane) / 2) * 2 + (1 + 0))", "x3", 8)
-    assert (odd.start, odd.offsets) == ("((((x3 + 0) / 2) * 2 + (1 + 0)) - 1)",
-                                        (1, 1, 3, 3, 5, 5, 7, 7))
-    even = lane_map("(((x3 + _lane) / 2) * 2)", "x3", 8)
+    def lanes(text):
+        return lane_map(parse_index(text), "x3", 8)
+
+    odd = lanes("(((x3 + _lane) / 2) * 2 + (1 + 0))")
+    assert (str(odd.start), odd.offsets) == ("((((x3 + 0) / 2) * 2 + (1 + 0)) - 1)",
+                                             (1, 1, 3, 3, 5, 5, 7, 7))
+    even = lanes("(((x3 + _lane) / 2) * 2)")
     assert even.offsets == (0, 0, 2, 2, 4, 4, 6, 6) and even.values == odd.values  # one vector
-    merged = lane_map("(x2 * 16 + (((x3 + _lane) / 2) * 2))", "x3", 8)
-    assert (merged.start, merged.offsets) == ("(x2 * 16 + (((x3 + 0) / 2) * 2))", even.offsets)
-    assert lane_map("(x3 + _lane)", "x3", 8).offsets == tuple(range(8))
-    assert lane_map("(((x3 + _lane) / 2) * 2 + 2)", "x3", 8) is None  # lane 7 reads x3 + 8
-    assert lane_map("((x3 + _lane) / 2)", "x3", 8) is None  # half the rate: another vector
-    assert lane_map("(((x3 + _lane) / 3) * 3)", "x3", 8) is None  # 3 does not divide 8
-    assert lane_map("(x3 * _lane)", "x3", 8) is None
-    assert lane_map("(x2 * 4 + (((x3 + _lane) / 2) * 2))", "x3", 8) is None  # x2 = 1: misaligned
-    assert lane_map("(((x2 + x3 + _lane) / 2) * 2)", "x3", 8) is None  # x2's parity moves the pairs
-    assert lane_map("fc_clampi<int>((x3 + _lane), 7)", "x3", 8) is None
+    merged = lanes("(x2 * 16 + (((x3 + _lane) / 2) * 2))")
+    assert (str(merged.start), merged.offsets) == ("(x2 * 16 + (((x3 + 0) / 2) * 2))",
+                                                   even.offsets)
+    assert lanes("(x3 + _lane)").offsets == tuple(range(8))
+    assert lanes("(((x3 + _lane) / 2) * 2 + 2)") is None  # lane 7 reads x3 + 8
+    assert lanes("((x3 + _lane) / 2)") is None  # half the rate: another vector
+    assert lanes("(((x3 + _lane) / 3) * 3)") is None  # 3 does not divide 8
+    assert lanes("(x3 * _lane)") is None
+    assert lanes("(x2 * 4 + (((x3 + _lane) / 2) * 2))") is None  # x2 = 1: misaligned
+    assert lanes("(((x2 + x3 + _lane) / 2) * 2)") is None  # x2's parity moves the pairs
+    assert lanes("fc_clampi<int>((x3 + _lane), 7)") is None
 
 
 def test_interleaved_rope_reads_whole_vectors_and_equals_the_reference(tmp_path):

@@ -2,8 +2,9 @@
 
 A segment's domain is the largest of its outputs; a shorter output (k's heads beside q's, a
 slice written out, an independent output of another shape) is stored under a guard, but the
-loads that feed it run for every thread of the domain. Each index of such a load is a C
-expression of the domain indices (``x0``, ``x1``, ...) and the lane; its range over the domain
+loads that feed it run for every thread of the domain. Each index of such a load is an index
+expression (``codegen.index``) of the domain indices (``x0``, ``x1``, ...) and the lane; its range
+over the domain
 follows by arithmetic on strided intervals (``lo..hi`` in steps of ``step``; ``+ - *``, and
 ``/ %`` by positive constants, as C's integer operators on the non-negative values they take
 here). The step keeps what a plain interval loses: the innermost index starts a vector, a
@@ -16,68 +17,75 @@ construction; an index read from another tensor, whose range is the data's) give
 
 from __future__ import annotations
 
-import ast
 import math
+
+from fusecut.codegen.index import (
+    ZERO,
+    Add,
+    AtLeast,
+    Const,
+    Div,
+    IndexExpr,
+    Less,
+    Mod,
+    Mul,
+    Paren,
+    Sub,
+    Var,
+)
 
 Range = tuple[int, int]
 Strided = tuple[int, int, int]  # lo, hi, step (0: the one value lo)
 
 
-def index_range(expr: str, ranges: dict[str, Strided]) -> Range | None:
-    """The least and greatest values of ``expr`` over ``ranges`` (each name's inclusive bounds
-    and step), or None where it is not a sum, difference or product of names and integers with
-    division and remainder by positive integers (evaluated bottom-up, without recursion)."""
-    try:
-        tree = ast.parse(expr, mode="eval").body
-    except SyntaxError:
-        return None
+def index_range(expr: IndexExpr, ranges: dict[str, Strided]) -> Range | None:
+    """The least and greatest values of ``expr`` over ``ranges`` (each variable's inclusive
+    bounds and step), or None where it is not a sum, difference or product of variables and
+    integers with division and remainder by positive integers (evaluated operands first, without
+    recursion)."""
     done: dict[int, Strided] = {}
-    stack: list[tuple[ast.AST, bool]] = [(tree, False)]
-    while stack:
-        node, ready = stack.pop()
-        if isinstance(node, ast.Constant):
-            if not isinstance(node.value, int) or isinstance(node.value, bool):
-                return None
+    pending: list[tuple[IndexExpr, bool]] = [(expr, False)]
+    while pending:
+        node, ready = pending.pop()
+        if isinstance(node, Const):
             done[id(node)] = (node.value, node.value, 0)
-        elif isinstance(node, ast.Name):
-            if node.id not in ranges:
+        elif isinstance(node, Var):
+            if node.name not in ranges:
                 return None
-            done[id(node)] = ranges[node.id]
-        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            if not ready:
-                stack += [(node, True), (node.operand, False)]
-                continue
-            lo, hi, step = done[id(node.operand)]
-            done[id(node)] = (-hi, -lo, step)
-        elif isinstance(node, ast.BinOp):
-            if not ready:
-                stack += [(node, True), (node.left, False), (node.right, False)]
-                continue
-            value = _combine(node.op, done[id(node.left)], done[id(node.right)])
-            if value is None:
-                return None
-            done[id(node)] = value
-        else:
+            done[id(node)] = ranges[node.name]
+        elif not isinstance(node, (Paren, Add, Sub, Mul, Div, Mod)):
             return None
-    lo, hi, _ = done[id(tree)]
+        elif not ready:
+            pending.append((node, True))
+            pending.extend((k, False) for k in node.kids)
+        elif isinstance(node, Paren):
+            done[id(node)] = done[id(node.kids[0])]
+        else:
+            value = done[id(node.kids[0])]
+            for k in node.kids[1:]:  # a sum of several terms adds them left to right
+                value = _combine(type(node), value, done[id(k)])
+                if value is None:
+                    return None
+            done[id(node)] = value
+    lo, hi, _ = done[id(expr)]
     return lo, hi
 
 
-def _combine(op: ast.operator, a: Strided, b: Strided) -> Strided | None:
-    if isinstance(op, ast.Add):
+def _combine(op: type, a: Strided, b: Strided) -> Strided | None:
+    if op is Add:
         return a[0] + b[0], a[1] + b[1], math.gcd(a[2], b[2])
-    if isinstance(op, ast.Sub):
+    if op is Sub:
         return a[0] - b[1], a[1] - b[0], math.gcd(a[2], b[2])
-    if isinstance(op, ast.Mult):
+    if op is Mul:
         products = [x * y for x in a[:2] for y in b[:2]]
         if b[2] == 0 or a[2] == 0:  # by a constant: the step scales
             k, other = (b[0], a) if b[2] == 0 else (a[0], b)
             return min(products), max(products), abs(k) * other[2]
         return min(products), max(products), 1
-    if not (isinstance(op, (ast.Div, ast.Mod)) and b[2] == 0 and b[0] > 0 and a[0] >= 0):
+    if not (b[2] == 0 and b[0] > 0 and a[0] >= 0):  # Div, Mod
         return None
     k, (lo, hi, step) = b[0], a
-    if isinstance(op, ast.Div):
+    if op is Div:
         return lo // k, hi // k, step // k if step % k == 0 else 1
     if lo // k == hi // k:  # within one period
         return lo % k, hi % k, step
@@ -88,15 +96,15 @@ def _combine(op: ast.operator, a: Strided, b: Strided) -> Strided | None:
     return 0, k - 1, 1
 
 
-def in_bounds(expr: str, extent: int, ranges: dict[str, Strided]) -> list[str]:
+def in_bounds(expr: IndexExpr, extent: int, ranges: dict[str, Strided]) -> list[IndexExpr]:
     """The conditions under which ``expr`` indexes inside ``[0, extent)``: none where its
     range over ``ranges`` stays inside (or cannot be told)."""
     span = index_range(expr, ranges)
     if span is None:
         return []
-    conds = []
+    conds: list[IndexExpr] = []
     if span[0] < 0:
-        conds.append(f"{expr} >= 0")
+        conds.append(AtLeast(expr, ZERO))
     if span[1] >= extent:
-        conds.append(f"{expr} < {extent}")
+        conds.append(Less(expr, Const(extent)))
     return conds

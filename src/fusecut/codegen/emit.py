@@ -12,8 +12,9 @@ A pull goes at most ``PULL_DEPTH`` producers deep: a value deeper down is comput
 own, and the pull starts again from where it was (all it computed is memoised), so chains of
 any length (20,000 ops) never exhaust Python's stack.
 
-Indices are C expressions (strings) of the kernel's index type; values are C expressions of the
-value's compute type (float for 16-bit floats).
+Indices are typed index expressions (``codegen.index``) of the kernel's index type, rendered
+where a value's code reads them; values are C expressions of the value's compute type (float for
+16-bit floats).
 
 Generated code is meant to be read: the value of tensor T7 is declared as ``T7`` (``T7_1``... where
 T7 is evaluated again at another index, lane or stage of the same kernel), with a comment giving
@@ -30,6 +31,32 @@ import re
 from collections.abc import Callable
 
 from fusecut.codegen import cuda
+from fusecut.codegen.index import (
+    LANE,
+    LANE_VAR,
+    ZERO,
+    Add,
+    All,
+    AtLeast,
+    Bool,
+    Cast,
+    Clamp,
+    Const,
+    Data,
+    Div,
+    Index,
+    IndexExpr,
+    Less,
+    Mod,
+    Mul,
+    Paren,
+    Select,
+    Sub,
+    contains,
+    is_atom,
+    lane_base,
+    plus_lane,
+)
 from fusecut.codegen.resize import NO_RESIZES, VectorResizes
 from fusecut.optimizer.analysis.axes import reshape_spans
 from fusecut.optimizer.analysis.opclass import Role, role
@@ -40,10 +67,8 @@ from fusecut.optimizer.ir.fusion import Op, Ref
 from fusecut.optimizer.ir.ops_misc import reduction_axes
 from fusecut.optimizer.ir.ops_shape import pad_widths_by_axis, slice_bounds
 
-Index = tuple[str, ...]
-LANE = "_lane"  # a vectorised kernel's lane within a vector
 _SIMPLE = re.compile(r"[A-Za-z_]\w*(\[\w+\]|\.\w+)*")  # a name, maybe indexed: no work to repeat
-_LANE_SUM = re.compile(rf"\((.+) \+ ({LANE})\)")  # a vectorised kernel's innermost index
+_WORD = re.compile(r"[A-Za-z_]\w*")
 BOOL_OPS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"}
 PULL_DEPTH = 50  # producers one pull may go through (about 5 Python frames each)
 
@@ -133,12 +158,12 @@ class Emitter:
         self.names = names if names is not None else Names()
         self._depth = 0  # producers the current pull has gone through
         # joined index expression and extents -> the parts (see join)
-        self.joined: dict[tuple[str, tuple[int, ...]], Index] = {}
-        self.joined_from: dict[tuple[Index, tuple[int, ...]], str] = {}  # the reverse of split
+        self.joined: dict[tuple[IndexExpr, tuple[int, ...]], Index] = {}
+        self.joined_from: dict[tuple[Index, tuple[int, ...]], IndexExpr] = {}  # split's reverse
         # resizes read a vector at a time (codegen.resize), and the condition under which
         # each clamped vector index they made is read at all (see lane_guard)
         self.resizes = resizes
-        self._piece_guards: dict[str, str] = {}
+        self._piece_guards: dict[IndexExpr, IndexExpr] = {}
 
     def delegate_to(self, delegate: Callable[[str, Index], str | None]) -> None:
         """Compute what ``delegate`` answers for elsewhere (see ``self.delegate``)."""
@@ -194,7 +219,7 @@ class Emitter:
             raise PlanError(f"scalar {name} has no value at code generation time")
         return cuda.literal(value, d)
 
-    def join(self, parts: Index, extents: tuple[int, ...]) -> str:
+    def join(self, parts: Index, extents: tuple[int, ...]) -> IndexExpr:
         """The index of an axis made of a run of axes (row-major, outer first) from their
         indices; remembered, so that splitting it again gives the parts back."""
         whole = self.joined_from.get((parts, extents))
@@ -204,7 +229,7 @@ class Emitter:
         self.joined[(expr, extents)] = parts
         return expr
 
-    def split(self, expr: str, extents: tuple[int, ...]) -> Index:
+    def split(self, expr: IndexExpr, extents: tuple[int, ...]) -> Index:
         """The indices of a run of axes (extents ``extents``) that an axis indexed by ``expr``
         is made of: the parts it was joined from, else by division."""
         hit = self.joined.get((expr, extents))
@@ -217,43 +242,45 @@ class Emitter:
         # the first lane's, and the innermost part is a vector's index again
         lanes = first is not None and self.resizes.width > 1 and \
             extents[-1] % self.resizes.width == 0
-        whole = (first if re.fullmatch(r"\w+", first) else f"({first})") if lanes else expr
-        out, stride = [], math.prod(extents)
+        whole = (first if is_atom(first) else Paren(first)) if lanes else expr
+        out: list[IndexExpr] = []
+        stride = math.prod(extents)
         for e in extents:
             stride //= e
-            q = f"({whole} / {stride})" if stride > 1 else whole
-            out.append(q if len(out) == 0 else f"({q} % {e})")
+            q = Paren(Div(whole, Const(stride))) if stride > 1 else whole
+            out.append(q if len(out) == 0 else Paren(Mod(q, Const(e))))
         if lanes:
-            out[-1] = f"({out[-1]} + {LANE})"
+            out[-1] = plus_lane(out[-1])
         self.joined_from[(tuple(out), extents)] = expr
         return tuple(out)
 
-    def lane_guard(self, component: str) -> str | None:
+    def lane_guard(self, component: IndexExpr) -> IndexExpr | None:
         """The condition under which a vector read at the index ``component`` is needed: a
-        clamped piece index (``vector_piece``) is only read where the vector lies in its piece,
-        as the condition is a function of the clamp's text, shared values stay sound."""
-        conds = [c for clamp, c in self._piece_guards.items() if clamp in component]
-        return " && ".join(conds) if conds else None
+        clamped piece index (``vector_piece``) is only read where the vector lies in its piece;
+        as the condition is a function of the clamp alone, shared values stay sound."""
+        conds = [c for clamp, c in self._piece_guards.items() if contains(component, clamp)]
+        return All(*conds) if conds else None
 
-    def vector_piece(self, base: str, offset: int, extent: int, axis: int) -> tuple[str, str]:
+    def vector_piece(self, base: IndexExpr, offset: int, extent: int, axis: int
+                     ) -> tuple[IndexExpr, IndexExpr]:
         """A whole vector's index into a piece of ``extent`` elements at ``offset`` along an
         axis of ``axis`` elements, where ``base`` (a multiple of the vector width) indexes the
         vector's first lane, and the condition that the vector lies in the piece: (index,
         condition). The index is clamped into the piece, so a read outside its condition stays
         in bounds."""
-        local = f"({base} - {offset})" if offset else base
-        clamp = f"fc_clampi<{self.itype}>({local}, {extent - self.resizes.width})"
+        local = Paren(Sub(base, Const(offset))) if offset else base
+        clamp = Clamp(local, extent - self.resizes.width, self.itype)
         # (a bound the axis implies is left out: a weaker condition, where it differs, only
         # reads more)
-        bounds = ([f"{base} >= {offset}"] if offset else []) + \
-            ([f"{base} < {offset + extent}"] if offset + extent < axis else [])
+        bounds = ([AtLeast(base, Const(offset))] if offset else []) + \
+            ([Less(base, Const(offset + extent))] if offset + extent < axis else [])
         if not bounds:  # the piece is the whole axis
-            return f"({clamp} + {LANE})", "true"
-        cond = f"({' && '.join(bounds)})"
+            return plus_lane(clamp), Bool(True)
+        cond = Paren(All(*bounds))
         self._piece_guards[clamp] = cond
-        return f"({clamp} + {LANE})", cond
+        return plus_lane(clamp), cond
 
-    def _whole_vector(self, tensor: str, axis: int, component: str) -> str | None:
+    def _whole_vector(self, tensor: str, axis: int, component: IndexExpr) -> IndexExpr | None:
         """The first lane's index of a vector read whole by resize ``tensor`` along ``axis``
         (where launch decided the resize keeps vectors whole and the lanes run along it)."""
         return lane_base(component) if self.resizes.whole(tensor, axis) else None
@@ -270,7 +297,7 @@ class Emitter:
             rank = len(self.bound.shapes[name])
             off = len(out_idx) - rank
             flags = self.bound.broadcast[name]
-            idx = tuple("0" if flags[a] else out_idx[off + a] for a in range(rank))
+            idx = tuple(ZERO if flags[a] else out_idx[off + a] for a in range(rank))
             expr, src = self.value(name, idx), self.dtype(name)
         if target is not None and src.compute != target.compute:
             return cuda.convert(expr, src.compute, target.compute)
@@ -431,10 +458,10 @@ class Emitter:
         shape = self.bound.shapes[src]
         axes = reduction_axes(op.attrs, len(shape))
         if op.attrs["keepdim"]:
-            src_idx = tuple("0" if a in axes else idx[a] for a in range(len(shape)))
+            src_idx = tuple(ZERO if a in axes else idx[a] for a in range(len(shape)))
         else:
             it = iter(idx)
-            src_idx = tuple("0" if a in axes else next(it) for a in range(len(shape)))
+            src_idx = tuple(ZERO if a in axes else next(it) for a in range(len(shape)))
         out_dtype = self.dtype(tensor)
         x = cuda.convert(self.value(src, src_idx), self.dtype(src).compute, out_dtype.compute)
         count = math.prod(shape[a] for a in axes)
@@ -464,29 +491,29 @@ class Emitter:
         rank = len(shape)
         name = op.name
         if name == "broadcast_in_dim":
-            return tuple("0" if flags[i] else idx[d] for i, d in
+            return tuple(ZERO if flags[i] else idx[d] for i, d in
                          enumerate(op.attrs["broadcast_dims"]))
         if name == "broadcast":
             kept = [j for j, f in enumerate(op.attrs["is_broadcast_dim"]) if not f]
-            return tuple("0" if flags[i] else idx[j] for i, j in enumerate(kept))
+            return tuple(ZERO if flags[i] else idx[j] for i, j in enumerate(kept))
         if name == "expand":
-            return tuple("0" if flags[i] else idx[i] for i in range(rank))
+            return tuple(ZERO if flags[i] else idx[i] for i in range(rank))
         if name == "squeeze":
             dims = {d % rank for d in op.attrs["dims"]}
             it = iter(idx)
-            return tuple("0" if a in dims else next(it) for a in range(rank))
+            return tuple(ZERO if a in dims else next(it) for a in range(rank))
         if name == "permute":
             inv = [0] * rank
             for j, a in enumerate(op.attrs["dims"]):
                 inv[a % rank] = j
-            return tuple("0" if flags[a] else idx[inv[a]] for a in range(rank))
+            return tuple(ZERO if flags[a] else idx[inv[a]] for a in range(rank))
         if name == "reshape":
             out_shape = b.shapes[op.outputs[0]]
             spans = reshape_spans(shape, out_shape)
             if spans is None:  # elements regrouped: through the flat index
                 flat = _linearize(idx, out_shape)
                 return _delinearize(flat, shape, flags)
-            out = ["0"] * rank  # extent-1 axes are in no span
+            out: list[IndexExpr] = [ZERO] * rank  # extent-1 axes are in no span
             for ins, outs in spans:
                 if len(ins) == 1:  # kept or split: the split parts make its index
                     out[ins[0]] = self.join(tuple(idx[j] for j in outs),
@@ -495,23 +522,23 @@ class Emitter:
                     for a, part in zip(ins, self.split(idx[outs[0]],
                                                        tuple(shape[a] for a in ins))):
                         out[a] = part
-            return tuple("0" if flags[a] else out[a] for a in range(rank))
+            return tuple(ZERO if flags[a] else out[a] for a in range(rank))
         if name == "slice":
             strides = op.attrs["strides"] or [1] * rank
             out = []
             for a in range(rank):
                 if flags[a]:
-                    out.append("0")
+                    out.append(ZERO)
                     continue
                 s, _ = slice_bounds(shape[a], self.ref_int(op.attrs["start_indices"][a]),
                                     self.ref_int(op.attrs["end_indices"][a]),
                                     op.attrs["manual_normalization"])
                 lane = self._whole_vector(op.outputs[0], a, idx[a]) if s else None
                 if lane is not None:  # the vector, moved whole
-                    out.append(f"({s} + {lane} + {LANE})")
+                    out.append(Paren(Add(Const(s), lane, LANE_VAR)))
                     continue
-                term = idx[a] if strides[a] == 1 else f"{idx[a]} * {strides[a]}"
-                out.append(term if s == 0 else f"({s} + {term})")
+                term = idx[a] if strides[a] == 1 else Mul(idx[a], Const(strides[a]))
+                out.append(term if s == 0 else Paren(Add(Const(s), term)))
             return tuple(out)
         raise PlanError(f"{name} is not an index transform")
 
@@ -537,7 +564,7 @@ class Emitter:
         conds, src_idx = [], []
         for a, (lo, _) in enumerate(pad_widths_by_axis(len(shape), widths)):
             if lo == 0 and shape[a] == self.bound.shapes[tensor][a]:
-                src_idx.append("0" if flags[a] else idx[a])
+                src_idx.append(ZERO if flags[a] else idx[a])
                 continue
             lane = self._whole_vector(tensor, a, idx[a])
             if lane is not None:  # the whole vector is data or padding
@@ -546,14 +573,13 @@ class Emitter:
                 conds.append(cond)
                 src_idx.append(piece)
                 continue
-            shifted = f"({idx[a]} - {lo})" if lo else idx[a]
-            conds.append(f"({shifted} >= 0 && {shifted} < {shape[a]})")
-            src_idx.append("0" if flags[a] else f"fc_clampi<{self.itype}>({shifted}, "
-                                                f"{shape[a] - 1})")
+            shifted = Paren(Sub(idx[a], Const(lo))) if lo else idx[a]
+            conds.append(Paren(All(AtLeast(shifted, ZERO), Less(shifted, Const(shape[a])))))
+            src_idx.append(ZERO if flags[a] else Clamp(shifted, shape[a] - 1, self.itype))
         inner = self.value(src, tuple(src_idx))
         if not conds:
             return inner
-        return self.let_value(tensor, f"({' && '.join(conds)}) ? {inner} : {pad}")
+        return self.let_value(tensor, f"({All(*conds)}) ? {inner} : {pad}")
 
     def _op_cat(self, op, tensor, idx):
         dim = op.attrs["dim"] % len(self.bound.shapes[tensor])
@@ -568,9 +594,9 @@ class Emitter:
                     at = self.vector_piece(lane, offset, extent,
                                            self.bound.shapes[tensor][dim])[0]
                 else:
-                    local = f"({idx[dim]} - {offset})" if offset else idx[dim]
-                    at = f"fc_clampi<{self.itype}>({local}, {extent - 1})"
-                src_idx = tuple("0" if flags[a] else (at if a == dim else idx[a])
+                    local = Paren(Sub(idx[dim], Const(offset))) if offset else idx[dim]
+                    at = Clamp(local, extent - 1, self.itype)
+                src_idx = tuple(ZERO if flags[a] else (at if a == dim else idx[a])
                                 for a in range(len(idx)))
                 pieces.append((offset + extent, self.value(name, src_idx)))
             offset += extent
@@ -578,13 +604,15 @@ class Emitter:
             return self.let_value(tensor, cuda.literal(0, self.dtype(tensor)))
         expr = pieces[-1][1]
         for end, val in reversed(pieces[:-1]):
-            expr = f"({idx[dim] if lane is None else lane} < {end} ? {val} : {expr})"
+            expr = f"({Less(idx[dim] if lane is None else lane, Const(end))} ? {val} : {expr})"
         return self.let_value(tensor, expr)
 
-    def _gather_index(self, index_tensor: str, idx: Index, extent: int) -> str:
+    def _gather_index(self, index_tensor: str, idx: Index, extent: int) -> IndexExpr:
+        """The gathered position: the index tensor's value, from the end where negative,
+        clamped into the axis."""
         raw = self.value(index_tensor, idx)
-        return f"fc_clampi<{self.itype}>(({self.itype})({raw}) < 0 ? ({self.itype})({raw}) + " \
-               f"{extent} : ({self.itype})({raw}), {extent - 1})"
+        at = Cast(Data(raw, frozenset(_WORD.findall(raw))), self.itype)
+        return Clamp(Select(Less(at, ZERO), Add(at, Const(extent)), at), extent - 1, self.itype)
 
     def _op_take_along_axis(self, op, tensor, idx):
         src, index = op.inputs
@@ -592,9 +620,9 @@ class Emitter:
         flags = self.bound.broadcast[src]
         extent = self.bound.shapes[src][dim]
         iflags = self.bound.broadcast[index]
-        index_idx = tuple("0" if iflags[a] else idx[a] for a in range(len(idx)))
+        index_idx = tuple(ZERO if iflags[a] else idx[a] for a in range(len(idx)))
         pos = self._gather_index(index, index_idx, extent)
-        src_idx = tuple("0" if flags[a] else (pos if a == dim else idx[a])
+        src_idx = tuple(ZERO if flags[a] else (pos if a == dim else idx[a])
                         for a in range(len(idx)))
         return self.value(src, src_idx)
 
@@ -606,10 +634,10 @@ class Emitter:
         extent = self.bound.shapes[src][dim]
         index_idx = (idx[dim],) if len(self.bound.shapes[index]) == 1 else ()
         if index_idx and self.bound.broadcast[index][0]:
-            index_idx = ("0",)
+            index_idx = (ZERO,)
         pos = self._gather_index(index, index_idx, extent)
         flags = self.bound.broadcast[src]
-        src_idx = tuple("0" if flags[a] else (pos if a == dim else idx[a])
+        src_idx = tuple(ZERO if flags[a] else (pos if a == dim else idx[a])
                         for a in range(len(idx)))
         return self.value(src, src_idx)
 
@@ -632,7 +660,7 @@ class Emitter:
             idx, lane = (*idx[:-1], first), f"(unsigned int){LANE}"
         terms, stride = [], 1
         for i, e in zip(reversed(idx), reversed(self.bound.shapes[tensor])):
-            if i != "0" and e != 1:
+            if i != ZERO and e != 1:
                 term = f"(unsigned long long)({i})"
                 terms.append(term if stride == 1 else f"{term} * {stride}ULL")
             stride *= e
@@ -668,65 +696,54 @@ class Emitter:
         return self.let_value(tensor, f"({ct})({start}) + {pos} * ({ct})({step})")
 
 
-def join_index(parts: Index, extents: tuple[int, ...]) -> str:
-    """``sum(part * stride)`` over a row-major run of axes, as C: ``(i1 * 10 + c_2)``. A vector
-    lane stays last and outside inner parentheses (``(i3 * 64 + c_4 + _lane)``), the form
-    the kernels recognise as a lane-contiguous index."""
+def join_index(parts: Index, extents: tuple[int, ...]) -> IndexExpr:
+    """``sum(part * stride)`` over a row-major run of axes: ``(i1 * 10 + c_2)``. A vector lane
+    stays last and outside inner parentheses (``(i3 * 64 + c_4 + _lane)``), the form the kernels
+    recognise as a lane-contiguous index (``index.lane_base``)."""
     if len(parts) == 1:
         return parts[0]
-    terms, stride = [], 1
+    groups: list[tuple[IndexExpr, ...]] = []  # innermost first
+    stride = 1
     for p, e in zip(reversed(parts), reversed(extents)):
-        if p != "0":
-            lane = _LANE_SUM.fullmatch(p) if stride == 1 else None
-            if lane is not None and _balanced(lane.group(1)):
-                terms.append(f"{lane.group(1)} + {lane.group(2)}")
+        if p != ZERO:
+            lane = lane_base(p) if stride == 1 else None
+            if lane is not None:
+                groups.append((lane, LANE_VAR))
             else:
-                terms.append(p if stride == 1 else f"{p} * {stride}")
+                groups.append((p if stride == 1 else Mul(p, Const(stride)),))
         stride *= e
+    return _sum_in_parens([t for g in reversed(groups) for t in g])
+
+
+def _sum_in_parens(terms: list[IndexExpr]) -> IndexExpr:
+    """``(a + b + ...)``, ``(a)`` for one term, ``0`` for none."""
     if not terms:
-        return "0"
-    return f"({' + '.join(reversed(terms))})"
+        return ZERO
+    return Paren(terms[0] if len(terms) == 1 else Add(*terms))
 
 
-def lane_base(component: str) -> str | None:
-    """``B`` of a vector's index component ``(B + _lane)`` (B, the first lane's index, is a
-    multiple of the vector width), or None when the component is not of that form."""
-    m = _LANE_SUM.fullmatch(component)
-    return m.group(1) if m is not None and _balanced(m.group(1)) else None
-
-
-def _linearize(idx: Index, shape) -> str:
+def _linearize(idx: Index, shape) -> IndexExpr:
     terms = []
     stride = 1
     for i, e in zip(reversed(idx), reversed(shape)):
-        if i != "0":
-            terms.append(i if stride == 1 else f"{i} * {stride}")
+        if i != ZERO:
+            terms.append(i if stride == 1 else Mul(i, Const(stride)))
         stride *= e
-    return "(" + " + ".join(reversed(terms)) + ")" if terms else "0"
+    return _sum_in_parens(terms[::-1])
 
 
-def _delinearize(flat: str, shape, flags) -> Index:
-    out = []
+def _delinearize(flat: IndexExpr, shape, flags) -> Index:
+    out: list[IndexExpr] = []
     stride = math.prod(shape)
     for e, b in zip(shape, flags):
         stride //= max(e, 1)
         if b or e == 1:
-            out.append("0")
+            out.append(ZERO)
         elif stride == 1:
-            out.append(f"({flat} % {e})")
+            out.append(Paren(Mod(flat, Const(e))))
         else:
-            out.append(f"(({flat} / {stride}) % {e})")
+            out.append(Paren(Mod(Paren(Div(flat, Const(stride))), Const(e))))
     return tuple(out)
-
-
-def _balanced(expr: str) -> bool:
-    """Parentheses in ``expr`` pair up (it is one expression, not a piece of one)."""
-    depth = 0
-    for ch in expr:
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth < 0:
-            return False
-    return depth == 0
 
 
 def _declaration(ctype: str, name: str, expr: str, comment: str = "") -> str:

@@ -10,14 +10,14 @@ these decisions.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fusecut.codegen.index import ZERO, Index, IndexExpr, Var, plus_lane, uses
 from fusecut.codegen.kernel import reducer
 from fusecut.codegen.layout import address, covering_grid, index_type, tensor_strides
 from fusecut.codegen.online import accumulator_bytes
-from fusecut.codegen.regions import LANE, tensor_index, vector_address
+from fusecut.codegen.regions import tensor_index, vector_address
 from fusecut.codegen.resize import NO_RESIZES, VectorResizes, whole_vector_resizes
 from fusecut.optimizer.analysis.axes import domain_axes
 from fusecut.optimizer.analysis.scalars import RANDOM_OPS
@@ -358,8 +358,8 @@ class PrefetchPlan:
     kept: tuple[str, ...] = ()
 
 
-def slot_index(launch: PersistentLaunch, rows: Sequence[str], cols: Sequence[str],
-               lane: bool) -> tuple[str, ...]:
+def slot_index(launch: PersistentLaunch, rows: Sequence[IndexExpr], cols: Sequence[IndexExpr],
+               lane: bool) -> Index:
     """The index of every domain axis at a thread's row position: ``rows`` index the kept
     axes, ``cols`` the row's; the innermost one plus the vector lane where ``lane``."""
     out = []
@@ -368,7 +368,7 @@ def slot_index(launch: PersistentLaunch, rows: Sequence[str], cols: Sequence[str
     for a in range(last + 1):
         if a in launch.row_axes:
             var = next(ci)
-            out.append(f"({var} + {LANE})" if lane and a == last and launch.vector > 1 else var)
+            out.append(plus_lane(var) if lane and a == last and launch.vector > 1 else var)
         else:
             out.append(next(ri))
     return tuple(out)
@@ -401,12 +401,13 @@ def prefetch_plan(bound: Bound, schedule: Schedule, profile: DeviceProfile,
     used = {n for i, st in pers.eval_stages.items() if min(st) < COLUMN
             for n in fusion.ops[i].inputs}
     rvars = [f"i{a}" for a in launch.rows_axes]
-    lane_idx = slot_index(launch, rvars, [f"c_{a}" for a in launch.row_axes], True)
-    row_idx = slot_index(launch, rvars, ["0"] * len(launch.row_axes), False)
-    by_row = re.compile(r"\b(" + "|".join(rvars) + r")\b") if rvars else None
+    lane_idx = slot_index(launch, [Var(v) for v in rvars],
+                          [Var(f"c_{a}") for a in launch.row_axes], True)
+    row_idx = slot_index(launch, [Var(v) for v in rvars], [ZERO] * len(launch.row_axes), False)
 
-    def on_row(addr: str) -> bool:
-        return bool(by_row and by_row.search(addr))
+    def on_row(addr: IndexExpr) -> bool:
+        """Whether an address moves with the row (reads a row index)."""
+        return uses(addr, *rvars)
 
     staged, fixed, row_scalars = [], [], []
     for t in schedule.inputs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from fusecut.codegen.index import ZERO, Add, Const, Index, IndexExpr, Mul
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.ir.inputs import contiguous_strides
 
@@ -52,14 +53,13 @@ def covering_grid(count: int, per_block: int, itype: str) -> int:
     return max(1, blocks)
 
 
-def address(idx: tuple[str, ...], strides: tuple[int, ...]) -> str:
-    """``sum(idx[a] * stride[a])`` as C, skipping zero strides and zero indices."""
-    terms = []
-    for i, s in zip(idx, strides):
-        if s == 0 or i == "0":
-            continue
-        terms.append(i if s == 1 else f"{i} * {s}")
-    return " + ".join(terms) if terms else "0"
+def address(idx: Index, strides: tuple[int, ...]) -> IndexExpr:
+    """``sum(idx[a] * stride[a])`` (bare), skipping zero strides and zero indices."""
+    terms = [i if s == 1 else Mul(i, Const(s)) for i, s in zip(idx, strides)
+             if s != 0 and i != ZERO]
+    if not terms:
+        return ZERO
+    return terms[0] if len(terms) == 1 else Add(*terms)
 
 
 UNSIGNED = {"int": "unsigned", "int64": "unsigned long long"}

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from fusecut.codegen import cuda
 from fusecut.codegen.emit import describe_op
+from fusecut.codegen.index import LANE
 from fusecut.codegen.kernel import Reducer, reducer
-from fusecut.codegen.regions import LANE
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.ir.dtypes import DType
 from fusecut.optimizer.ir.fusion import Op

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from fusecut.codegen import cuda
 from fusecut.codegen.emit import Names
+from fusecut.codegen.index import LANE, ZERO, Clamp, Var, at_lane_zero, uses, walk
 from fusecut.codegen.kernel import (
     Kernel,
     KernelParam,
@@ -52,7 +53,7 @@ from fusecut.codegen.launch import (
 )
 from fusecut.codegen.layout import address, decompose, index_typedefs, tensor_strides
 from fusecut.codegen.online import accumulator_bytes
-from fusecut.codegen.regions import LANE, Region, at_lane_zero, lane_loop, vector_address
+from fusecut.codegen.regions import Region, lane_loop, vector_address
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.kinds.persistent import COLUMN
 from fusecut.optimizer.kinds.rules import Schedule
@@ -166,9 +167,13 @@ class _Persistent:
     def is_row(self, t: str) -> bool:
         return is_row_input(self.schedule, self.row_axes, t)
 
-    def region(self, rows, cols, lane) -> Region:
+    def region(self, rows: list[str] | None, cols: list[str] | None, lane: bool) -> Region:
+        """A region at the row (group)'s position: ``rows`` name the kept axes' indices and
+        ``cols`` the row's (None: index 0 on every axis of theirs)."""
+        rows_idx = [Var(n) for n in rows] if rows else [ZERO] * len(self.rows_axes)
+        cols_idx = [Var(n) for n in cols] if cols else [ZERO] * len(self.row_axes)
         return Region(self.bound, self.schedule, self.itype,
-                      slot_index(self.launch, rows, cols, lane),
+                      slot_index(self.launch, rows_idx, cols_idx, lane),
                       self.vec if lane else 1, self.aligned, self.params, self.names)
 
     # ---- inner-outer prefetch -----------------------------------------------------------------
@@ -189,7 +194,7 @@ class _Persistent:
         fusion = self.fusion
         nvars = [f"n{a}" for a in self.rows_axes]
         reg = self.region(nvars, self.cvars, True)
-        row_reg = self.region(nvars, ["0"] * len(self.row_axes), False)
+        row_reg = self.region(nvars, None, False)
         body = decompose("nrow", [self.domain[a] for a in self.rows_axes], nvars, "index_t")
         for t in self.fetch.row_scalars:
             size = fusion.tensors[t].dtype.itemsize
@@ -270,7 +275,7 @@ class _Persistent:
         sched, pers = self.schedule, self.pers
         vec, slots = self.vec, self.slots
         tid = self.tid
-        row_region = self.region(self.rvars, ["0"] * len(self.row_axes), False)
+        row_region = self.region(self.rvars, None, False)
         prefetched = self.fetch.staged + self.fetch.fixed
         persisted = [t for t in pers.persisted if t not in prefetched] + list(self.fetch.kept)
         row_values = []  # per-row values, from their prefetch slots
@@ -423,7 +428,9 @@ class _Persistent:
                     from_smem.append(tensor)
                     return cuda.to_compute(f"q_{tensor}.v[{LANE}]",
                                            self.fusion.tensors[tensor].dtype)
-            if any(LANE in i or "c_" in i for i in idx):
+            # (an index through a clamp, of a pad, cat or gather, is evaluated per element)
+            if any(uses(i, LANE, *self.cvars) or any(isinstance(n, Clamp) for n in walk(i))
+                   for i in idx):
                 return None
             return row_region.em.value(tensor, row_region.index_of(tensor))
 
@@ -516,7 +523,7 @@ class _Persistent:
         d = self.fusion.tensors[t].dtype
         idx = reg.index_of(t)
         strides = tensor_strides(self.bound, t)
-        lanes = [a for a, i in enumerate(idx) if LANE in i]
+        lanes = [a for a, i in enumerate(idx) if uses(i, LANE)]
         st = cuda.storage(d)
         if (self.vec > 1 and len(lanes) == 1 and strides[lanes[0]] == 1
                 and all(x % self.vec == 0 for a, x in enumerate(strides) if a != lanes[0])):
@@ -563,7 +570,8 @@ class _Persistent:
         params: list[str] = []
         names = [f"f_{a}" for a in self.row_axes]
         region = Region(self.bound, sched, self.itype,
-                        slot_index(self.launch, ["0"] * len(self.rows_axes), names, False), 1,
+                        slot_index(self.launch, [ZERO] * len(self.rows_axes),
+                                   [Var(n) for n in names], False), 1,
                         self.aligned, params, self.names)
         reducers = list(enumerate(self.col_reducers))
         lines = [f"__shared__ {r.acc_type} sm{k}[32][33];" for k, r in reducers]

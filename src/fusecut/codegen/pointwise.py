@@ -21,7 +21,22 @@ from dataclasses import replace
 
 from fusecut.codegen import cuda
 from fusecut.codegen.bounds import in_bounds
-from fusecut.codegen.emit import Emitter, Names, lane_base
+from fusecut.codegen.emit import Emitter, Names
+from fusecut.codegen.index import (
+    LANE,
+    ZERO,
+    All,
+    Const,
+    Equal,
+    Index,
+    IndexExpr,
+    Less,
+    Var,
+    at_lane_zero,
+    lane_base,
+    plus_lane,
+    uses,
+)
 from fusecut.codegen.kernel import (
     Kernel,
     SegmentKernels,
@@ -45,7 +60,7 @@ from fusecut.codegen.layout import (
     tensor_strides,
 )
 from fusecut.codegen.precision import fast_math_tensors
-from fusecut.codegen.regions import LANE, at_lane_zero, shorter_axes, vector_read
+from fusecut.codegen.regions import shorter_axes, vector_read
 from fusecut.codegen.transpose import generate_transpose
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.kinds.rules import Schedule
@@ -177,23 +192,23 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
     merged = any(a != b for a, b in runs)
     extents = [numel(domain[a:b + 1]) for a, b in runs]
     # the emitter indexes the domain per axis (x0, x1, ...); accesses are rewritten per run
-    xs = [f"x{a}" for a in range(rank)]
-    run_names = [xs[a] if a == b else f"x{a}_{b}" for a, b in runs]
+    xs = [Var(f"x{a}") for a in range(rank)]
+    run_names = [xs[a] if a == b else Var(f"x{a}_{b}") for a, b in runs]
     launch = pointwise_launch(bound, schedule, extents[-1] if rank and domain[-1] > 1 else 1,
                               vector)
     vec, itype = launch.vector, launch.index_type
-    lane_expr = f"({xs[-1]} + {LANE})" if rank and vec > 1 else (xs[-1] if rank else "0")
-    run_lane = f"({run_names[-1]} + {LANE})" if rank and vec > 1 else lane_expr
+    lane_expr = plus_lane(xs[-1]) if rank and vec > 1 else (xs[-1] if rank else ZERO)
+    run_lane = plus_lane(run_names[-1]) if rank and vec > 1 else lane_expr
     domain_idx = tuple(xs[:-1] + [lane_expr]) if rank else ()
     axis_of = {x: a for a, x in enumerate(xs)} | ({lane_expr: rank - 1} if rank else {})
     rows: list[tuple[int, ...]] | None = []
 
-    def view(idx: tuple[str, ...], strides: tuple[int, ...]):
+    def view(idx: Index, strides: tuple[int, ...]):
         """An access as the kernel addresses it: per run when axes are merged."""
         nonlocal rows
         ds = [0] * rank  # the stride of each domain axis in this access
         for i, s in zip(idx, strides):
-            if s == 0 or i == "0":
+            if s == 0 or i == ZERO:
                 continue
             a = axis_of.get(i)
             if a is None or ds[a]:
@@ -226,18 +241,18 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
     vec_starts: dict[tuple, tuple[str, ...]] = {}  # a permuted-lane vector's first address
 
     # each domain index's values (the innermost one starts a vector), for codegen.bounds
-    ranges = {x: (0, e - 1, 1) for x, e in zip(xs, domain)}
+    ranges = {x.name: (0, e - 1, 1) for x, e in zip(xs, domain)}
     if rank and vec > 1:
-        ranges[xs[-1]], ranges[LANE] = (0, domain[-1] - vec, vec), (0, vec - 1, 1)
+        ranges[xs[-1].name], ranges[LANE] = (0, domain[-1] - vec, vec), (0, vec - 1, 1)
 
-    def within(t: str, idx: tuple[str, ...]) -> str | None:
+    def within(t: str, idx: Index) -> IndexExpr | None:
         """The condition under which input t is read at ``idx``, where the domain reaches
         past t's end (``codegen.bounds``): only the outputs' guarded stores use those values,
         so the threads past it load nothing."""
         conds = [c for i, n in zip(idx, bound.shapes[t]) for c in in_bounds(i, n, ranges)]
-        return " && ".join(conds) or None
+        return All(*conds) if conds else None
 
-    def load(t: str, idx: tuple[str, ...]) -> str:
+    def load(t: str, idx: Index) -> str:
         d = fusion.tensors[t].dtype
         inside = within(t, idx)
         idx, strides = view(idx, tensor_strides(bound, t))
@@ -246,17 +261,17 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
         def scalar(value: str) -> str:
             return f"({inside} ? {value} : ({ct})0)" if inside else value
 
-        invariant = all(LANE not in i for i in idx)
+        invariant = not any(uses(i, LANE) for i in idx)
         if invariant:
             name_ = em.names.fresh(f"ld_{t}")
             value = cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d)
             pre.append(f"const {ct} {name_} = {scalar(value)};")
             return name_
-        if inside is not None and LANE in inside:  # a read per lane
+        if inside is not None and uses(inside, LANE):  # a read per lane
             return em.let_load(t, scalar(cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d)))
-        lanes = [a for a, i in enumerate(idx) if LANE in i]
+        lanes = [a for a, i in enumerate(idx) if uses(i, LANE)]
 
-        def vector(key: tuple, guard: str | None = None) -> str:
+        def vector(key: tuple, guard: IndexExpr | None = None) -> str:
             """The register vector of input t at the address ``key[1]`` names (loaded once)."""
             if key not in vec_loads:
                 vec_loads[key] = em.names.fresh(f"vec_{t}")
@@ -271,8 +286,8 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
         if (first is not None and strides[lanes[0]] == 1
                 and all(s % vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
             base = tuple(at_lane_zero(i) if a == lanes[0] else i for a, i in enumerate(idx))
-            guards = [g for g in (inside, em.lane_guard(idx[lanes[0]])) if g]
-            vname = vector((t, base), " && ".join(guards) or None)
+            guards = [g for g in (inside, em.lane_guard(idx[lanes[0]])) if g is not None]
+            vname = vector((t, base), All(*guards) if guards else None)
             return cuda.to_compute(f"{vname}.v[{LANE}]", d)
         permuted = permuted_lanes(t, idx, strides, lanes)
         if permuted is not None:  # lanes that take other elements of their own vector
@@ -284,7 +299,7 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
             return cuda.to_compute(f"{vector(key, inside)}.v[{lane_maps[offsets]}[{LANE}]]", d)
         return em.let_load(t, scalar(cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d)))
 
-    def permuted_lanes(t: str, idx: tuple[str, ...], strides: tuple[int, ...],
+    def permuted_lanes(t: str, idx: Index, strides: tuple[int, ...],
                        lanes: list[int]) -> tuple[tuple, tuple[int, ...]] | None:
         """(vector-load key, lane map) where input t's lanes all read elements of the aligned
         vector at the innermost index (``codegen.lanes``); per-axis indexing only."""
@@ -294,7 +309,7 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
             return None
         if bound.shapes[t][lanes[0]] % vec:  # an aligned vector lies inside t
             return None
-        mapped = lane_map(idx[lanes[0]], xs[-1], vec)
+        mapped = lane_map(idx[lanes[0]], xs[-1].name, vec)
         if mapped is None or mapped.offsets == tuple(range(vec)):
             return None
         same_vector = tuple(mapped.values if a == lanes[0] else i for a, i in enumerate(idx))
@@ -307,7 +322,7 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
     if rank:
         flat_lane = ("(unsigned long long)flat", f"(unsigned int){LANE}" if vec > 1 else "0u")
 
-        def flat_index(t: str, idx: tuple[str, ...]) -> tuple[str, str] | None:
+        def flat_index(t: str, idx: Index) -> tuple[str, str] | None:
             """The loop's flat counter (a multiple of the vector width) and the lane are the
             linear index of a domain-shaped tensor."""
             return flat_lane if idx == domain_idx and tuple(bound.shapes[t]) == tuple(domain) \
@@ -325,7 +340,7 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
         identity = (tuple(shape) == tuple(domain)
                     and all(m == a or (m is None and domain[a] == 1)
                             for a, m in enumerate(amap)))
-        out_idx = tuple("0" if m is None else domain_idx[m] for m in amap)
+        out_idx = tuple(ZERO if m is None else domain_idx[m] for m in amap)
         val = em.raw(t, out_idx)
         if identity and vec > 1:
             em.lines.append(f"o_{t}.v[{LANE}] = {cuda.to_storage(val, d)};")
@@ -339,11 +354,12 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
         covered = {m for m in amap if m is not None}
         for dax in range(rank):
             if dax not in covered and domain[dax] > 1:  # a unit axis's index is always 0
-                guards.append(f"{domain_idx[dax]} == 0")
-        guards += [f"{domain_idx[m]} < {shape[a]}" for a, m in shorter_axes(bound, schedule, t)]
+                guards.append(Equal(domain_idx[dax], ZERO))
+        guards += [Less(domain_idx[m], Const(shape[a]))
+                   for a, m in shorter_axes(bound, schedule, t)]
         store = (f"out_{t}[{address(*view(out_idx, compact_strides(bound, t)))}] = "
                  f"{cuda.to_storage(val, d)};")
-        em.lines.append(f"if ({' && '.join(guards)}) {store}" if guards else store)
+        em.lines.append(f"if ({All(*guards)}) {store}" if guards else store)
     params = tensor_params(bound, schedule.inputs, schedule.outputs, em.params)
     n_vec = total // vec
     # One vector per thread over the whole domain (measured on H100: 4-8% faster than a grid of
@@ -351,7 +367,7 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
     # codegen.launch.pointwise_launch).
     blocks = covering_grid(n_vec, THREADS, itype)
     position = ([f"const index_t flat = v * {vec};"] if rank else []) + \
-        decompose("flat", extents, run_names, "index_t", unsigned=True)
+        decompose("flat", extents, [r.name for r in run_names], "index_t", unsigned=True)
     compute = []
     for t in vec_outputs:
         compute.append(f"fc_vec<{cuda.storage(fusion.tensors[t].dtype)}, {vec}> o_{t};")
@@ -375,7 +391,7 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
             "v += (index_t)gridDim.x * blockDim.x) {"]
     body += indent(step, 4) + ["  }", "}"]
     text = "\n".join(body)
-    if merged and any(re.search(rf"\b{xs[k]}\b", text) for a, b in runs if a != b
+    if merged and any(re.search(rf"\b{xs[k].name}\b", text) for a, b in runs if a != b
                       for k in range(a, b + 1)):
         raise _Unmergeable
     kernel = Kernel(name, params, (blocks, 1, 1), (THREADS, 1, 1))

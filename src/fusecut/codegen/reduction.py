@@ -16,6 +16,7 @@ import math
 
 from fusecut.codegen import cuda
 from fusecut.codegen.emit import Names
+from fusecut.codegen.index import LANE, ZERO, Index, Var, plus_lane
 from fusecut.codegen.kernel import (
     Kernel,
     KernelParam,
@@ -38,7 +39,7 @@ from fusecut.codegen.launch import (
 )
 from fusecut.codegen.layout import decompose, index_typedefs
 from fusecut.codegen.online import accumulator_bytes, add_batched, segment_reducers
-from fusecut.codegen.regions import LANE, Region
+from fusecut.codegen.regions import Region
 from fusecut.optimizer.analysis.axes import domain_axes
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.errors import PlanError
@@ -102,12 +103,18 @@ class _Builder:
 
     # ---- pieces ---------------------------------------------------------------------------
 
-    def p_idx(self, keep_names, red_names, lane_axis: int | None) -> tuple[str, ...]:
+    def p_idx(self, keep_names: list[str], red_names: list[str] | None, lane_axis: int | None
+              ) -> Index:
+        """The domain's index from the kept axes' index names and the reduced axes' (None:
+        index 0), lane by lane along ``lane_axis``."""
         out = []
-        ki, ri = iter(keep_names), iter(red_names)
+        ki, ri = iter(keep_names), iter(red_names or ())
         for a in range(len(self.domain)):
-            var = next(ri) if a in self.red_axes else next(ki)
-            out.append(f"({var} + {LANE})" if a == lane_axis else var)
+            if a not in self.red_axes:
+                var = Var(next(ki))
+            else:
+                var = ZERO if red_names is None else Var(next(ri))
+            out.append(plus_lane(var) if a == lane_axis else var)
         return tuple(out)
 
     def accumulation_loop(self, vec: int, acc_of, flat: str) -> tuple[list[str], list[str]]:
@@ -149,7 +156,7 @@ class _Builder:
         names = [f"o{a}" for a in self.keep_axes]
         params: list[str] = []
         region = Region(self.bound, self.schedule, self.itype,
-                        self.p_idx(names, ["0"] * len(self.red_axes), None), 1,
+                        self.p_idx(names, None, None), 1,
                         self.aligned, params, self.names)
         lines = [f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}"
                  for k, r in enumerate(self.reducers)]
@@ -233,7 +240,7 @@ class _Builder:
         else:
             epi_params: list[str] = params
             epi = Region(self.bound, sched, self.itype,
-                         self.p_idx(keep_names, ["0"] * len(self.red_axes), None), 1,
+                         self.p_idx(keep_names, None, None), 1,
                          self.aligned, epi_params, self.names)
             self.epilogue(epi, lambda r: f"acc{self.reducers.index(r)}")
             lines = epi.finish()
@@ -290,8 +297,8 @@ class _Builder:
             along = [j for j, m in enumerate(amap) if m == last]
             if len(along) != 1 or any(a != b for j, (a, b) in enumerate(zip(idx, own))
                                       if j != along[0]):
-                raise PlanError(f"{tensor} is read at {list(idx)}: a reduction result is "
-                                f"staged along the innermost axis only")
+                raise PlanError(f"{tensor} is read at {[str(i) for i in idx]}: a reduction "
+                                f"result is staged along the innermost axis only")
             k, r = results[tensor]
             col = f"threadIdx.x * {vec} + {idx[along[0]]} - {first_col}"
             expr = dict(r.results(self.bound, f"smem{k}[0][{col}]"))[tensor]
@@ -353,8 +360,7 @@ class _Builder:
             out_params = self.loop_outputs
         else:
             epi = Region(self.bound, sched, self.itype,
-                         self.p_idx(keep_names, ["0"] * len(self.red_axes),
-                                    len(self.domain) - 1 if vec > 1 else None),
+                         self.p_idx(keep_names, None, len(self.domain) - 1 if vec > 1 else None),
                          vec, self.aligned, params, self.names)
             if staged:
                 epi.em.delegate_to(self.staged_results(epi, vec))

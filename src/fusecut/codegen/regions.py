@@ -13,7 +13,17 @@ import re
 from collections.abc import Callable
 
 from fusecut.codegen import cuda
-from fusecut.codegen.emit import LANE, Emitter, Names, join_index, value_name
+from fusecut.codegen.emit import Emitter, Names, join_index, value_name
+from fusecut.codegen.index import (
+    LANE,
+    ZERO,
+    Index,
+    IndexExpr,
+    at_lane_zero,
+    lane_base,
+    reads,
+    uses,
+)
 from fusecut.codegen.layout import address, compact_strides, tensor_strides
 from fusecut.codegen.precision import fast_math_tensors
 from fusecut.codegen.resize import whole_vector_resizes
@@ -22,16 +32,15 @@ from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.kinds.rules import Schedule
 
 _DECLARED = re.compile(r"\s*const [\w<>, :]+? (\w+) = ")
-_WORD = re.compile(r"[A-Za-z_]\w*")
 
 
 class Region:
-    def __init__(self, bound: Bound, schedule: Schedule, itype: str, p_idx: tuple[str, ...],
+    def __init__(self, bound: Bound, schedule: Schedule, itype: str, p_idx: Index,
                  vec: int, aligned: dict[str, int], params: list[str],
                  names: Names | None = None):
-        """``p_idx``: the index of every domain axis in this region (C expressions); ``vec``:
-        lanes of the innermost axis (its index contains ``_lane``); ``names``: those of the
-        kernel source the region is part of."""
+        """``p_idx``: the index of every domain axis in this region; ``vec``: lanes of the
+        innermost axis (its index reads ``_lane``); ``names``: those of the kernel source the
+        region is part of."""
         self.bound = bound
         self.schedule = schedule
         self.p_idx = p_idx
@@ -48,7 +57,7 @@ class Region:
                           fast_math_tensors(bound, schedule),
                           resizes=whole_vector_resizes(bound, schedule.ops, vec))
 
-    def index_of(self, tensor: str) -> tuple[str, ...]:
+    def index_of(self, tensor: str) -> Index:
         """The tensor's index in this region, through its axis map onto the domain (an axis on
         a run of domain axes joins their indices, as the emitter's reshapes do)."""
         return tensor_index(self.schedule, self.p_idx, tensor, self.em.join)
@@ -74,9 +83,9 @@ class Region:
         d = self.bound.fusion.tensors[tensor].dtype
         idx = self.index_of(tensor)
         strides = compact_strides(self.bound, tensor)
-        lanes = [a for a, i in enumerate(idx) if LANE in i]
+        lanes = [a for a, i in enumerate(idx) if uses(i, LANE)]
         if (guard is None and self.vec > 1 and len(lanes) == 1
-                and idx[lanes[0]].endswith(f" + {LANE})") and strides[lanes[0]] == 1
+                and lane_base(idx[lanes[0]]) is not None and strides[lanes[0]] == 1
                 and all(s % self.vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
             a = lanes[0]
             base = tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx))
@@ -105,18 +114,18 @@ class Region:
                 self.params.append(p)
         return self.pre + self.em.lines
 
-    def _load(self, t: str, idx: tuple[str, ...]) -> str:
+    def _load(self, t: str, idx: Index) -> str:
         bound, em = self.bound, self.em
         d = bound.fusion.tensors[t].dtype
         strides = tensor_strides(bound, t)
         st, ct = cuda.storage(d), cuda.compute(d)
-        if all(LANE not in i for i in idx) and not self._reads_computed(idx):
+        if not any(uses(i, LANE) for i in idx) and not self._reads_computed(idx):
             name = em.names.fresh(value_name(t))
             self.pre.append(f"const {ct} {name} = "
                             f"{cuda.to_compute(f'in_{t}[{address(idx, strides)}]', d)};")
             return name
-        lanes = [a for a, i in enumerate(idx) if LANE in i]
-        if (self.vec > 1 and len(lanes) == 1 and idx[lanes[0]].endswith(f" + {LANE})")
+        lanes = [a for a, i in enumerate(idx) if uses(i, LANE)]
+        if (self.vec > 1 and len(lanes) == 1 and lane_base(idx[lanes[0]]) is not None
                 and strides[lanes[0]] == 1
                 and all(s % self.vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
             a = lanes[0]
@@ -132,7 +141,7 @@ class Region:
             return cuda.to_compute(f"{self._vec_loads[key]}.v[{LANE}]", d)
         return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
 
-    def _reads_computed(self, idx: tuple[str, ...]) -> bool:
+    def _reads_computed(self, idx: Index) -> bool:
         """Whether an index reads a value the region's statements compute (a gather's index
         computed from its input): a load at it cannot be hoisted above them."""
         lines = self.em.lines
@@ -141,19 +150,18 @@ class Region:
             if m:
                 self._computed.add(m.group(1))
         self._scanned = len(lines)
-        return any(w in self._computed for i in idx for w in _WORD.findall(i))
+        return any(not reads(i).isdisjoint(self._computed) for i in idx)
 
 
-def tensor_index(schedule: Schedule, p_idx: tuple[str, ...], tensor: str,
-                 join: Callable[[tuple[str, ...], tuple[int, ...]], str] = join_index
-                 ) -> tuple[str, ...]:
+def tensor_index(schedule: Schedule, p_idx: Index, tensor: str,
+                 join: Callable[[Index, tuple[int, ...]], IndexExpr] = join_index) -> Index:
     """The tensor's index where the domain's axes are indexed by ``p_idx``, through its axis
     map (an axis on a run of domain axes joins their indices with ``join``)."""
     out = []
     for m in schedule.axis_map[tensor]:
         run = domain_axes(m)
         if not run:
-            out.append("0")
+            out.append(ZERO)
         elif len(run) == 1:
             out.append(p_idx[run[0]])
         else:
@@ -179,11 +187,11 @@ def vector_read(storage: str, vec: int, pointer: str, guard: str | None = None) 
     return f"{guard} ? {read} : {vt}{{}}" if guard else read
 
 
-def vector_address(bound: Bound, t: str, idx: tuple[str, ...], vec: int) -> str | None:
+def vector_address(bound: Bound, t: str, idx: Index, vec: int) -> IndexExpr | None:
     """The address of input t's first element at index ``idx`` (its lanes along the
     innermost axis), if its ``vec`` lanes are contiguous in memory (else None)."""
     strides = tensor_strides(bound, t)
-    lanes = [a for a, i in enumerate(idx) if LANE in i]
+    lanes = [a for a, i in enumerate(idx) if uses(i, LANE)]
     if vec == 1 and not lanes:
         return address(idx, strides)
     if (vec > 1 and len(lanes) == 1 and strides[lanes[0]] == 1
@@ -192,16 +200,6 @@ def vector_address(bound: Bound, t: str, idx: tuple[str, ...], vec: int) -> str 
         return address(tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx)),
                        strides)
     return None
-
-
-def at_lane_zero(component: str) -> str:
-    """An index component of a vector's first lane: ``(c_2 + _lane)`` -> ``c_2``, and for an
-    axis joined from several (``(i1 * 64 + c_2 + _lane)``) -> ``(i1 * 64 + c_2)``."""
-    suffix = f" + {LANE})"
-    if not (component.startswith("(") and component.endswith(suffix)):
-        return component
-    inner = component[1:-len(suffix)]
-    return inner if re.fullmatch(r"\w+", inner) else f"({inner})"
 
 
 def lane_loop(vec: int, lines: list[str]) -> list[str]:

@@ -35,7 +35,30 @@ import re
 from dataclasses import dataclass
 
 from fusecut.codegen import cuda
-from fusecut.codegen.emit import Emitter, Names, lane_base
+from fusecut.codegen.emit import Emitter, Names
+from fusecut.codegen.index import (
+    LANE,
+    ZERO,
+    Add,
+    All,
+    Clamp,
+    Const,
+    Data,
+    Equal,
+    Index,
+    IndexExpr,
+    Mul,
+    Paren,
+    Sub,
+    Var,
+    at_lane_zero,
+    lane_base,
+    plus_lane,
+    substitute,
+    uses,
+    variables,
+    walk,
+)
 from fusecut.codegen.kernel import (
     Kernel,
     SegmentKernels,
@@ -54,7 +77,7 @@ from fusecut.codegen.layout import (
     tensor_strides,
 )
 from fusecut.codegen.precision import fast_math_tensors
-from fusecut.codegen.regions import LANE, at_lane_zero, lane_loop, shorter_axes, vector_read
+from fusecut.codegen.regions import lane_loop, shorter_axes, vector_read
 from fusecut.codegen.resize import NO_RESIZES, whole_vector_resizes
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.kinds.rules import Schedule
@@ -71,26 +94,13 @@ TILES_PER_BLOCK = 8
 MIN_RUN_BLOCKS = 1024  # blocks the grid keeps when it does (rope_fwd_thunder: 1024)
 TILES = (64, 32)  # tile edge, largest first: 64 keeps 8-16 KiB per block in flight
 
-# index components the emitter writes for a plain domain index ``xk`` (after the vector lane is
-# folded into it): the index itself, a slice's offset and step, a cat's or pad's shifted clamp
-_PLAIN = [re.compile(p) for p in (
-    r"x(?P<k>\d+)",
-    r"x(?P<k>\d+) \* (?P<m>\d+)",
-    r"\(-?\d+ \+ x(?P<k>\d+)\)",
-    r"\(-?\d+ \+ x(?P<k>\d+) \* (?P<m>\d+)\)",
-    r"fc_clampi<\w+>\(\(?x(?P<k>\d+)( - -?\d+\))?, -?\d+\)",
-)]
-_NAME = re.compile(r"[A-Za-z_]\w*")
-_INDEX_NAMES = {"fc_clampi", "int", "int64", "index_t", "long"}
-
-
 @dataclass(frozen=True)
 class Access:
     """A tensor read or written at an index of the domain: ``steps[k]`` is how far its address
     moves when domain index k moves by one (None: not a fixed step, as a reshape's division)."""
 
     tensor: str
-    idx: tuple[str, ...]
+    idx: Index
     steps: tuple[int | None, ...]
     nbytes: int
     portable: bool  # the index names only domain indices: a staging phase can evaluate it
@@ -131,29 +141,62 @@ class TilePhase:
         return f"(int)(threadIdx.x / {self.per_row}) + {it} * {self.rows}"
 
 
-def access_steps(idx: tuple[str, ...], strides: tuple[int, ...], rank: int, unfold
-                 ) -> tuple[tuple[int | None, ...], bool]:
-    """Per domain axis, the address step of an access at ``idx`` (its components C expressions
-    of the domain indices ``x0, x1...``; ``unfold`` folds the vector lane into its index), and
-    whether the index names nothing but them."""
+def access_steps(idx: Index, strides: tuple[int, ...], axis_of: dict[IndexExpr, int], rank: int,
+                 unfold) -> tuple[tuple[int | None, ...], bool]:
+    """Per domain axis, the address step of an access at ``idx`` (its components indices of the
+    domain variables ``axis_of`` maps to their axes; ``unfold`` folds the vector lane into its
+    index), and whether the index reads nothing but them (a staging phase can evaluate it)."""
     steps: list[int | None] = [0] * rank
     portable = True
     for comp, s in zip(idx, strides):
-        if s == 0 or comp == "0":
+        if s == 0 or comp == ZERO:
             continue
         comp = unfold(comp)
-        if any(n not in _INDEX_NAMES and not re.fullmatch(r"x\d+", n)
-               for n in _NAME.findall(comp)):
+        if any(isinstance(n, Data) or (isinstance(n, Var) and n not in axis_of)
+               for n in walk(comp)):
             portable = False
-        hit = next((m for p in _PLAIN if (m := p.fullmatch(comp))), None)
+        hit = plain_step(comp, axis_of)
         if hit is not None:
-            k = int(hit.group("k"))
+            k, m = hit
             if steps[k] is not None:
-                steps[k] += s * int(hit.groupdict().get("m") or 1)
+                steps[k] += s * m
             continue
-        for k in {int(v) for v in re.findall(r"\bx(\d+)\b", comp)}:
-            steps[k] = None
+        for v in variables(comp):
+            k = axis_of.get(Var(v))
+            if k is not None:
+                steps[k] = None
     return tuple(steps), portable
+
+
+def plain_step(comp: IndexExpr, axis_of: dict[IndexExpr, int]) -> tuple[int, int] | None:
+    """(k, m) where ``comp`` moves m elements per step of domain axis k, in one of the forms the
+    emitter writes for a plain domain index xk (the vector lane folded in): the index itself
+    ``xk``, a slice's step ``xk * m`` and offset ``(c + xk)``, ``(c + xk * m)``, a cat's or pad's
+    shifted clamp ``fc_clampi<t>(xk, c)``, ``fc_clampi<t>((xk - c), c)``; None otherwise."""
+    def scaled(e: IndexExpr) -> tuple[int, int] | None:
+        if isinstance(e, Var) and e in axis_of:
+            return axis_of[e], 1
+        if (isinstance(e, Mul) and e.kids[0] in axis_of and isinstance(e.kids[1], Const)
+                and e.kids[1].value >= 0):
+            return axis_of[e.kids[0]], e.kids[1].value
+        return None
+
+    if isinstance(comp, Var):
+        return scaled(comp)
+    if isinstance(comp, Mul):
+        return scaled(comp)
+    if isinstance(comp, Paren) and isinstance(comp.kids[0], Add):
+        terms = comp.kids[0].kids
+        if len(terms) == 2 and isinstance(terms[0], Const):
+            return scaled(terms[1])
+        return None
+    if isinstance(comp, Clamp):
+        x = comp.kids[0]
+        if isinstance(x, Paren) and isinstance(x.kids[0], Sub) \
+                and isinstance(x.kids[0].kids[1], Const):
+            x = x.kids[0].kids[0]
+        return (axis_of[x], 1) if isinstance(x, Var) and x in axis_of else None
+    return None
 
 
 class _Tiled:
@@ -168,15 +211,16 @@ class _Tiled:
         self.itype = segment_index_type(bound, schedule)
         # the innermost axis that moves: the compute phase's lanes walk it
         self.a = max(k for k, e in enumerate(self.domain) if e > 1)
-        self.xs = ["0" if e == 1 else f"x{k}" for k, e in enumerate(self.domain)]
+        self.xs = [ZERO if e == 1 else Var(f"x{k}") for k, e in enumerate(self.domain)]
+        self.axis_of = {x: k for k, x in enumerate(self.xs) if x != ZERO}
         self.vec = vector or vector_width(bound, list(schedule.inputs) + list(schedule.outputs),
                                           self.domain[self.a])
-        self.lane_of = f"({self.xs[self.a]} + {LANE})" if self.vec > 1 else ""
+        self.lane_of = plus_lane(self.xs[self.a]) if self.vec > 1 else None
         self.domain_idx = tuple(self.lane_of if k == self.a and self.vec > 1 else x
                                 for k, x in enumerate(self.xs))
         self.resizes = whole_vector_resizes(bound, schedule.ops, self.vec)
         self.reads_writes = self.accesses()
-        if any(lane_base(i) not in (None, self.xs[self.a])
+        if any(lane_base(i) is not None and lane_base(i) != self.xs[self.a]
                and not self.whole_vector(r.tensor, r.idx)
                for r in self.reads_writes[0] for i in r.idx):
             # a piece, or a split axis, read across its rows: read it lane by lane, so that it
@@ -184,32 +228,32 @@ class _Tiled:
             self.resizes = NO_RESIZES
             self.reads_writes = self.accesses()
 
-    def whole_vector(self, t: str, idx: tuple[str, ...]) -> bool:
+    def whole_vector(self, t: str, idx: Index) -> bool:
         """Whether input t is read at ``idx`` as one vector (the lanes walk its unit stride)."""
-        lanes = [k for k, i in enumerate(idx) if LANE in i]
+        lanes = [k for k, i in enumerate(idx) if uses(i, LANE)]
         strides = tensor_strides(self.bound, t)
         return (self.vec > 1 and len(lanes) == 1 and lane_base(idx[lanes[0]]) is not None
                 and strides[lanes[0]] == 1
                 and all(s % self.vec == 0 for k, s in enumerate(strides) if k != lanes[0]))
 
-    def unfold(self, comp: str) -> str:
+    def unfold(self, comp: IndexExpr) -> IndexExpr:
         """An index component with the vector lane folded into the innermost index: what the
         staging phase, which has no lanes, evaluates."""
-        return comp.replace(self.lane_of, self.xs[self.a]) if self.lane_of else comp
+        return substitute(comp, {self.lane_of: self.xs[self.a]}) if self.lane_of else comp
 
     # ---- what is read and written, and along which axis --------------------------------------
 
-    def out_idx(self, t: str) -> tuple[str, ...]:
-        return tuple("0" if m is None else self.domain_idx[m] for m in self.schedule.axis_map[t])
+    def out_idx(self, t: str) -> Index:
+        return tuple(ZERO if m is None else self.domain_idx[m] for m in self.schedule.axis_map[t])
 
     def accesses(self) -> tuple[list[Access], list[Access]]:
         """Every input read the compute phase makes (a dry run of the emitter) and every output
         write."""
         reads: list[Access] = []
 
-        def record(t: str, idx: tuple[str, ...]) -> str:
-            steps, portable = access_steps(idx, tensor_strides(self.bound, t), self.rank,
-                                           self.unfold)
+        def record(t: str, idx: Index) -> str:
+            steps, portable = access_steps(idx, tensor_strides(self.bound, t), self.axis_of,
+                                           self.rank, self.unfold)
             reads.append(Access(t, idx, steps, self.bound.nbytes(t), portable))
             return f"ld{len(reads)}"
 
@@ -220,7 +264,8 @@ class _Tiled:
         writes = []
         for t in self.schedule.outputs:
             idx = self.out_idx(t)
-            steps, _ = access_steps(idx, compact_strides(self.bound, t), self.rank, self.unfold)
+            steps, _ = access_steps(idx, compact_strides(self.bound, t), self.axis_of, self.rank,
+                                    self.unfold)
             writes.append(Access(t, idx, steps, self.bound.nbytes(t), True))
         return reads, writes
 
@@ -266,7 +311,7 @@ class _Tiled:
         size = self.fusion.tensors[t].dtype.itemsize
         return tile + max(1, 4 // size)
 
-    def stage_vector(self, t: str, idx: tuple[str, ...], b: int, tile: int) -> int:
+    def stage_vector(self, t: str, idx: Index, b: int, tile: int) -> int:
         """Vector width of a staging read along B: 16 bytes where the B index is plain and
         every other step keeps vectors aligned."""
         if self.vector == 1:
@@ -275,11 +320,11 @@ class _Tiled:
         size = self.fusion.tensors[t].dtype.itemsize
         v = min(16 // size, tile)
         plain = [self.unfold(comp) for comp in idx]
-        xb = re.compile(rf"\b{self.xs[b]}\b")
+        xb = self.xs[b].name
         while v > 1:
             ok = self.domain[b] % v == 0 and all(
-                (comp == self.xs[b] and s == 1) or (not xb.search(comp) and
-                                                     (s % v == 0 or comp == "0"))
+                (comp == self.xs[b] and s == 1) or (not uses(comp, xb) and
+                                                     (s % v == 0 or comp == ZERO))
                 for comp, s in zip(plain, strides))
             if ok and any(comp == self.xs[b] for comp in plain):
                 return v
@@ -313,7 +358,7 @@ class _Tiled:
         vec = self.vec
         aligned: dict[str, int] = {}
         smem_decls: list[str] = []
-        tile_of: dict[tuple[str, tuple[str, ...]], str] = {}
+        tile_of: dict[tuple[str, Index], str] = {}
         for k, key in enumerate(staged_reads):
             st = cuda.storage(fusion.tensors[key[0]].dtype)
             tile_of[key] = f"s{k}_{key[0]}"
@@ -364,7 +409,7 @@ class _Tiled:
         vec_loads: dict[tuple, str] = {}
         cph = TilePhase(tile, vec)
 
-        def load(t: str, idx: tuple[str, ...]) -> str:
+        def load(t: str, idx: Index) -> str:
             d = fusion.tensors[t].dtype
             if (t, idx) in tile_of:
                 cell = f"{tile_of[(t, idx)]}[sl][fa + {LANE}]" if vec > 1 else \
@@ -372,13 +417,13 @@ class _Tiled:
                 return cuda.to_compute(cell, d)
             strides = tensor_strides(self.bound, t)
             st, ct = cuda.storage(d), cuda.compute(d)
-            if all(LANE not in i for i in idx):
+            if not any(uses(i, LANE) for i in idx):
                 name = em.names.fresh(f"ld_{t}")
                 decls.append(f"{ct} {name}[{cph.iters}];")
                 value = cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d)
                 pre.append(f"{name}[it] = {value};")
                 return f"{name}[it]"
-            lanes = [k for k, i in enumerate(idx) if LANE in i]
+            lanes = [k for k, i in enumerate(idx) if uses(i, LANE)]
             if self.whole_vector(t, idx):
                 base = tuple(at_lane_zero(i) if k == lanes[0] else i for k, i in enumerate(idx))
                 if (t, base) not in vec_loads:
@@ -405,7 +450,7 @@ class _Tiled:
                 em.lines.append(f"{cell} = {cuda.to_storage(val, d)};")
                 continue
             strides = compact_strides(self.bound, t)
-            lanes = [k for k, i in enumerate(idx) if LANE in i]
+            lanes = [k for k, i in enumerate(idx) if uses(i, LANE)]
             amap = sched.axis_map[t]
             if (vec > 1 and self.full_cover(t) and len(lanes) == 1
                     and strides[lanes[0]] == 1
@@ -422,9 +467,9 @@ class _Tiled:
             covered = {m for m in amap if m is not None}
             for k, e in enumerate(self.domain):
                 if k not in covered and e > 1:
-                    guards.append(f"{self.domain_idx[k]} == 0")
+                    guards.append(Equal(self.domain_idx[k], ZERO))
             store = f"out_{t}[{address(idx, strides)}] = {cuda.to_storage(val, d)};"
-            em.lines.append(f"if ({' && '.join(guards)}) {store}" if guards else store)
+            em.lines.append(f"if ({All(*guards)}) {store}" if guards else store)
         cpos = [f"const int sl = {cph.slow('it')};  // along axis {b}",
                 f"const int fa = {cph.fast()};  // along axis {a}",
                 f"const index_t {xb} = b0 + sl;", f"const index_t {xa} = a0 + fa;"]
@@ -435,7 +480,7 @@ class _Tiled:
         compute = _tile_loop(cph.iters, cpos, cinside, body_lines, "compute and store")
 
         batch_axes = [k for k, e in enumerate(self.domain) if k not in (a, b) and e > 1]
-        repeat = repeated_axis(self.xs, self.domain, batch_axes,
+        repeat = repeated_axis([str(x) for x in self.xs], self.domain, batch_axes,
                                stage_loads + direct_loads + stage_stores + compute)
         if staged_writes != list(sched.outputs):
             repeat = None  # an output the compute phase stores needs its own tile per copy
@@ -449,7 +494,7 @@ class _Tiled:
             v = self.write_vector(t, b, tile)
             ph = TilePhase(tile, v)
             idx = tuple((self.xs[m] if repeat is None or m != repeat[0] else
-                         f"({self.xs[m]} + rep)") if m is not None else "0"
+                         Paren(Add(self.xs[m], Var("rep")))) if m is not None else ZERO
                         for m in sched.axis_map[t])
             where = address(idx, compact_strides(self.bound, t))
             copy_loop = [] if repeat is None else \
@@ -491,7 +536,7 @@ class _Tiled:
         if batch_axes and run == 1:
             tile_pos.append(f"const index_t batch = tile / {tiles_a * tiles_b};")
         if batch_axes:
-            names = [self.xs[k] + ("_copy" if repeat and k == repeat[0] else "")
+            names = [self.xs[k].name + ("_copy" if repeat and k == repeat[0] else "")
                      for k in batch_axes]
             tile_pos += decompose("batch", extents, names, "index_t")
             if repeat:  # the first copy's index: the loads name it only divided by ``copies``
