@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from fusecut.optimizer.ir.wire import FusionJSON, InputMetaJSON
+from fusecut.optimizer.options import DEVICE_OVERRIDES, PLAN_OPTIONS, Option
 
 
 class _FiniteStrict(BaseModel):
@@ -16,30 +17,52 @@ class _FiniteStrict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class DeviceOverrides(_FiniteStrict):
-    """Fields of the device profile to replace, each within what a real GPU could have."""
-
-    bandwidth: float | None = Field(None, ge=1e9, le=1e15, description="bytes/s")
-    sm_count: int | None = Field(None, ge=1, le=10_000)
-    smem_per_block: int | None = Field(None, ge=1024, le=2**24, description="bytes")
-    launch_overhead_s: float | None = Field(None, ge=1e-8, le=1e-1)
-    persistent_budget: int | None = Field(None, ge=1024, le=2**24, description="bytes")
-    compute_rate: float | None = Field(None, ge=1e9, le=1e17, description="fp32 ops/s")
-    arch: str | None = Field(None, pattern=r"^sm_[0-9]{2,3}a?$")
+# On the wire these two may be absent (null): time_limit_s then takes this service's default
+# (settings.default_time_limit_s: the declared default unless a deployment sets its own), kinds
+# every kind. Their wire default stays null, not the value: a body's request key hashes its
+# options as parsed, and a value there would change the key of every stored request.
+ABSENT_MEANS_DEFAULT = frozenset({"time_limit_s", "kinds"})
 
 
-class PlanOptionsModel(_FiniteStrict):
-    segmenter: Literal["cpsat", "greedy", "mincut"] = "cpsat"
-    time_limit_s: float | None = Field(None, gt=0, le=3600, description="solver seconds")
-    device: str = Field("H100", max_length=32,
-                        description="device profile: H100, H200 or A100")
-    device_overrides: DeviceOverrides = Field(default_factory=DeviceOverrides)
-    launch_weight: float = Field(1.0, ge=0, le=1e6)
-    compute_weight: float = Field(1.0, ge=0, le=1e6)
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="solver random seed (int32)")
-    kinds: list[str] | None = Field(None, description="segment kinds the plan may use")
-    num_streams: int = Field(4, ge=1, le=64, description="CUDA streams a stream-parallel loop "
-                                                         "cycles through (stream lowering)")
+def declared_field(option: Option) -> tuple[Any, Any]:
+    """The pydantic (annotation, FieldInfo) of a declared plan option: its type, default,
+    JSON Schema constraints and description, all from the declaration."""
+    constraints: dict[str, Any] = {}
+    if option.range is not None:
+        constraints["gt" if option.range.low_open else "ge"] = option.range.low
+        constraints["le"] = option.range.high
+    if option.max_length is not None:
+        constraints["max_length"] = option.max_length
+    if option.pattern is not None:
+        constraints["pattern"] = option.pattern
+    if option.type is dict:  # a nested model, described by its own docstring
+        model = NESTED_MODELS[option.name]
+        return model, Field(default_factory=model)
+    if option.type is tuple:
+        # plain names: an unknown kind is refused by the planner, which says which are known
+        annotation: Any = list[str]
+    elif option.choices and not option.ignore_case:  # any case: no JSON Schema enum says so
+        annotation = Literal[option.choices]
+    else:
+        annotation = option.type
+    if option.default is None or option.name in ABSENT_MEANS_DEFAULT:
+        return annotation | None, Field(None, description=option.description, **constraints)
+    return annotation, Field(option.default, description=option.description, **constraints)
+
+
+def declared_model(name: str, option: Option) -> type[BaseModel]:
+    """The request model of a dict option, named ``name``: each of its fields optional (absent:
+    the device profile's own value)."""
+    return create_model(name, __base__=_FiniteStrict, __module__=__name__,
+                        __doc__=option.description,
+                        **{f.name: declared_field(f) for f in option.fields})
+
+
+DeviceOverrides = declared_model("DeviceOverrides", DEVICE_OVERRIDES)
+NESTED_MODELS = {DEVICE_OVERRIDES.name: DeviceOverrides}
+# The options of a request, field for field the declaration (optimizer.options).
+PlanOptionsModel = create_model("PlanOptionsModel", __base__=_FiniteStrict, __module__=__name__,
+                                **{o.name: declared_field(o) for o in PLAN_OPTIONS})
 
 
 Definition = Annotated[str, Field(min_length=1)] | FusionJSON

@@ -34,6 +34,7 @@ from fusecut.optimizer.ir.wire import (
     meta_from_json,
     meta_to_json,
 )
+from fusecut.optimizer.options import TIME_LIMIT_S
 from fusecut.optimizer.plan.plan import Plan, plan_key
 from fusecut.optimizer.planner import PlanOptions, make_plan
 from fusecut.optimizer.profiles import get_profile
@@ -220,17 +221,18 @@ def parse_definition(definition: Any, max_ops: int
 
 
 def plan_options(model: PlanOptionsModel, settings: Settings) -> PlanOptions:
-    limit = model.time_limit_s if model.time_limit_s is not None else \
-        settings.default_time_limit_s
+    """The PlanOptions of a request's options (absent ones: the declared defaults), checked as
+    the planner checks them. Without a time limit the plan takes this service's default; a
+    time limit past this service's ``max_solver_seconds`` (a deployment's limit, at most the
+    option's own bound) is refused."""
+    given = model.model_dump(exclude_none=True)  # None: absent (time_limit_s, kinds)
+    limit = given.setdefault("time_limit_s", settings.default_time_limit_s)
     if limit > settings.max_solver_seconds:
         raise Problem(422, "solver time limit too long",
-                      f"options.time_limit_s is {limit}; this service allows at most "
-                      f"{settings.max_solver_seconds}")
-    kwargs = model.model_dump(exclude={"time_limit_s", "kinds"})
-    kwargs["device_overrides"] = model.device_overrides.model_dump(exclude_none=True)
-    if model.kinds is not None:
-        kwargs["kinds"] = tuple(model.kinds)
-    return PlanOptions(time_limit_s=limit, **kwargs)
+                      f"options.time_limit_s is {limit:g}; this service allows at most "
+                      f"{settings.max_solver_seconds:g} (FUSECUT_MAX_SOLVER_SECONDS; the "
+                      f"option's own range is {TIME_LIMIT_S.range})")
+    return PlanOptions(**given)
 
 
 def plan_bytes(data: dict[str, Any]) -> bytes:

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from fusecut.optimizer.options import TIME_LIMIT_S, Range
+
 
 def _default_db() -> str:
     root = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
@@ -23,8 +25,11 @@ class Settings:
     max_ops: int = 20_000
     max_tensor_bytes: int = 2 * 1024**3  # per execute request, inputs together
     max_plan_tensor_bytes: int = 2**40  # per input of a plan, its logical extent (1 TiB)
+    # A deployment's limits on the time_limit_s option: at most this (it may only lower the
+    # option's declared bound, never raise it), and this when a request gives none (the
+    # declared default unless set).
     max_solver_seconds: float = 60.0
-    default_time_limit_s: float = 5.0
+    default_time_limit_s: float = TIME_LIMIT_S.default
     # Executions run in worker processes, each one at a time: ``workers_per_device`` per device
     # listed in ``gpus`` ("all" or "0,1,..."), or that many on whatever devices the service sees
     # without it. Two per device overlap one execution's host work with another's kernels.
@@ -47,6 +52,18 @@ class Settings:
     cors_origins: str = ""  # browser origins allowed to call the API, comma-separated
     worker: bool = True  # run executions in separate worker processes
     recent_plans: int = 20  # shown on the dashboard
+
+    def __post_init__(self):
+        declared = TIME_LIMIT_S.range
+        if not declared.holds(self.max_solver_seconds):
+            raise ValueError(f"max_solver_seconds (FUSECUT_MAX_SOLVER_SECONDS) must be in "
+                             f"{declared}, the time_limit_s option's range: a service may lower "
+                             f"it, not raise it; got {self.max_solver_seconds:g}")
+        allowed = Range(declared.low, self.max_solver_seconds, declared.low_open)
+        if not allowed.holds(self.default_time_limit_s):
+            raise ValueError(f"default_time_limit_s (FUSECUT_DEFAULT_TIME_LIMIT_S) must be in "
+                             f"{allowed}, within max_solver_seconds; got "
+                             f"{self.default_time_limit_s:g}")
 
     @property
     def cache_location(self) -> str:
