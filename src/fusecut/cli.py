@@ -15,6 +15,14 @@ from rich.console import Console
 from rich.table import Table
 
 from fusecut.optimizer.errors import FusecutError
+from fusecut.optimizer.options import (
+    DEVICE,
+    NUM_STREAMS,
+    SEGMENTER,
+    TIME_LIMIT_S,
+    Option,
+    checked,
+)
 from fusecut.optimizer.plan.render import human_bytes, human_rate, human_seconds, to_dot, to_svg
 
 if TYPE_CHECKING:  # the commands import what they use, so that --help starts fast
@@ -186,17 +194,31 @@ def input_metadata(parsed: ParsedDefinition, inputs: str | None,
         fail(str(e))
 
 
+def plan_option(option: Option, metavar: str, flag: str | None = None) -> Any:
+    """A command-line option for a plan option: its default, help and check are the
+    declaration's (``optimizer.options``); a bad value is refused before anything is read,
+    naming the flag, what it takes and what was given."""
+
+    def check(value: Any) -> Any:
+        try:
+            return checked(option, value)
+        except FusecutError as e:
+            raise typer.BadParameter(str(e)) from None
+
+    described = option.description if option.range is None else \
+        f"{option.description}, in {option.range}"
+    return typer.Option(option.default, *([flag] if flag else []), metavar=metavar,
+                        help=described, callback=check)
+
+
 @app.command(short_help="Plan a fusion: segments and bytes against greedy.")
 def plan(file: str = FILE,
-         segmenter: str = typer.Option("cpsat", metavar="NAME", help="cpsat, greedy or mincut"),
-         time_limit: float = typer.Option(5.0, "--time-limit", metavar="SECONDS",
-                                          help="how long the solver may take"),
-         device: str = typer.Option("H100", metavar="NAME",
-                                    help="device profile: H100, H200 or A100"),
+         segmenter: str = plan_option(SEGMENTER, "NAME"),
+         time_limit: float = plan_option(TIME_LIMIT_S, "SECONDS", "--time-limit"),
+         device: str = plan_option(DEVICE, "NAME"),
          inputs: str = INPUTS,
          as_json: bool = typer.Option(False, "--json", help="print the Plan JSON alone"),
-         num_streams: int = typer.Option(4, metavar="N",
-                                         help="CUDA streams a stream-parallel loop uses"),
+         num_streams: int = plan_option(NUM_STREAMS, "N"),
          svg: Path = typer.Option(None, metavar="PATH", help="write a picture of the segments"),
          dot: Path = typer.Option(None, metavar="PATH",
                                   help="write the segment graph as Graphviz DOT")):

@@ -124,8 +124,9 @@ class FusionDefinition:
     def plan(self, inputs: list[Any], **options: Any) -> PlanView:
         """Plan the fusion for these inputs (tensors, numbers or metadata); no tensors needed.
 
-        Options: segmenter, time_limit_s, device, device_overrides, launch_weight,
-        compute_weight, seed, kinds. ``remote=URL`` plans with a fusecut service instead.
+        Options are the plan options, each declared with its default and range in
+        ``fusecut.optimizer.options`` (segmenter, time_limit_s, device, ...); a bad one is
+        refused, named. ``remote=URL`` plans with a fusecut service instead.
         """
         remote = options.pop("remote", None)
         if remote is not None:

@@ -70,7 +70,8 @@ def test_plan_needs_input_metadata():
     assert r.returncode == 2 and "expected dtype float32, got bfloat16" in r.stderr
     r = fusecut("plan", "-", "--inputs", '[{"shape": [8], "dtype": "float32"}]',
                 "--segmenter", "nope", stdin=text)
-    assert r.returncode == 2 and "unknown segmenter" in r.stderr
+    assert r.returncode == 2 and "segmenter must be one of cpsat, greedy or mincut, got " \
+        "'nope'" in r.stderr and "--segmenter" in r.stderr
 
 
 def test_codegen_writes_readable_sources(tmp_path):
