@@ -8,7 +8,7 @@ from hypothesis import given
 from fusecut.optimizer.analysis.shapes import bind
 from fusecut.optimizer.ir import fusion_from_json, fusion_to_json, parse_text, print_fusion
 from fusecut.runtime.reference import run_reference
-from fusecut.runtime.tensors import make_input
+from fusecut.runtime.tensors import TORCH_DTYPE, make_input
 from tests.strategies import fusions
 
 
@@ -30,8 +30,7 @@ def test_shape_inference_agrees_with_the_reference(drawn):
     run_reference(drawn.fusion, args, trace=trace)
     for name, value in trace.items():
         assert tuple(value.shape) == bound.shapes[name], name
-        assert value.dtype == __import__("fusecut.runtime.tensors").tensors.TORCH_DTYPE[
-            drawn.fusion.tensors[name].dtype], name
+        assert value.dtype == TORCH_DTYPE[drawn.fusion.tensors[name].dtype], name
         # a tensor bind calls broadcast along an axis really is constant along it
         for axis, flag in enumerate(bound.broadcast[name]):
             if flag and value.shape[axis] > 1:
