@@ -18,6 +18,7 @@ import time
 from benchmarks.common import CORPUS, cpu_name, markdown_table, write_result
 from benchmarks.fusiongen import generate, scale_case
 from fusecut.optimizer.ir import parse_text
+from fusecut.optimizer.options import TIME_LIMIT_S
 from fusecut.optimizer.planner import SEGMENTERS, PlanOptions, make_plan
 
 MIB = 2**20
@@ -75,7 +76,7 @@ def limits() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--time-limit", type=float, default=5.0)
+    parser.add_argument("--time-limit", type=float, default=TIME_LIMIT_S.default)
     args = parser.parse_args()
     table = quality(args.time_limit)
     kept = limits()
