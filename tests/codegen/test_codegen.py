@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from fusecut.codegen import GENERATED_KINDS, generate_segment
 from fusecut.codegen.emit import Emitter
 from fusecut.codegen.index import Var
-from fusecut.codegen.kernel import drop_unread
 from fusecut.codegen.layout import address, decompose, merge_axes
 from fusecut.codegen.preamble import HEADER, PIECES, needed, preamble
 from fusecut.optimizer.analysis.shapes import bind
@@ -90,11 +89,11 @@ def _eval(expr, env: dict[str, int]) -> int:
 
 def test_decompose_and_address_match_row_major_order():
     extents = [3, 5, 7]
-    lines = decompose("flat", extents, ["a", "b", "c"], "index_t")
+    lines = decompose(Var("flat"), extents, ["a", "b", "c"], "index_t")
     for flat in range(3 * 5 * 7):
         env = {"flat": flat}
         for line in lines:
-            name, expr = re.match(r"const index_t (\w+) = (.*);", line).groups()
+            name, expr = re.match(r"const index_t (\w+) = (.*);", line.text).groups()
             env[name] = _eval(expr, env)
         assert (env["a"], env["b"], env["c"]) == (flat // 35, flat // 7 % 5, flat % 7)
         assert _eval(address((Var("a"), Var("b"), Var("c")), (35, 7, 1)), env) == flat
@@ -375,16 +374,6 @@ def test_preamble_keeps_declaration_order():
     at = [src.index(m) for m in marks]
     assert at == sorted(at)
     assert "fc_welford_d" not in src and "fc_min" not in src
-
-
-def test_drop_unread_is_exact():
-    lines = ["const float a = 1.0f;", "const float b = a * 2.0f;  // reads a",
-             "const float c = 3.0f;  // c is also read below", "const index_t x0 = 0;",
-             "{", "const index_t x0 = 1;", "}", "out[0] = c;  // b"]
-    # b is unread, then a is; a name in a comment is no read; x0 is declared in two scopes, so
-    # its name alone cannot tell which is read: both stay
-    assert drop_unread(lines) == lines[2:]
-    assert drop_unread(lines[2:]) == lines[2:]
 
 
 @settings(max_examples=25, deadline=None)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fusecut.codegen import generate_segment
+from fusecut.codegen.code import lines
 from fusecut.codegen.kernel import SegmentKernels, kernel_code
 from fusecut.codegen.pointwise import op_components
 from fusecut.codegen.preamble import HEADER, preamble
@@ -193,7 +194,7 @@ def test_a_transpose_of_one_component_is_unchanged():
 def test_a_source_is_the_preamble_its_code_uses_then_the_code():
     body = ["typedef int index_t;", "// fc_vec<float, 4> names a preamble piece",
             "__device__ float f(float x) { return fc_max(x, 0.f); }"]
-    sk = SegmentKernels(0, "pointwise", kernel_code(body), [])
+    sk = SegmentKernels(0, "pointwise", kernel_code(lines(*body)), [])
     assert sk.code == "\n".join(body) + "\n"
     assert sk.source == preamble(sk.code) + "\n" + sk.code and "fc_max(float a" in sk.source
     assert SegmentKernels(0, "pointwise", "", []).source == ""  # no kernel, no source

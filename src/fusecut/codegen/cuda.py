@@ -69,6 +69,12 @@ def to_compute(expr: str, src: DType) -> str:
     return expr
 
 
+def computed_as_stored(d: DType) -> bool:
+    """Whether a loaded value of storage type ``d`` is already of its compute type
+    (``to_compute`` leaves it as it is)."""
+    return d not in (DType.bfloat16, DType.float16) and d not in _FP8_NAME
+
+
 def to_storage(expr: str, dst: DType) -> str:
     """A compute value as storage type (round to nearest even for 16-bit and 8-bit floats)."""
     if dst is DType.bfloat16:
@@ -161,6 +167,14 @@ def unary(op: str, x: str, d: DType, fast: bool = False) -> str:
         if op in table:
             return table[op]
     raise PlanError(f"no CUDA code for {op} on {d.value}")
+
+
+def reads_operand(op: str, d: DType) -> bool:
+    """Whether ``unary(op, x, d)`` reads x: a test the type alone answers (``isreal``; ``isnan``
+    of an integer) is a constant."""
+    if d.is_float:
+        return op != "isreal"
+    return op not in ("isfinite", "isinf", "isnan", "isneginf", "isposinf", "isreal")
 
 
 # Exponents torch's pow_tensor_scalar computes by multiplication, division or square root (1: the

@@ -27,10 +27,11 @@ the source is assembled (``kernel.drop_unread``).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from fusecut.codegen import cuda
+from fusecut.codegen.code import Code, Stmt, declare, derived, named
 from fusecut.codegen.index import (
     LANE,
     LANE_VAR,
@@ -67,8 +68,6 @@ from fusecut.optimizer.ir.fusion import Op, Ref
 from fusecut.optimizer.ir.ops_misc import reduction_axes
 from fusecut.optimizer.ir.ops_shape import pad_widths_by_axis, slice_bounds
 
-_SIMPLE = re.compile(r"[A-Za-z_]\w*(\[\w+\]|\.\w+)*")  # a name, maybe indexed: no work to repeat
-_WORD = re.compile(r"[A-Za-z_]\w*")
 BOOL_OPS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"}
 PULL_DEPTH = 50  # producers one pull may go through (about 5 Python frames each)
 
@@ -95,7 +94,11 @@ def dynamic_scalars(bound: Bound) -> set[str]:
 def value_name(tensor: str) -> str:
     """The C name of a tensor's value: the IR name where it cannot clash with a C or kernel
     name (nvFuser's T7, S3), else prefixed."""
-    return tensor if re.fullmatch(r"[A-Z]\d+", tensor) else f"t_{tensor}"
+    nvfuser_style = len(tensor) > 1 and tensor[0] in _CAPITALS and tensor[1:].isdecimal()
+    return tensor if nvfuser_style else f"t_{tensor}"
+
+
+_CAPITALS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
 class Names:
@@ -115,14 +118,16 @@ class Names:
         return name
 
 
-class _Unrounded(str):
+@dataclass(frozen=True)
+class _Unrounded:
     """A 16-bit op's result, still in float (what a store takes); ``value`` declares its rounded
     value next. ``described``: the float's declaration already carries the op's comment."""
 
-    described = False
+    value: Code
+    described: bool = False
 
 
-FlatIndex = Callable[[str, Index], "tuple[str, str] | None"]
+FlatIndex = Callable[[str, Index], "tuple[Code, Code] | None"]
 
 
 class Emitter:
@@ -134,7 +139,7 @@ class Emitter:
     that keep the kernel's vectors whole (their pieces are read a vector at a time)."""
 
     def __init__(self, bound: Bound, ops: tuple[int, ...], inputs: set[str],
-                 load: Callable[[str, Index], str], itype: str, names: Names | None = None,
+                 load: Callable[[str, Index], Code], itype: str, names: Names | None = None,
                  fast: frozenset[str] = frozenset(), flat_index: FlatIndex | None = None,
                  resizes: VectorResizes = NO_RESIZES):
         self.bound = bound
@@ -143,16 +148,16 @@ class Emitter:
         self.inputs = inputs
         self.load = load
         self.itype = itype
-        self.lines: list[str] = []
-        self.memo: dict[tuple[str, Index], str] = {}
+        self.lines: list[Stmt] = []
+        self.memo: dict[tuple[str, Index], Code] = {}
         self.dynamic = dynamic_scalars(bound)
         self.params: list[str] = []  # dynamic scalars used, in first-use order
         # Where values that do not vary within a loop are computed (e.g. once per row):
         # delegate(tensor, idx) returns an expression, or None to compute here (delegate_to).
-        self.delegate: Callable[[str, Index], str | None] | None = None
+        self.delegate: Callable[[str, Index], Code | None] | None = None
         # 16-bit results are computed in float; consumers get them rounded, stores take the
         # unrounded value (storing rounds it the same way): one conversion instead of three
-        self._raw: dict[tuple[str, Index], str] = {}
+        self._raw: dict[tuple[str, Index], Code] = {}
         self.fast = fast
         self.flat_index = flat_index
         self.names = names if names is not None else Names()
@@ -165,25 +170,25 @@ class Emitter:
         self.resizes = resizes
         self._piece_guards: dict[IndexExpr, IndexExpr] = {}
 
-    def delegate_to(self, delegate: Callable[[str, Index], str | None]) -> None:
+    def delegate_to(self, delegate: Callable[[str, Index], Code | None]) -> None:
         """Compute what ``delegate`` answers for elsewhere (see ``self.delegate``)."""
         self.delegate = delegate
 
     # ---- helpers ------------------------------------------------------------------------------
 
-    def let(self, ctype: str, expr: str, base: str, comment: str = "") -> str:
+    def let(self, ctype: str, expr: Code, base: str, comment: str = "") -> Code:
         """Declare ``expr`` under a fresh name made from ``base``."""
-        name = self.names.fresh(base)
-        self.lines.append(_declaration(ctype, name, expr, comment))
-        return name
+        fresh = self.names.fresh(base)
+        self.lines.append(declare(ctype, fresh, expr, comment))
+        return named(fresh)
 
-    def let_value(self, tensor: str, expr: str, suffix: str = "", note: str = "") -> str:
+    def let_value(self, tensor: str, expr: Code, suffix: str = "", note: str = "") -> Code:
         """Declare ``expr`` as the value of ``tensor`` (of its compute type), commented with
         its op."""
         return self.let(cuda.compute(self.dtype(tensor)), expr, value_name(tensor) + suffix,
                         self.describe(tensor, note))
 
-    def let_load(self, tensor: str, expr: str) -> str:
+    def let_load(self, tensor: str, expr: Code) -> Code:
         return self.let(cuda.compute(self.dtype(tensor)), expr, value_name(tensor))
 
     def describe(self, tensor: str, note: str = "") -> str:
@@ -197,27 +202,27 @@ class Emitter:
             text += f"[{op.outputs.index(tensor)}]"
         return text + note + ("  [recomputed]" if i in self.names.recomputed else "")
 
-    def result(self, tensor: str, idx: Index, expr: str) -> str:
-        """Declare a value the kernel computed itself (a reduction result); returns the line,
-        for the caller to place."""
-        name = self.names.fresh(value_name(tensor))
-        self.memo[(tensor, idx)] = name
-        return _declaration(cuda.compute(self.dtype(tensor)), name, expr, self.describe(tensor))
+    def result(self, tensor: str, idx: Index, expr: Code) -> Stmt:
+        """Declare a value the kernel computed itself (a reduction result); returns the
+        statement, for the caller to place."""
+        fresh = self.names.fresh(value_name(tensor))
+        self.memo[(tensor, idx)] = named(fresh)
+        return declare(cuda.compute(self.dtype(tensor)), fresh, expr, self.describe(tensor))
 
     def dtype(self, name: str) -> DType:
         return self.fusion.value_dtype(name)
 
-    def scalar(self, name: str) -> str:
+    def scalar(self, scalar: str) -> Code:
         """A scalar as a C expression of its compute type: a literal, or a kernel parameter."""
-        d = self.fusion.scalars[name].dtype
-        if name in self.dynamic:
-            if name not in self.params:
-                self.params.append(name)
-            return f"(({cuda.compute(d)})s_{name})"
-        value = self.bound.scalars.get(name)
+        d = self.fusion.scalars[scalar].dtype
+        if scalar in self.dynamic:
+            if scalar not in self.params:
+                self.params.append(scalar)
+            return derived(f"(({cuda.compute(d)})s_{scalar})", f"s_{scalar}")
+        value = self.bound.scalars.get(scalar)
         if value is None:
-            raise PlanError(f"scalar {name} has no value at code generation time")
-        return cuda.literal(value, d)
+            raise PlanError(f"scalar {scalar} has no value at code generation time")
+        return literal(value, d)
 
     def join(self, parts: Index, extents: tuple[int, ...]) -> IndexExpr:
         """The index of an axis made of a run of axes (row-major, outer first) from their
@@ -288,24 +293,24 @@ class Emitter:
     def ref_int(self, x) -> int:
         return int(self.bound.scalars[x.name]) if isinstance(x, Ref) else int(x)
 
-    def operand(self, name: str, out_idx: Index, target: DType | None = None) -> str:
+    def operand(self, operand: str, out_idx: Index, target: DType | None = None) -> Code:
         """An elementwise operand at the output's index (right-aligned, broadcast axes at 0),
         converted to compute type ``target`` if given."""
-        if name in self.fusion.scalars:
-            expr, src = self.scalar(name), self.dtype(name)
+        if operand in self.fusion.scalars:
+            expr, src = self.scalar(operand), self.dtype(operand)
         else:
-            rank = len(self.bound.shapes[name])
+            rank = len(self.bound.shapes[operand])
             off = len(out_idx) - rank
-            flags = self.bound.broadcast[name]
+            flags = self.bound.broadcast[operand]
             idx = tuple(ZERO if flags[a] else out_idx[off + a] for a in range(rank))
-            expr, src = self.value(name, idx), self.dtype(name)
+            expr, src = self.value(operand, idx), self.dtype(operand)
         if target is not None and src.compute != target.compute:
-            return cuda.convert(expr, src.compute, target.compute)
+            return derived(cuda.convert(expr, src.compute, target.compute), expr)
         return expr
 
     # ---- values -------------------------------------------------------------------------------
 
-    def value(self, tensor: str, idx: Index) -> str:
+    def value(self, tensor: str, idx: Index) -> Code:
         key = (tensor, idx)
         hit = self.memo.get(key)
         if hit is not None:
@@ -320,7 +325,7 @@ class Emitter:
         finally:
             self._depth -= 1
 
-    def _pull(self, key: tuple[str, Index]) -> str:
+    def _pull(self, key: tuple[str, Index]) -> Code:
         """A value pulled from outside the emitter: depth first, the deepest values before the
         ones that read them whenever a pull goes ``PULL_DEPTH`` deep. An abandoned op has emitted
         nothing of its own (its operands, complete, are memoised); it is evaluated again."""
@@ -341,7 +346,7 @@ class Emitter:
                 self._depth = 0
         return self.memo[key]
 
-    def _compute(self, tensor: str, idx: Index) -> str:
+    def _compute(self, tensor: str, idx: Index) -> Code:
         key = (tensor, idx)
         if self.delegate is not None:
             out = self.delegate(tensor, idx)
@@ -361,25 +366,24 @@ class Emitter:
                 # while rounding at its first reader instead would move these conversions
                 # (inline asm) between guarded stores and change the compiled branches.
                 d = self.dtype(tensor)
-                self._raw[key] = str(out)
+                self._raw[key] = out.value
                 note = f"{tensor} rounded to {d.value}" if out.described else \
                     self.describe(tensor)
-                out = self.let(cuda.compute(d), cuda.round_half(out, d), value_name(tensor), note)
+                out = self.let(cuda.compute(d), derived(cuda.round_half(out.value, d), out.value),
+                               value_name(tensor), note)
         self.memo[key] = out
         return out
 
-    def raw(self, tensor: str, idx: Index) -> str:
+    def raw(self, tensor: str, idx: Index) -> Code:
         """The value to store: for a computed 16-bit tensor, the float before rounding."""
         rounded = self.value(tensor, idx)
         return self._raw.get((tensor, idx), rounded)
 
-    def _unrounded_let(self, tensor: str, expr: str) -> _Unrounded:
+    def _unrounded_let(self, tensor: str, expr: Code) -> _Unrounded:
         """A 16-bit op's result before rounding, declared as ``T7_f32``."""
-        out = _Unrounded(self.let_value(tensor, expr, "_f32", " (in float)"))
-        out.described = True
-        return out
+        return _Unrounded(self.let_value(tensor, expr, "_f32", " (in float)"), True)
 
-    def _op(self, op: Op, tensor: str, idx: Index) -> str:
+    def _op(self, op: Op, tensor: str, idx: Index) -> Code | _Unrounded:
         name = op.name
         out_dtype = self.dtype(tensor)
         if role(op, self.bound) is Role.REDUCTION:
@@ -393,14 +397,14 @@ class Emitter:
             src = self.dtype(op.inputs[0])
             x = self.operand(op.inputs[0], idx)
             if cuda.narrow(out_dtype) and src.compute is not DType.bool:
-                if src.compute is DType.float32 and _SIMPLE.fullmatch(x):
+                if src.compute is DType.float32 and x.simple:
                     return _Unrounded(x)  # already a float: rounding it is the whole cast
                 return self._unrounded_let(
-                    tensor, x if src.compute is DType.float32 else f"(float)({x})")
+                    tensor, x if src.compute is DType.float32 else derived(f"(float)({x})", x))
             converted = cuda.convert(x, src.compute, out_dtype)
-            if converted == x and _SIMPLE.fullmatch(x):
+            if converted is x and x.simple:
                 return x  # the same compute type: the operand's value is this one
-            return self.let_value(tensor, converted)
+            return self.let_value(tensor, derived(converted, x))
         if name in ("sum", "max", "min", "prod", "var", "var_mean"):
             return self._trivial_reduction(op, tensor, idx)
         return self._elementwise(op, tensor, idx)
@@ -446,11 +450,15 @@ class Emitter:
             expr = f"({args[0]} + {args[3]} * {args[1]} * {args[2]})"
         else:
             expr = cuda.ternary(op.name, *args, ct)
+        # (a test whose answer the type decides, or a power 0, reads no operand)
+        constant = (power == 0.0) if power is not None else \
+            (len(args) == 1 and not cuda.reads_operand(op.name, ct))
+        value = derived(expr, () if constant else args)
         if cuda.narrow(out_dtype):
-            return self._unrounded_let(tensor, expr)
+            return self._unrounded_let(tensor, value)
         if cuda.compute(out_dtype) != cuda.compute(ct) and not out_dtype.is_bool:
-            expr = f"({cuda.compute(out_dtype)})({expr})"
-        return self.let_value(tensor, expr)
+            value = derived(f"({cuda.compute(out_dtype)})({expr})", value)
+        return self.let_value(tensor, value)
 
     def _trivial_reduction(self, op: Op, tensor: str, idx: Index) -> str:
         """A reduction over broadcast axes only: a squeeze, times the expanded extent for sum."""
@@ -463,14 +471,15 @@ class Emitter:
             it = iter(idx)
             src_idx = tuple(ZERO if a in axes else next(it) for a in range(len(shape)))
         out_dtype = self.dtype(tensor)
-        x = cuda.convert(self.value(src, src_idx), self.dtype(src).compute, out_dtype.compute)
+        v = self.value(src, src_idx)
+        x = cuda.convert(v, self.dtype(src).compute, out_dtype.compute)  # v where types agree
         count = math.prod(shape[a] for a in axes)
         if op.name in ("var", "var_mean"):
             if tensor == op.outputs[0]:  # the values are all equal: variance 0 (nan if n <= corr)
                 ct = out_dtype.compute
                 undefined = count - op.attrs["correction"] <= 0
-                return cuda.literal(float("nan") if undefined else 0.0, ct)
-            return x
+                return literal(float("nan") if undefined else 0.0, ct)
+            return x if x is v else derived(x, v)
         if op.name == "sum" and count != 1:
             x = f"({x} * {cuda.literal(count, out_dtype.compute)})"
         elif op.name == "prod" and count != 1:
@@ -478,7 +487,9 @@ class Emitter:
                 f"{'pow' if out_dtype is DType.float64 else 'powf'}({x}, {count})"
         if cuda.narrow(out_dtype):
             x = cuda.round_half(x, out_dtype)
-        return x if _SIMPLE.fullmatch(x) else self.let_value(tensor, x)  # a squeeze is a name
+        if x is v and v.simple:
+            return v  # a squeeze of a plain name: that value
+        return self.let_value(tensor, derived(x, v))
 
     # ---- index-mapping ops ----------------------------------------------------------------------
 
@@ -555,10 +566,10 @@ class Emitter:
         out_dtype = self.dtype(tensor)
         ctype = cuda.compute(out_dtype)
         pad = self.scalar(op.inputs[1]) if op.attrs.get("has_value") else \
-            cuda.literal(0, out_dtype.compute)
+            literal(0, out_dtype.compute)
         pad_type = cuda.compute(self.dtype(op.inputs[1])) if op.attrs.get("has_value") else ctype
         if pad_type != ctype:
-            pad = f"({ctype})({pad})"
+            pad = derived(f"({ctype})({pad})", pad)
         if math.prod(shape) == 0:
             return self.let_value(tensor, pad)
         conds, src_idx = [], []
@@ -579,7 +590,8 @@ class Emitter:
         inner = self.value(src, tuple(src_idx))
         if not conds:
             return inner
-        return self.let_value(tensor, f"({All(*conds)}) ? {inner} : {pad}")
+        return self.let_value(tensor, derived(f"({All(*conds)}) ? {inner} : {pad}",
+                                              conds, inner, pad))
 
     def _op_cat(self, op, tensor, idx):
         dim = op.attrs["dim"] % len(self.bound.shapes[tensor])
@@ -601,17 +613,19 @@ class Emitter:
                 pieces.append((offset + extent, self.value(name, src_idx)))
             offset += extent
         if not pieces:  # every operand is empty along dim: so is the output, never read
-            return self.let_value(tensor, cuda.literal(0, self.dtype(tensor)))
-        expr = pieces[-1][1]
+            return self.let_value(tensor, literal(0, self.dtype(tensor)))
+        at = idx[dim] if lane is None else lane
+        expr = pieces[-1][1].text
         for end, val in reversed(pieces[:-1]):
-            expr = f"({Less(idx[dim] if lane is None else lane, Const(end))} ? {val} : {expr})"
-        return self.let_value(tensor, expr)
+            expr = f"({Less(at, Const(end))} ? {val} : {expr})"
+        selects = at if len(pieces) > 1 else None  # one piece: no select reads the index
+        return self.let_value(tensor, derived(expr, selects, [v for _, v in pieces]))
 
     def _gather_index(self, index_tensor: str, idx: Index, extent: int) -> IndexExpr:
         """The gathered position: the index tensor's value, from the end where negative,
         clamped into the axis."""
         raw = self.value(index_tensor, idx)
-        at = Cast(Data(raw, frozenset(_WORD.findall(raw))), self.itype)
+        at = Cast(Data(raw.text, raw.reads), self.itype)
         return Clamp(Select(Less(at, ZERO), Add(at, Const(extent)), at), extent - 1, self.itype)
 
     def _op_take_along_axis(self, op, tensor, idx):
@@ -643,42 +657,48 @@ class Emitter:
 
     def _op_full(self, op, tensor, idx):
         d = self.dtype(tensor)
-        return self.let_value(tensor, cuda.convert(self.scalar(op.inputs[0]),
-                                                   self.dtype(op.inputs[0]).compute, d))
+        fill = self.scalar(op.inputs[0])
+        return self.let_value(tensor, derived(cuda.convert(fill, self.dtype(op.inputs[0]).compute,
+                                                           d), fill))
 
-    def linear_index(self, tensor: str, idx: Index) -> tuple[str, str]:
+    def linear_index(self, tensor: str, idx: Index) -> tuple[Code, Code]:
         """The row-major linear index of ``idx`` in ``tensor``'s shape, as (base, lane): an
         unsigned 64-bit C expression and a small unsigned one to add to it."""
         if self.flat_index is not None:
             hit = self.flat_index(tensor, idx)
             if hit is not None:
                 return hit
-        lane = "0u"
+        lane = Code("0u")
         first = lane_base(idx[-1]) if idx else None
         # the vector lane apart: the lanes of a vector may then share a Philox block
         if first is not None:
-            idx, lane = (*idx[:-1], first), f"(unsigned int){LANE}"
-        terms, stride = [], 1
+            idx, lane = (*idx[:-1], first), derived(f"(unsigned int){LANE}", LANE)
+        terms, used, stride = [], [], 1
         for i, e in zip(reversed(idx), reversed(self.bound.shapes[tensor])):
             if i != ZERO and e != 1:
                 term = f"(unsigned long long)({i})"
                 terms.append(term if stride == 1 else f"{term} * {stride}ULL")
+                used.append(i)
             stride *= e
-        return ("(" + " + ".join(reversed(terms)) + ")" if terms else "0ULL"), lane
+        base = "(" + " + ".join(reversed(terms)) + ")" if terms else "0ULL"
+        return derived(base, used), lane
 
     def _op_uniform(self, op, tensor, idx):
         """Philox values of (seed, offset, linear index): see codegen.rng."""
         d = self.dtype(tensor)
         ct = DType.float64 if d is DType.float64 else DType.float32
         present = iter(op.inputs[2:])
-        key = [f"(unsigned long long)({self.scalar(next(present))})"
-               if op.attrs.get(f"has_{p}") else "0ULL" for p in ("rng_seed", "rng_offset")]
+        key = [self.scalar(next(present)) if op.attrs.get(f"has_{p}") else None
+               for p in ("rng_seed", "rng_offset")]
+        seed, offset = (f"(unsigned long long)({k})" if k is not None else "0ULL" for k in key)
         # uniform's bounds in its compute type; normal's mean and std always in double
         pt = ct if op.name == "uniform" else DType.float64
-        a, b = (cuda.convert(self.scalar(n), self.dtype(n).compute, pt) for n in op.inputs[:2])
+        bounds = [self.scalar(n) for n in op.inputs[:2]]
+        a, b = (cuda.convert(x, self.dtype(n).compute, pt) for x, n in zip(bounds, op.inputs[:2]))
         fn = f"fc_{op.name}_{'d' if ct is DType.float64 else 'f'}"
         base, lane = self.linear_index(tensor, idx)
-        expr = f"{fn}({key[0]}, {key[1]}, {base}, {lane}, {a}, {b})"
+        expr = derived(f"{fn}({seed}, {offset}, {base}, {lane}, {a}, {b})", key, base, lane,
+                       bounds)
         if d.is_half:
             return self._unrounded_let(tensor, expr)
         return self.let_value(tensor, expr)
@@ -689,11 +709,12 @@ class Emitter:
         d = self.dtype(tensor)
         ct = cuda.compute(d)
         rest = iter(op.inputs[1:])
-        start = self.scalar(next(rest)) if op.attrs.get("has_start") else "0"
-        step = self.scalar(next(rest)) if op.attrs.get("has_step") else "1"
+        start = self.scalar(next(rest)) if op.attrs.get("has_start") else Code("0")
+        step = self.scalar(next(rest)) if op.attrs.get("has_step") else Code("1")
         pos = idx[0] if ct == {"int": "int", "int64": "long long"}.get(self.itype) else \
             f"({ct})({idx[0]})"
-        return self.let_value(tensor, f"({ct})({start}) + {pos} * ({ct})({step})")
+        return self.let_value(tensor, derived(f"({ct})({start}) + {pos} * ({ct})({step})",
+                                              start, step, idx[0]))
 
 
 def join_index(parts: Index, extents: tuple[int, ...]) -> IndexExpr:
@@ -746,8 +767,9 @@ def _delinearize(flat: IndexExpr, shape, flags) -> Index:
     return tuple(out)
 
 
-def _declaration(ctype: str, name: str, expr: str, comment: str = "") -> str:
-    return f"const {ctype} {name} = {expr};" + (f"  // {comment}" if comment else "")
+def literal(value, d: DType) -> Code:
+    """A constant of compute type ``d`` as a value (``true`` and ``false`` are plain words)."""
+    return Code(cuda.literal(value, d), simple=d.is_bool)
 
 
 def describe_op(op: Op) -> str:

@@ -4,11 +4,11 @@ are in ``codegen.preamble``."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from fusecut.codegen import cuda
+from fusecut.codegen.code import Code, Stmt, derived, drop_unread, stmt, text_of
 from fusecut.codegen.emit import describe_op
 from fusecut.codegen.preamble import preamble
 from fusecut.optimizer.analysis.shapes import Bound
@@ -75,13 +75,13 @@ class Reducer:
         """``T4, T5 = var_mean(T3, dims=[1])``: what the accumulator computes."""
         return f"{', '.join(self.op.outputs)} = {describe_op(self.op)}"
 
-    def add(self, acc: str, x: str) -> str:
+    def add(self, acc: Code, x: Code) -> Stmt:
         if self.welford:
-            return f"fc_welford_add({acc}, {x});"
-        return f"{acc} = {self.functor}({acc}, {x});"
+            return stmt(f"fc_welford_add({acc}, {x});", acc, x)
+        return stmt(f"{acc} = {self.functor}({acc}, {x});", acc, x)
 
-    def results(self, bound: Bound, acc: str) -> list[tuple[str, str]]:
-        """(output tensor, C expression of its compute type) from a finished accumulator."""
+    def results(self, bound: Bound, acc: Code) -> list[tuple[str, Code]]:
+        """(output tensor, its value of its compute type) from a finished accumulator."""
         fusion = bound.fusion
         outs = []
         for k, name in enumerate(self.op.outputs):
@@ -94,9 +94,9 @@ class Reducer:
                     raw = f"(fc_welford_m2({acc}) / fc_max({acc}.n - {corr}, {zero}))"
                 else:
                     raw = f"({acc}.n == {zero} ? {nan} : fc_welford_mean({acc}))"
-                expr = cuda.convert(raw, self.value_dtype, d)
+                expr = derived(cuda.convert(raw, self.value_dtype, d), acc)
             else:
-                expr = cuda.convert(acc, self.value_dtype, d)
+                expr = derived(cuda.convert(acc, self.value_dtype, d), acc)
             outs.append((name, expr))
         return outs
 
@@ -139,10 +139,10 @@ def reducer(bound: Bound, op_index: int) -> Reducer:
     return Reducer(op_index, op, src, ct, identity, functor, False, vt)
 
 
-def kernel_code(body: list[str]) -> str:
-    """A segment's kernels' code from their lines, without the values nothing reads (its source
-    adds the helpers the code uses: ``SegmentKernels.source``)."""
-    return "\n".join(drop_unread(body)) + "\n"
+def kernel_code(body: list[Stmt]) -> str:
+    """A segment's kernels' code from their statements, without the values nothing reads (its
+    source adds the helpers the code uses: ``SegmentKernels.source``)."""
+    return text_of(drop_unread(body)) + "\n"
 
 
 def joined(parts: list[SegmentKernels], notes: dict[str, object]) -> SegmentKernels:
@@ -158,43 +158,12 @@ def joined(parts: list[SegmentKernels], notes: dict[str, object]) -> SegmentKern
                           [w for p in parts for w in p.workspaces], aligned, notes)
 
 
-_DECLARATION = re.compile(r"\s*const [\w<>, :]+? (\w+) = [^;]*;(\s*//.*)?")
-_WORD = re.compile(r"[A-Za-z_]\w*")
-
-
-def drop_unread(lines: list[str]) -> list[str]:
-    """``lines`` without the ``const`` declarations nothing reads (a reduction result or 16-bit
-    rounding no consumer took), repeated until none is left. Exact: only a name declared once
-    in the source counts, and a read is the name as a token outside comments."""
-    lines = list(lines)
-    while True:
-        code = [line.split("//", 1)[0] for line in lines]
-        declared: dict[str, list[int]] = {}
-        for i, line in enumerate(lines):
-            m = _DECLARATION.fullmatch(line)
-            if m:
-                declared.setdefault(m.group(1), []).append(i)
-        reads: dict[str, int] = {}
-        for text in code:
-            for word in _WORD.findall(text):
-                reads[word] = reads.get(word, 0) + 1
-        dead = {at[0] for name, at in declared.items() if len(at) == 1 and reads[name] == 1}
-        if not dead:
-            return lines
-        lines = [line for i, line in enumerate(lines) if i not in dead]
-
-
-def indent(lines: list[str], n: int) -> list[str]:
-    pad = " " * n
-    return [pad + line if line else line for line in lines]
-
-
 def signature(name: str, params: list[KernelParam], threads: int, min_blocks: int = 0) -> str:
     """The kernel's declaration; ``min_blocks`` (blocks per SM the registers must allow) lets
     ptxas use up to its share of the register file instead of its own smaller default."""
     args = ",\n    ".join(f"{p.ctype} {_param_name(p)}" for p in params)
     bounds = f"{threads}, {min_blocks}" if min_blocks else f"{threads}"
-    return (f'extern "C" __global__ void __launch_bounds__({bounds}) {name}(\n    {args})')
+    return f'extern "C" __global__ void __launch_bounds__({bounds}) {name}(\n    {args})'
 
 
 def _param_name(p: KernelParam) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusecut.codegen import cuda
+from fusecut.codegen.code import Code, Stmt, derived, stmt
 from fusecut.codegen.emit import describe_op
 from fusecut.codegen.index import LANE
 from fusecut.codegen.kernel import Reducer, reducer
@@ -26,14 +27,15 @@ class OnlineReducer(Reducer):
         return (f"{m} = {describe_op(self.op)}; {s} = sum(exp({self.source} - {m})) over the "
                 f"same axes, online in one pass")
 
-    def add(self, acc: str, x: str) -> str:
-        return f"fc_lse_add({acc}, {x});"
+    def add(self, acc: Code, x: Code) -> Stmt:
+        return stmt(f"fc_lse_add({acc}, {x});", acc, x)
 
-    def results(self, bound: Bound, acc: str) -> list[tuple[str, str]]:
+    def results(self, bound: Bound, acc: Code) -> list[tuple[str, Code]]:
         tensors = bound.fusion.tensors
         m, s = self.op.outputs[0], self.sum_op.outputs[0]
-        return [(m, cuda.convert(f"{acc}.m", self.value_dtype, tensors[m].dtype)),
-                (s, cuda.convert(f"fc_lse_sum({acc})", self.value_dtype, tensors[s].dtype))]
+        return [(m, derived(cuda.convert(f"{acc}.m", self.value_dtype, tensors[m].dtype), acc)),
+                (s, derived(cuda.convert(f"fc_lse_sum({acc})", self.value_dtype,
+                                         tensors[s].dtype), acc))]
 
 
 def online_reducer(bound: Bound, max_op: int, sum_op: int) -> OnlineReducer:
@@ -58,17 +60,17 @@ def segment_reducers(bound: Bound, schedule: Schedule) -> list[Reducer]:
     return out
 
 
-def add_batched(region, r: Reducer, acc: str, x: str) -> bool:
+def add_batched(region, r: Reducer, acc: Code, x: Code) -> bool:
     """Where one accumulator takes every lane of a vector load (the inner layout), stash the
     lanes and add them together after the lane loop (``fc_lse_add_n``: one compare against the
     running maximum, one rescale at most, independent exps) instead of a dependent update per
     element. False (nothing emitted) where that does not apply."""
-    if not isinstance(r, OnlineReducer) or region.vec == 1 or LANE in acc:
+    if not isinstance(r, OnlineReducer) or region.vec == 1 or LANE in acc.reads:
         return False
     stash = region.em.names.fresh("lse_x")
-    region.decls.append(f"{cuda.compute(r.value_dtype)} {stash}[{region.vec}];")
-    region.em.lines.append(f"{stash}[{LANE}] = {x};")
-    region.post.append(f"fc_lse_add_n({acc}, {stash});")
+    region.decls.append(Stmt(f"{cuda.compute(r.value_dtype)} {stash}[{region.vec}];"))
+    region.em.lines.append(stmt(f"{stash}[{LANE}] = {x};", LANE, x))
+    region.post.append(stmt(f"fc_lse_add_n({acc}, {stash});", acc))
     return True
 
 

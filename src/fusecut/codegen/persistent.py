@@ -31,6 +31,17 @@ contiguous runs of rows per block were each slower.
 from __future__ import annotations
 
 from fusecut.codegen import cuda
+from fusecut.codegen.code import (
+    Code,
+    Stmt,
+    declare,
+    derived,
+    indent,
+    lines,
+    loaded,
+    named,
+    stmt,
+)
 from fusecut.codegen.emit import Names
 from fusecut.codegen.index import LANE, ZERO, Clamp, Var, at_lane_zero, uses, walk
 from fusecut.codegen.kernel import (
@@ -38,7 +49,6 @@ from fusecut.codegen.kernel import (
     KernelParam,
     SegmentKernels,
     Workspace,
-    indent,
     kernel_code,
     reducer,
     signature,
@@ -53,7 +63,7 @@ from fusecut.codegen.launch import (
 )
 from fusecut.codegen.layout import address, decompose, index_typedefs, tensor_strides
 from fusecut.codegen.online import accumulator_bytes
-from fusecut.codegen.regions import Region, lane_loop, vector_address
+from fusecut.codegen.regions import Region, lane_for, lane_loop, vector_address
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.kinds.persistent import COLUMN
 from fusecut.optimizer.kinds.rules import Schedule
@@ -155,7 +165,7 @@ class _Persistent:
         self.name = f"fusecut_segment{index}_{schedule.kind.value}"
         self.row_reducers = [reducer(bound, i) for i in schedule.reductions]
         self.col_reducers = [reducer(bound, i) for i in schedule.outer_reductions]
-        self.smem_decls: list[str] = []
+        self.smem_decls: list[Stmt] = []
         self.rvars = [f"i{a}" for a in self.rows_axes]
         self.cvars = [f"c_{a}" for a in self.row_axes]
         # what the row groups prefetch into shared memory
@@ -178,16 +188,17 @@ class _Persistent:
 
     # ---- inner-outer prefetch -----------------------------------------------------------------
 
-    def slot_of(self, t: str, buf: str) -> str:
+    def slot_of(self, t: str, buf: str) -> Code:
         """Where this thread's slot of input t lies in shared memory, in stage buffer ``buf``
-        (an element pointer expression)."""
+        (a number or a variable): an element pointer expression."""
         if t in self.fetch.fixed:
-            return f"(sm_{t} + c)"
+            return derived(f"(sm_{t} + c)", "c")
         if t in self.fetch.row_scalars:
-            return f"(sm_{t} + {buf} * {self.threads} + threadIdx.x)"
-        return f"(sm_{t} + ({buf} * {self.rows_per_block} + g) * {self.row_len} + c)"
+            return derived(f"(sm_{t} + {buf} * {self.threads} + threadIdx.x)", buf)
+        return derived(f"(sm_{t} + ({buf} * {self.rows_per_block} + g) * {self.row_len} + c)",
+                       buf, "g", "c")
 
-    def prefetch(self, row: str, buf: str, first: bool, reuse: bool = False) -> list[str]:
+    def prefetch(self, row: Code, buf: str, first: bool, reuse: bool = False) -> list[Stmt]:
         """Issue the copies of row ``row`` (if it exists) into stage buffer ``buf``: per
         thread, committed as one group (an empty group past the last row keeps the count), and
         on sm_90 one bulk copy per contiguous row tensor, issued by the group's first thread."""
@@ -195,68 +206,72 @@ class _Persistent:
         nvars = [f"n{a}" for a in self.rows_axes]
         reg = self.region(nvars, self.cvars, True)
         row_reg = self.region(nvars, None, False)
-        body = decompose("nrow", [self.domain[a] for a in self.rows_axes], nvars, "index_t")
+        body = decompose(Var("nrow"), [self.domain[a] for a in self.rows_axes], nvars, "index_t")
         for t in self.fetch.row_scalars:
             size = fusion.tensors[t].dtype.itemsize
             addr = address(row_reg.index_of(t), tensor_strides(self.bound, t))
-            body.append(f"fc_cp_async<{size}>({self.slot_of(t, buf)}, in_{t} + {addr});")
+            slot = self.slot_of(t, buf)
+            body.append(stmt(f"fc_cp_async<{size}>({slot}, in_{t} + {addr});", slot, addr))
 
-        def slot_loop(tensors):
+        def slot_loop(tensors) -> list[Stmt]:
             per_slot = []
             for t in tensors:
                 size = self.vec * fusion.tensors[t].dtype.itemsize
-                src = f"in_{t} + {vector_address(self.bound, t, reg.index_of(t), self.vec)}"
-                per_slot.append(f"fc_cp_async<{size}>({self.slot_of(t, buf)}, {src});")
+                addr = vector_address(self.bound, t, reg.index_of(t), self.vec)
+                slot = self.slot_of(t, buf)
+                per_slot.append(stmt(f"fc_cp_async<{size}>({slot}, in_{t} + {addr});", slot,
+                                     addr))
                 self.aligned[t] = max(self.aligned.get(t, 1), min(16, size))
             if not per_slot:
                 return []
-            return ["#pragma unroll", f"for (int k = 0; k < {self.slots}; ++k) {{",
-                    f"  const index_t c = (k * {self.threads_per_row} + {self.tid}) * "
-                    f"{self.vec};",
-                    f"  if (c < {self.row_len}) {{"] + \
-                indent(decompose("c", [self.domain[a] for a in self.row_axes], self.cvars,
-                                 "index_t") + per_slot, 4) + ["  }", "}"]
+            return [*lines("#pragma unroll", f"for (int k = 0; k < {self.slots}; ++k) {{"),
+                    self.slot_start().indented(2),
+                    stmt(f"  if (c < {self.row_len}) {{", "c")] + \
+                indent(decompose(Var("c"), [self.domain[a] for a in self.row_axes], self.cvars,
+                                 "index_t") + per_slot, 4) + lines("  }", "}")
 
         fixed = list(self.fetch.fixed) if first else []
         if self.fetch.bulk:
             total = sum(self.row_len * fusion.tensors[t].dtype.itemsize for t in self.fetch.bulk)
-            issue = [f"if ({self.tid} == 0) {{"]
+            issue = lines(f"if ({self.tid} == 0) {{")
             if reuse:  # the buffer held an earlier row: the group must be done with it
-                issue += [f"  if (it > 0) fc_mbar_wait(&fc_empty[{buf}][g], "
-                          f"((it - 1) / {self.fetch.stages}) & 1);"]
-            issue += [f"  fc_mbar_expect_tx(&fc_full[{buf}][g], {total});"]
+                issue += [stmt(f"  if (it > 0) fc_mbar_wait(&fc_empty[{buf}][g], "
+                               f"((it - 1) / {self.fetch.stages}) & 1);", buf, "g")]
+            issue += [stmt(f"  fc_mbar_expect_tx(&fc_full[{buf}][g], {total});", buf, "g")]
             for t in self.fetch.bulk:
                 nbytes = self.row_len * fusion.tensors[t].dtype.itemsize
                 base = address(row_reg.index_of(t), tensor_strides(self.bound, t))
                 dst = f"sm_{t} + ({buf} * {self.rows_per_block} + g) * {self.row_len}"
-                issue += [f"  fc_bulk_copy({dst}, in_{t} + {base}, {nbytes}, &fc_full[{buf}][g]);"]
-            issue.append("}")
-            body += ["#if __CUDA_ARCH__ >= 900"] + issue + \
+                issue += [stmt(f"  fc_bulk_copy({dst}, in_{t} + {base}, {nbytes}, "
+                               f"&fc_full[{buf}][g]);", buf, "g", base)]
+            issue += lines("}")
+            body += lines("#if __CUDA_ARCH__ >= 900") + issue + \
                 slot_loop(fixed + [t for t in self.fetch.staged if t not in self.fetch.bulk]) + \
-                ["#else"] + slot_loop(fixed + list(self.fetch.staged)) + ["#endif"]
+                lines("#else") + slot_loop(fixed + list(self.fetch.staged)) + lines("#endif")
         else:
             body += slot_loop(fixed + list(self.fetch.staged))
-        return ["{", f"  const index_t nrow = {row};", f"  if (nrow < {self.rows}) {{"] + \
-            indent(body, 4) + ["  }", "  fc_cp_async_commit();", "}"]
+        return [*lines("{"), declare("index_t", "nrow", row).indented(2),
+                stmt(f"  if (nrow < {self.rows}) {{", "nrow")] + \
+            indent(body, 4) + lines("  }", "  fc_cp_async_commit();", "}")
 
-    def bulk_setup(self) -> list[str]:
+    def slot_start(self) -> Stmt:
+        """``c``: where this thread's slot k starts in the row."""
+        return declare("index_t", "c", f"(k * {self.threads_per_row} + {self.tid}) * {self.vec}")
+
+    def bulk_setup(self) -> list[Stmt]:
         """The mbarriers of the bulk copies: per stage and group, `full` (the copies landed)
         and `empty` (every thread of the group is done with the buffer)."""
         if not self.fetch.bulk:
             return []
         s, groups = self.fetch.stages, self.rows_per_block
-        return ["#if __CUDA_ARCH__ >= 900",
-                f"__shared__ __align__(8) unsigned long long fc_full[{s}][{groups}], "
-                f"fc_empty[{s}][{groups}];",
-                f"if ({self.tid} == 0) {{",
-                f"  for (int s = 0; s < {s}; ++s) {{",
-                "    fc_mbar_init(&fc_full[s][g], 1);",
-                f"    fc_mbar_init(&fc_empty[s][g], {self.threads_per_row});",
-                "  }",
-                "  fc_mbar_fence_init();",
-                "}",
-                "__syncthreads();",
-                "#endif"]
+        return [*lines("#if __CUDA_ARCH__ >= 900",
+                       f"__shared__ __align__(8) unsigned long long fc_full[{s}][{groups}], "
+                       f"fc_empty[{s}][{groups}];",
+                       f"if ({self.tid} == 0) {{",
+                       f"  for (int s = 0; s < {s}; ++s) {{"),
+                stmt("    fc_mbar_init(&fc_full[s][g], 1);", "g", "s"),
+                stmt(f"    fc_mbar_init(&fc_empty[s][g], {self.threads_per_row});", "g", "s"),
+                *lines("  }", "  fc_mbar_fence_init();", "}", "__syncthreads();", "#endif")]
 
     @property
     def tid(self) -> str:
@@ -281,16 +296,16 @@ class _Persistent:
         row_values = []  # per-row values, from their prefetch slots
         for t in self.fetch.row_scalars:
             d = self.fusion.tensors[t].dtype
-            name = f"r_{t}"
-            row_values.append(f"const {cuda.compute(d)} {name} = "
-                              f"{cuda.to_compute('*' + self.slot_of(t, 'buf'), d)};")
-            row_region.seed(t, name)
+            slot = self.slot_of(t, "buf")
+            row_values.append(declare(cuda.compute(d), f"r_{t}", loaded(f"*{slot}", d, slot)))
+            row_region.seed(t, named(f"r_{t}"))
         buffers = []  # registers that keep values across stages
         for t in persisted:
             d = self.fusion.tensors[t].dtype
-            buffers.append(f"fc_vec<{cuda.storage(d)}, {vec}> p_{t}[{slots}];"
-                           if t in sched.inputs else f"{cuda.compute(d)} p_{t}[{slots}][{vec}];")
-        stage_code: list[str] = []
+            buffers.append(Stmt(f"fc_vec<{cuda.storage(d)}, {vec}> p_{t}[{slots}];"
+                                if t in sched.inputs else
+                                f"{cuda.compute(d)} p_{t}[{slots}][{vec}];"))
+        stage_code: list[Stmt] = []
         for s in range(pers.n_stages):
             stage_code += self.stage(s, row_region, persisted, tid)
         # outputs that do not vary along the row: one thread stores them
@@ -298,7 +313,7 @@ class _Persistent:
         for t in sched.outputs:
             if not self.is_row(t) and pers.stage[t] < COLUMN:
                 row_region.store(t, row_region.raw(t), f"{tid} == 0")
-        stage_code += ["// per-row outputs"] + row_region.pre[pre_mark:] + \
+        stage_code += lines("// per-row outputs") + row_region.pre[pre_mark:] + \
             row_region.em.lines[mark:]
         for p in row_region.em.params:
             if p not in self.params:
@@ -315,80 +330,81 @@ class _Persistent:
             on_chip += f"; prefetched {self.fetch.stages} rows deep: " + \
                 (", ".join(self.fetch.staged + self.fetch.row_scalars) or "-") + "; read once: " + \
                 (", ".join(self.fetch.fixed) or "-")
-        head = [f"// segment {self.index}: {self.kind.value} over domain {self.domain}: "
-                f"{self.rows} rows of {self.row_len}, {how} per row, {slots} x {vec} elements "
-                f"per thread, {pers.n_stages} stage(s), on chip: {on_chip}",
-                index_typedefs(self.itype),
-                signature(self.name, ps, self.threads,
-                          self.launch.min_blocks) + " {"]
-        if self.groups:
-            head = IO_PREAMBLE.strip("\n").split("\n") + [""] + head
+        head = lines(f"// segment {self.index}: {self.kind.value} over domain {self.domain}: "
+                     f"{self.rows} rows of {self.row_len}, {how} per row, {slots} x {vec} "
+                     f"elements per thread, {pers.n_stages} stage(s), on chip: {on_chip}")
+        head += [index_typedefs(self.itype),
+                 Stmt(signature(self.name, ps, self.threads, self.launch.min_blocks) + " {")]
+        if self.groups:  # (helpers of this scheme alone: they declare nothing it may drop)
+            head = lines(*IO_PREAMBLE.strip("\n").split("\n"), "") + head
         main = list(self.smem_decls)
         if self.fetch.dyn_smem:
-            main.append("extern __shared__ __align__(16) unsigned char fc_dyn[];")
+            main += lines("extern __shared__ __align__(16) unsigned char fc_dyn[];")
         for t, off in self.fetch.smem_offsets:
             st = cuda.storage(self.fusion.tensors[t].dtype)
-            main.append(f"{st}* sm_{t} = reinterpret_cast<{st}*>(fc_dyn + {off});")
+            main += lines(f"{st}* sm_{t} = reinterpret_cast<{st}*>(fc_dyn + {off});")
         if not self.warp_rows and not self.groups and not self.norm_group:
-            main += [f"__shared__ {r.acc_type} smem{k}[33];"
-                     for k, r in enumerate(self.row_reducers)]
+            main += lines(*[f"__shared__ {r.acc_type} smem{k}[33];"
+                            for k, r in enumerate(self.row_reducers)])
         for k, r in enumerate(self.col_reducers):
-            main += [f"{r.acc_type} colacc{k}[{slots}][{vec}];  // {r.describe()}",
-                     f"for (int k = 0; k < {slots}; ++k)",
-                     f"  for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) colacc{k}[k][{LANE}] = "
-                     f"{r.identity};"]
-        worker = (f"(index_t)blockIdx.x * {self.rows_per_block} + (threadIdx.x >> 5)"
-                  if self.warp_rows else "(index_t)blockIdx.x")
-        step = (f"(index_t)gridDim.x * {self.rows_per_block}" if self.warp_rows
-                else "(index_t)gridDim.x")
-        loop_top: list[str] = []
+            main += [*lines(f"{r.acc_type} colacc{k}[{slots}][{vec}];  // {r.describe()}",
+                            f"for (int k = 0; k < {slots}; ++k)"),
+                     lane_for(vec, f"colacc{k}[k][{LANE}] = {r.identity};").indented(2)]
+        worker = Code(f"(index_t)blockIdx.x * {self.rows_per_block} + (threadIdx.x >> 5)"
+                      if self.warp_rows else "(index_t)blockIdx.x")
+        step = Code(f"(index_t)gridDim.x * {self.rows_per_block}" if self.warp_rows
+                    else "(index_t)gridDim.x")
+        loop_top: list[Stmt] = []
         if self.groups or self.norm_group:  # rows strided by the grid
-            worker, step = f"(index_t)blockIdx.x * {self.rows_per_block} + g", "step"
-            main += [f"const int g = threadIdx.x / {self.threads_per_row};  // row group",
-                     f"const index_t step = (index_t)gridDim.x * {self.rows_per_block};",
-                     "int parity = 0;  // which half of the row reductions' buffers"]
+            worker = derived(f"(index_t)blockIdx.x * {self.rows_per_block} + g", "g")
+            step = named("step")
+            main += [declare("int", "g", f"threadIdx.x / {self.threads_per_row}", "row group"),
+                     declare("index_t", "step", f"(index_t)gridDim.x * {self.rows_per_block}"),
+                     *lines("int parity = 0;  // which half of the row reductions' buffers")]
         if self.fetch.stages:
             ahead = self.fetch.stages - 1
             main += self.bulk_setup()
-            main.append(f"// prefetch: rows {ahead} ahead")
+            main += lines(f"// prefetch: rows {ahead} ahead")
             for k in range(ahead):
-                main += self.prefetch(f"{worker} + {k} * step" if k else worker, str(k),
-                                      k == 0)
-            main.append("int buf = 0, it = 0;  // the stage buffer of the current row, its index")
-            loop_top = [f"const int nbuf = buf == 0 ? {ahead} : buf - 1;  // free since the last "
-                        f"row"]
-            loop_top += self.prefetch(f"row + {ahead} * step", "nbuf", False, True)
-            loop_top += [f"fc_cp_async_wait<{ahead}>();  // this row's copies have landed"]
+                row = derived(f"{worker} + {k} * step", worker, "step") if k else worker
+                main += self.prefetch(row, str(k), k == 0)
+            main += lines("int buf = 0, it = 0;  // the stage buffer of the current row, its index")
+            loop_top = [declare("int", "nbuf", f"buf == 0 ? {ahead} : buf - 1",
+                                "free since the last row")]
+            loop_top += self.prefetch(derived(f"row + {ahead} * step", "step"), "nbuf", False,
+                                      True)
+            loop_top += lines(f"fc_cp_async_wait<{ahead}>();  // this row's copies have landed")
             if self.fetch.bulk:
-                loop_top += ["#if __CUDA_ARCH__ >= 900",
-                             f"fc_mbar_wait(&fc_full[buf][g], (it / {self.fetch.stages}) & 1);",
-                             "#endif"]
-        main.append(f"for (index_t row = {worker}; row < {self.rows}; row += {step}) {{")
-        per_row = decompose("row", [self.domain[a] for a in self.rows_axes], self.rvars,
+                loop_top += [*lines("#if __CUDA_ARCH__ >= 900"),
+                             stmt(f"fc_mbar_wait(&fc_full[buf][g], (it / {self.fetch.stages}) "
+                                  f"& 1);", "g"),
+                             *lines("#endif")]
+        main += [stmt(f"for (index_t row = {worker}; row < {self.rows}; row += {step}) {{",
+                      worker, step)]
+        per_row = decompose(Var("row"), [self.domain[a] for a in self.rows_axes], self.rvars,
                             "index_t") + loop_top + row_values + buffers + stage_code
         if self.fetch.bulk:  # this thread is done with the row's buffer
-            per_row += ["#if __CUDA_ARCH__ >= 900", "fc_mbar_arrive(&fc_empty[buf][g]);",
-                        "#endif"]
+            per_row += [*lines("#if __CUDA_ARCH__ >= 900"),
+                        stmt("fc_mbar_arrive(&fc_empty[buf][g]);", "g"), *lines("#endif")]
         if self.fetch.stages:
-            per_row.append(f"buf = buf + 1 == {self.fetch.stages} ? 0 : buf + 1;")
-            per_row.append("++it;")
+            per_row += lines(f"buf = buf + 1 == {self.fetch.stages} ? 0 : buf + 1;", "++it;")
         if self.groups or self.norm_group:
-            per_row.append("parity ^= 1;")
-        main += indent(per_row, 2) + ["}"]
+            per_row += lines("parity ^= 1;")
+        main += indent(per_row, 2) + lines("}")
         if self.col_reducers:
-            main.append("// partial column sums of the rows this block took")
+            main += lines("// partial column sums of the rows this block took")
             if self.rows_per_block > 1:
                 main += self.combine_groups(tid)
             else:
                 for k in range(len(self.col_reducers)):
-                    main += [f"for (int k = 0; k < {slots}; ++k) {{",
-                             f"  const index_t c = (k * {self.threads_per_row} + {tid}) * {vec};",
-                             f"  if (c < {self.row_len})",
-                             f"    for (int {LANE} = 0; {LANE} < {vec}; ++{LANE})",
-                             f"      ws_c{k}[(index_t)blockIdx.x * {self.row_len} + c + {LANE}] = "
-                             f"colacc{k}[k][{LANE}];",
-                             "}"]
-        code = head + indent(main, 2) + ["}"]
+                    main += [*lines(f"for (int k = 0; k < {slots}; ++k) {{"),
+                             self.slot_start().indented(2),
+                             stmt(f"  if (c < {self.row_len})", "c"),
+                             lane_for(vec, "").indented(4),
+                             stmt(f"      ws_c{k}[(index_t)blockIdx.x * {self.row_len} + c + "
+                                  f"{LANE}] = colacc{k}[k][{LANE}];", "c", LANE),
+                             *lines("}")]
+        code = head + indent(main, 2) + lines("}")
         kernels = [Kernel(self.name, ps, (blocks, 1, 1), (self.threads, 1, 1),
                           self.fetch.dyn_smem)]
         workspaces: list[Workspace] = []
@@ -404,14 +420,14 @@ class _Persistent:
         if self.col_reducers:
             parts = blocks
             fcode, fk = self.column_finish(parts)
-            code += [""] + fcode
+            code += lines("") + fcode
             kernels.append(fk)
             workspaces = [Workspace(f"c{k}", parts * self.row_len * accumulator_bytes(r))
                           for k, r in enumerate(self.col_reducers)]
         return SegmentKernels(self.index, self.kind.value, kernel_code(code), kernels, workspaces,
                               self.aligned, notes)
 
-    def stage(self, s: int, row_region: Region, persisted: list[str], tid: str) -> list[str]:
+    def stage(self, s: int, row_region: Region, persisted: list[str], tid: str) -> list[Stmt]:
         """Stage s: evaluate what it needs at each of the thread's row positions, accumulate
         its row reductions, combine them across the row's threads."""
         sched, pers = self.schedule, self.pers
@@ -420,14 +436,14 @@ class _Persistent:
         reg = self.region(self.rvars, self.cvars, True)
         from_smem: list[str] = []  # prefetched inputs this stage reads, from their slots
 
-        def per_row(tensor: str, idx) -> str | None:
+        def per_row(tensor: str, idx) -> Code | None:
             """Values that do not vary along the row are computed once per row; prefetched
             inputs are read from this thread's shared-memory slots."""
             if tensor in self.fetch.staged or tensor in self.fetch.fixed:
                 if idx == reg.index_of(tensor):
                     from_smem.append(tensor)
-                    return cuda.to_compute(f"q_{tensor}.v[{LANE}]",
-                                           self.fusion.tensors[tensor].dtype)
+                    return loaded(f"q_{tensor}.v[{LANE}]", self.fusion.tensors[tensor].dtype,
+                                  f"q_{tensor}", LANE, simple=True)
             # (an index through a clamp, of a pad, cat or gather, is evaluated per element)
             if any(uses(i, LANE, *self.cvars) or any(isinstance(n, Clamp) for n in walk(i))
                    for i in idx):
@@ -435,57 +451,62 @@ class _Persistent:
             return row_region.em.value(tensor, row_region.index_of(tensor))
 
         reg.em.delegate_to(per_row)
-        slot_pre: list[str] = []
-        lane_first: list[str] = []
+        slot_pre: list[Stmt] = []
+        lane_first: list[Stmt] = []
         for t in persisted:
             d = self.fusion.tensors[t].dtype
             if t in sched.inputs:
                 if s == 0:
                     self.buffer_load(t, reg, slot_pre, lane_first)
-                reg.seed(t, cuda.to_compute(f"p_{t}[k].v[{LANE}]", d))
+                reg.seed(t, loaded(f"p_{t}[k].v[{LANE}]", d, LANE, simple=True))
             elif pers.stage[t] < s:
-                reg.seed(t, f"p_{t}[k][{LANE}]")
+                reg.seed(t, Code(f"p_{t}[k][{LANE}]", frozenset({LANE}), True))
         mine = [r for r in self.row_reducers if pers.eval_stages[r.op_index] == frozenset({s})]
         for r in mine:
-            x = cuda.convert(reg.value(r.source), reg.em.dtype(r.source).compute, r.value_dtype)
-            reg.em.lines.append(r.add(f"acc{self.row_reducers.index(r)}", x))
+            v = reg.value(r.source)
+            x = derived(cuda.convert(v, reg.em.dtype(r.source).compute, r.value_dtype), v)
+            reg.em.lines.append(r.add(Code(f"acc{self.row_reducers.index(r)}"), x))
         for k, r in enumerate(self.col_reducers):
             if pers.eval_stages[r.op_index] == frozenset({s}):
-                x = cuda.convert(reg.value(r.source), reg.em.dtype(r.source).compute,
-                                 r.value_dtype)
-                reg.em.lines.append(r.add(f"colacc{k}[k][{LANE}]", x))
+                v = reg.value(r.source)
+                x = derived(cuda.convert(v, reg.em.dtype(r.source).compute, r.value_dtype), v)
+                reg.em.lines.append(r.add(derived(f"colacc{k}[k][{LANE}]", LANE), x))
         for t in persisted:
             if t not in sched.inputs and pers.stage[t] == s:
-                reg.em.lines.append(f"p_{t}[k][{LANE}] = {reg.value(t)};")
+                v = reg.value(t)
+                reg.em.lines.append(stmt(f"p_{t}[k][{LANE}] = {v};", LANE, v))
         for t in sched.outputs:
             if self.is_row(t) and pers.stage[t] == s:
                 reg.store(t, reg.raw(t))
         reg.finish()
         lane_part = lane_first + reg.em.lines
-        code = [f"// stage {s}: " + ("read the row" if s == 0 else
-                                     f"with the results of stage {s - 1}")]
+        code = lines(f"// stage {s}: " + ("read the row" if s == 0 else
+                                          f"with the results of stage {s - 1}"))
         code += row_region.pre[pre_mark:] + row_region.em.lines[mark:]
-        code += [f"{r.acc_type} acc{self.row_reducers.index(r)} = {r.identity};  "
-                 f"// {r.describe()}" for r in mine]
-        slot = decompose("c", [self.domain[a] for a in self.row_axes], self.cvars, "index_t")
+        code += lines(*[f"{r.acc_type} acc{self.row_reducers.index(r)} = {r.identity};  "
+                        f"// {r.describe()}" for r in mine])
+        slot = decompose(Var("c"), [self.domain[a] for a in self.row_axes], self.cvars,
+                         "index_t")
         for t in from_smem:
             st = f"fc_vec<{cuda.storage(self.fusion.tensors[t].dtype)}, {vec}>"
-            slot_pre.append(f"const {st} q_{t} = *reinterpret_cast<const {st}*>"
-                            f"{self.slot_of(t, 'buf')};")
+            at = self.slot_of(t, "buf")
+            slot_pre.append(declare(st, f"q_{t}", f"*reinterpret_cast<const {st}*>{at}",
+                                    reads=at))
         slot += slot_pre + reg.pre + reg.decls
         if vec > 1:
-            slot += ["#pragma unroll", f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) {{"]
-            slot += indent(lane_part, 2) + ["}"]
+            slot += lines("#pragma unroll") + [lane_for(vec)]
+            slot += indent(lane_part, 2) + lines("}")
         else:
             slot += lane_loop(1, lane_part)  # declares the lane only if it is read
         slot += reg.post
         if lane_part or slot_pre or reg.pre or reg.post:
-            code += ["#pragma unroll", f"for (int k = 0; k < {slots}; ++k) {{",
-                     f"  const index_t c = (k * {self.threads_per_row} + {tid}) * {vec};"]
+            code += [*lines("#pragma unroll", f"for (int k = 0; k < {slots}; ++k) {{"),
+                     self.slot_start().indented(2)]
             if self.guard:
-                code += [f"  if (c < {self.row_len}) {{"] + indent(slot, 4) + ["  }", "}"]
+                code += [stmt(f"  if (c < {self.row_len}) {{", "c")] + indent(slot, 4) + \
+                    lines("  }", "}")
             else:
-                code += indent(slot, 2) + ["}"]
+                code += indent(slot, 2) + lines("}")
         groups: dict[tuple, list[int]] = {}  # reductions sharing type and operation
         for r in mine:
             groups.setdefault((r.acc_type, r.functor, r.identity), []).append(
@@ -494,31 +515,33 @@ class _Persistent:
             if (self.groups and self.threads_per_row > 32) or self.norm_group:
                 # the row group's named barrier
                 buf = f"smem_s{s}_{ks[0]}"
-                self.smem_decls.append(f"__shared__ {acc_type} {buf}[{self.rows_per_block}]"
-                                       f"[{64 * len(ks)}];")
+                self.smem_decls += lines(f"__shared__ {acc_type} {buf}[{self.rows_per_block}]"
+                                         f"[{64 * len(ks)}];")
                 accs = ", ".join(f"acc{k}" for k in ks)
-                code += ["{", f"  {acc_type} together[{len(ks)}] = {{{accs}}};",
-                         f"  fc_group_reduce_n<{len(ks)}, {self.threads_per_row}>(together, "
-                         f"{functor}, {identity}, {buf}[g], g + 1, parity);"]
-                code += [f"  acc{k} = together[{n}];" for n, k in enumerate(ks)] + ["}"]
+                code += [*lines("{", f"  {acc_type} together[{len(ks)}] = {{{accs}}};"),
+                         stmt(f"  fc_group_reduce_n<{len(ks)}, {self.threads_per_row}>("
+                              f"together, {functor}, {identity}, {buf}[g], g + 1, parity);",
+                              "g")]
+                code += lines(*[f"  acc{k} = together[{n}];" for n, k in enumerate(ks)], "}")
             elif self.warp_rows or self.groups:
-                code += [f"acc{k} = fc_warp_reduce(acc{k}, {functor});" for k in ks]
+                code += lines(*[f"acc{k} = fc_warp_reduce(acc{k}, {functor});" for k in ks])
             elif len(ks) == 1:
-                code.append(f"acc{ks[0]} = fc_block_reduce(acc{ks[0]}, {functor}, {identity}, "
-                            f"smem{ks[0]});")
+                code += lines(f"acc{ks[0]} = fc_block_reduce(acc{ks[0]}, {functor}, {identity}, "
+                              f"smem{ks[0]});")
             else:  # one pass for all of them
                 buf = f"smem_s{s}_{ks[0]}"
-                self.smem_decls.append(f"__shared__ {acc_type} {buf}[{33 * len(ks)}];")
+                self.smem_decls += lines(f"__shared__ {acc_type} {buf}[{33 * len(ks)}];")
                 accs = ", ".join(f"acc{k}" for k in ks)
-                code += ["{", f"  {acc_type} together[{len(ks)}] = {{{accs}}};",
-                         f"  fc_block_reduce_n<{len(ks)}>(together, {functor}, {identity}, {buf});"]
-                code += [f"  acc{k} = together[{n}];" for n, k in enumerate(ks)] + ["}"]
+                code += lines("{", f"  {acc_type} together[{len(ks)}] = {{{accs}}};",
+                              f"  fc_block_reduce_n<{len(ks)}>(together, {functor}, {identity}, "
+                              f"{buf});")
+                code += lines(*[f"  acc{k} = together[{n}];" for n, k in enumerate(ks)], "}")
         for r in mine:
-            for out, expr in r.results(self.bound, f"acc{self.row_reducers.index(r)}"):
+            for out, expr in r.results(self.bound, Code(f"acc{self.row_reducers.index(r)}")):
                 code.append(row_region.result(out, expr))
         return code
 
-    def buffer_load(self, t: str, reg: Region, slot_pre: list[str], lane_first: list[str]):
+    def buffer_load(self, t: str, reg: Region, slot_pre: list[Stmt], lane_first: list[Stmt]):
         """Read input t's row positions into its register buffer (a vector where possible)."""
         d = self.fusion.tensors[t].dtype
         idx = reg.index_of(t)
@@ -529,41 +552,42 @@ class _Persistent:
                 and all(x % self.vec == 0 for a, x in enumerate(strides) if a != lanes[0])):
             a = lanes[0]
             base = tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx))
-            slot_pre.append(f"p_{t}[k] = *reinterpret_cast<const fc_vec<{st}, {self.vec}>*>("
-                            f"in_{t} + {address(base, strides)});")
+            where = address(base, strides)
+            slot_pre.append(stmt(f"p_{t}[k] = *reinterpret_cast<const fc_vec<{st}, "
+                                 f"{self.vec}>*>(in_{t} + {where});", where))
             self.aligned[t] = self.vec * d.itemsize
         else:
-            lane_first.append(f"p_{t}[k].v[{LANE}] = in_{t}[{address(idx, strides)}];")
+            where = address(idx, strides)
+            lane_first.append(stmt(f"p_{t}[k].v[{LANE}] = in_{t}[{where}];", LANE, where))
 
-    def combine_groups(self, tid: str) -> list[str]:
+    def combine_groups(self, tid: str) -> list[Stmt]:
         """Sum the row groups' column accumulators in shared memory (the prefetch buffers are
         done with), one accumulator at a time; the block writes one partial row."""
         vec, slots, groups = self.vec, self.slots, self.rows_per_block
-        lines = ["fc_cp_async_wait<0>();"] if self.fetch.stages else []
+        out = lines("fc_cp_async_wait<0>();") if self.fetch.stages else []
         for k, r in enumerate(self.col_reducers):
             buf = f"colsm{k}"
-            lines += ["__syncthreads();  // shared memory is free for the column sums",
-                      "{",
-                      f"  {r.acc_type}* {buf} = reinterpret_cast<{r.acc_type}*>(fc_dyn);",
-                      f"  for (int k = 0; k < {slots}; ++k) {{",
-                      f"    const index_t c = (k * {self.threads_per_row} + {tid}) * {vec};",
-                      f"    if (c < {self.row_len})",
-                      f"      for (int {LANE} = 0; {LANE} < {vec}; ++{LANE})",
-                      f"        {buf}[g * {self.row_len} + c + {LANE}] = colacc{k}[k][{LANE}];",
-                      "  }",
-                      "  __syncthreads();",
-                      f"  for (index_t c = threadIdx.x; c < {self.row_len}; c += blockDim.x) {{",
-                      f"    {r.acc_type} a = {buf}[c];",
-                      f"    for (int w = 1; w < {groups}; ++w) a = {r.functor}(a, "
-                      f"{buf}[w * {self.row_len} + c]);",
-                      f"    ws_c{k}[(index_t)blockIdx.x * {self.row_len} + c] = a;",
-                      "  }",
-                      "}"]
-        return lines
+            out += [*lines("__syncthreads();  // shared memory is free for the column sums", "{",
+                           f"  {r.acc_type}* {buf} = reinterpret_cast<{r.acc_type}*>(fc_dyn);",
+                           f"  for (int k = 0; k < {slots}; ++k) {{"),
+                    self.slot_start().indented(4),
+                    stmt(f"    if (c < {self.row_len})", "c"),
+                    lane_for(vec, "").indented(6),
+                    stmt(f"        {buf}[g * {self.row_len} + c + {LANE}] = colacc{k}[k][{LANE}];",
+                         "g", "c", LANE),
+                    *lines("  }", "  __syncthreads();"),
+                    stmt(f"  for (index_t c = threadIdx.x; c < {self.row_len}; c += blockDim.x) {{",
+                         "c"),
+                    stmt(f"    {r.acc_type} a = {buf}[c];", "c"),
+                    stmt(f"    for (int w = 1; w < {groups}; ++w) a = {r.functor}(a, "
+                         f"{buf}[w * {self.row_len} + c]);", "c"),
+                    stmt(f"    ws_c{k}[(index_t)blockIdx.x * {self.row_len} + c] = a;", "c"),
+                    *lines("  }", "}")]
+        return out
 
     # ---- the column finisher (inner-outer) ----------------------------------------------------
 
-    def column_finish(self, parts: int) -> tuple[list[str], Kernel]:
+    def column_finish(self, parts: int) -> tuple[list[Stmt], Kernel]:
         """Combine the blocks' partial column sums: a block takes 32 columns, its 32 rows of
         threads stride over the partials, shared memory combines them, then the epilogue."""
         sched = self.schedule
@@ -574,31 +598,33 @@ class _Persistent:
                                    [Var(n) for n in names], False), 1,
                         self.aligned, params, self.names)
         reducers = list(enumerate(self.col_reducers))
-        lines = [f"__shared__ {r.acc_type} sm{k}[32][33];" for k, r in reducers]
-        lines += ["const index_t col = (index_t)blockIdx.x * 32 + threadIdx.x;"]
-        lines += [f"{r.acc_type} acc{k} = {r.identity};" for k, r in reducers]
-        lines += [f"if (col < {self.row_len}) {{",
-                  f"  for (int p = threadIdx.y; p < {parts}; p += 32) {{"]
-        lines += [f"    acc{k} = {r.functor}(acc{k}, ws_c{k}[(index_t)p * {self.row_len} + col]);"
-                  for k, r in reducers]
-        lines += ["  }", "}"]
-        lines += [f"sm{k}[threadIdx.y][threadIdx.x] = acc{k};" for k, _ in reducers]
-        lines += ["__syncthreads();", f"if (threadIdx.y == 0 && col < {self.row_len}) {{"]
-        epilogue = [f"for (int y = 1; y < 32; ++y) acc{k} = {r.functor}(acc{k}, "
-                    f"sm{k}[y][threadIdx.x]);" for k, r in reducers]
+        body = lines(*[f"__shared__ {r.acc_type} sm{k}[32][33];" for k, r in reducers])
+        body += [declare("index_t", "col", "(index_t)blockIdx.x * 32 + threadIdx.x")]
+        body += lines(*[f"{r.acc_type} acc{k} = {r.identity};" for k, r in reducers])
+        body += [stmt(f"if (col < {self.row_len}) {{", "col"),
+                 *lines(f"  for (int p = threadIdx.y; p < {parts}; p += 32) {{")]
+        body += [stmt(f"    acc{k} = {r.functor}(acc{k}, ws_c{k}[(index_t)p * {self.row_len} + "
+                      f"col]);", "col") for k, r in reducers]
+        body += lines("  }", "}")
+        body += lines(*[f"sm{k}[threadIdx.y][threadIdx.x] = acc{k};" for k, _ in reducers])
+        body += [*lines("__syncthreads();"),
+                 stmt(f"if (threadIdx.y == 0 && col < {self.row_len}) {{", "col")]
+        epilogue = lines(*[f"for (int y = 1; y < 32; ++y) acc{k} = {r.functor}(acc{k}, "
+                           f"sm{k}[y][threadIdx.x]);" for k, r in reducers])
         for k, r in reducers:
-            for out, expr in r.results(self.bound, f"acc{k}"):
+            for out, expr in r.results(self.bound, Code(f"acc{k}")):
                 region.em.lines.append(region.result(out, expr))
         col_outputs = [t for t in sched.outputs if self.pers.stage[t] >= COLUMN]
         for t in col_outputs:
             region.store(t, region.raw(t))
-        epilogue += decompose("col", [self.domain[a] for a in self.row_axes], names, "index_t")
+        epilogue += decompose(Var("col"), [self.domain[a] for a in self.row_axes], names,
+                              "index_t")
         epilogue += region.finish()
-        lines += indent(epilogue, 2) + ["}"]
+        body += indent(epilogue, 2) + lines("}")
         kname = f"{self.name}_columns"
         ps = tensor_params(self.bound, sched.inputs, col_outputs, params)
         ps += [KernelParam("ws", f"c{k}", f"const {r.acc_type}* __restrict__") for k, r in reducers]
         blocks = max(1, -(-self.row_len // 32))
-        code = [f"// segment {self.index}: combine {parts} blocks' partial column sums",
-                signature(kname, ps, 1024) + " {"] + indent(lines, 2) + ["}"]
+        code = lines(f"// segment {self.index}: combine {parts} blocks' partial column sums",
+                     signature(kname, ps, 1024) + " {") + indent(body, 2) + lines("}")
         return code, Kernel(kname, ps, (blocks, 1, 1), (32, 32, 1))

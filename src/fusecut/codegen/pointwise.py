@@ -21,6 +21,19 @@ from dataclasses import replace
 
 from fusecut.codegen import cuda
 from fusecut.codegen.bounds import in_bounds
+from fusecut.codegen.code import (
+    Code,
+    Stmt,
+    declare,
+    derived,
+    drop_unread,
+    indent,
+    lines,
+    loaded,
+    named,
+    stmt,
+    text_of,
+)
 from fusecut.codegen.emit import Emitter, Names
 from fusecut.codegen.index import (
     LANE,
@@ -40,8 +53,6 @@ from fusecut.codegen.index import (
 from fusecut.codegen.kernel import (
     Kernel,
     SegmentKernels,
-    drop_unread,
-    indent,
     joined,
     kernel_code,
     signature,
@@ -60,7 +71,7 @@ from fusecut.codegen.layout import (
     tensor_strides,
 )
 from fusecut.codegen.precision import fast_math_tensors
-from fusecut.codegen.regions import shorter_axes, vector_read
+from fusecut.codegen.regions import lane_for, shorter_axes, vector_read
 from fusecut.codegen.transpose import generate_transpose
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.kinds.rules import Schedule
@@ -188,7 +199,7 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
     domain = list(schedule.domain)
     rank = len(domain)
     total = numel(domain)
-    name = f"fusecut_segment{index}_pointwise"
+    kname = f"fusecut_segment{index}_pointwise"
     merged = any(a != b for a, b in runs)
     extents = [numel(domain[a:b + 1]) for a, b in runs]
     # the emitter indexes the domain per axis (x0, x1, ...); accesses are rewritten per run
@@ -233,8 +244,8 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
             out_strides.append(ds[inner])
         return tuple(out_idx), tuple(out_strides)
 
-    pre: list[str] = []  # the vector's loads, issued before any compute
-    decls: list[str] = []  # constant lane maps
+    pre: list[Stmt] = []  # the vector's loads, issued before any compute
+    decls: list[Stmt] = []  # constant lane maps
     aligned: dict[str, int] = {}
     vec_loads: dict[tuple, str] = {}
     lane_maps: dict[tuple[int, ...], str] = {}  # lane -> element of its vector, by map
@@ -252,31 +263,33 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
         conds = [c for i, n in zip(idx, bound.shapes[t]) for c in in_bounds(i, n, ranges)]
         return All(*conds) if conds else None
 
-    def load(t: str, idx: Index) -> str:
+    def load(t: str, idx: Index) -> Code:
         d = fusion.tensors[t].dtype
         inside = within(t, idx)
         idx, strides = view(idx, tensor_strides(bound, t))
         st, ct = cuda.storage(d), cuda.compute(d)
+        where = address(idx, strides)
 
-        def scalar(value: str) -> str:
-            return f"({inside} ? {value} : ({ct})0)" if inside else value
+        def scalar(value: Code) -> Code:
+            return derived(f"({inside} ? {value} : ({ct})0)", inside, value) if inside else value
 
         invariant = not any(uses(i, LANE) for i in idx)
         if invariant:
             name_ = em.names.fresh(f"ld_{t}")
-            value = cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d)
-            pre.append(f"const {ct} {name_} = {scalar(value)};")
-            return name_
+            pre.append(declare(ct, name_, scalar(loaded(f"in_{t}[{where}]", d, where))))
+            return named(name_)
         if inside is not None and uses(inside, LANE):  # a read per lane
-            return em.let_load(t, scalar(cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d)))
+            return em.let_load(t, scalar(loaded(f"in_{t}[{where}]", d, where)))
         lanes = [a for a, i in enumerate(idx) if uses(i, LANE)]
 
         def vector(key: tuple, guard: IndexExpr | None = None) -> str:
             """The register vector of input t at the address ``key[1]`` names (loaded once)."""
             if key not in vec_loads:
                 vec_loads[key] = em.names.fresh(f"vec_{t}")
-                read = vector_read(st, vec, f"in_{t} + {address(key[1], strides)}", guard)
-                pre.append(f"const fc_vec<{st}, {vec}> {vec_loads[key]} = {read};")
+                first = address(key[1], strides)
+                read = vector_read(st, vec, f"in_{t} + {first}", guard)
+                pre.append(declare(f"fc_vec<{st}, {vec}>", vec_loads[key], read,
+                                   reads=(first, guard)))
                 aligned[t] = vec * d.itemsize
             return vec_loads[key]
 
@@ -288,16 +301,17 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
             base = tuple(at_lane_zero(i) if a == lanes[0] else i for a, i in enumerate(idx))
             guards = [g for g in (inside, em.lane_guard(idx[lanes[0]])) if g is not None]
             vname = vector((t, base), All(*guards) if guards else None)
-            return cuda.to_compute(f"{vname}.v[{LANE}]", d)
+            return loaded(f"{vname}.v[{LANE}]", d, vname, LANE, simple=True)
         permuted = permuted_lanes(t, idx, strides, lanes)
         if permuted is not None:  # lanes that take other elements of their own vector
             key, offsets = permuted
             if offsets not in lane_maps:
                 lane_maps[offsets] = em.names.fresh("lanes")
-                decls.append(f"constexpr int {lane_maps[offsets]}[{vec}] = "
-                             f"{{{', '.join(map(str, offsets))}}};")
-            return cuda.to_compute(f"{vector(key, inside)}.v[{lane_maps[offsets]}[{LANE}]]", d)
-        return em.let_load(t, scalar(cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d)))
+                decls.append(Stmt(f"constexpr int {lane_maps[offsets]}[{vec}] = "
+                                  f"{{{', '.join(map(str, offsets))}}};"))
+            vname, lanes_of = vector(key, inside), lane_maps[offsets]
+            return loaded(f"{vname}.v[{lanes_of}[{LANE}]]", d, vname, lanes_of, LANE)
+        return em.let_load(t, scalar(loaded(f"in_{t}[{where}]", d, where)))
 
     def permuted_lanes(t: str, idx: Index, strides: tuple[int, ...],
                        lanes: list[int]) -> tuple[tuple, tuple[int, ...]] | None:
@@ -320,9 +334,10 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
 
     flat_index = None
     if rank:
-        flat_lane = ("(unsigned long long)flat", f"(unsigned int){LANE}" if vec > 1 else "0u")
+        flat_lane = (derived("(unsigned long long)flat", "flat"),
+                     derived(f"(unsigned int){LANE}", LANE) if vec > 1 else Code("0u"))
 
-        def flat_index(t: str, idx: Index) -> tuple[str, str] | None:
+        def flat_index(t: str, idx: Index) -> tuple[Code, Code] | None:
             """The loop's flat counter (a multiple of the vector width) and the lane are the
             linear index of a domain-shaped tensor."""
             return flat_lane if idx == domain_idx and tuple(bound.shapes[t]) == tuple(domain) \
@@ -330,7 +345,7 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
 
     em = Emitter(bound, schedule.ops, set(schedule.inputs), load, itype, Names(recomputed),
                  fast_math_tensors(bound, schedule), flat_index, launch.resizes)
-    stores_after: list[str] = []
+    stores_after: list[Stmt] = []
     vec_outputs: list[str] = []
     for t in schedule.outputs:
         d = fusion.tensors[t].dtype
@@ -343,11 +358,11 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
         out_idx = tuple(ZERO if m is None else domain_idx[m] for m in amap)
         val = em.raw(t, out_idx)
         if identity and vec > 1:
-            em.lines.append(f"o_{t}.v[{LANE}] = {cuda.to_storage(val, d)};")
+            em.lines.append(stmt(f"o_{t}.v[{LANE}] = {cuda.to_storage(val, d)};", LANE, val))
             vec_outputs.append(t)
-            stores_after.append(f"*reinterpret_cast<fc_vec<{cuda.storage(d)}, {vec}>*>(out_{t} + "
-                                f"{address(*view(tuple(xs), compact_strides(bound, t)))}) = "
-                                f"o_{t};")
+            where = address(*view(tuple(xs), compact_strides(bound, t)))
+            stores_after.append(stmt(f"*reinterpret_cast<fc_vec<{cuda.storage(d)}, {vec}>*>("
+                                     f"out_{t} + {where}) = o_{t};", where))
             aligned[t] = vec * d.itemsize
             continue
         guards = []
@@ -357,44 +372,44 @@ def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
                 guards.append(Equal(domain_idx[dax], ZERO))
         guards += [Less(domain_idx[m], Const(shape[a]))
                    for a, m in shorter_axes(bound, schedule, t)]
-        store = (f"out_{t}[{address(*view(out_idx, compact_strides(bound, t)))}] = "
-                 f"{cuda.to_storage(val, d)};")
-        em.lines.append(f"if ({All(*guards)}) {store}" if guards else store)
+        where = address(*view(out_idx, compact_strides(bound, t)))
+        store = f"out_{t}[{where}] = {cuda.to_storage(val, d)};"
+        em.lines.append(stmt(f"if ({All(*guards)}) {store}" if guards else store, guards, where,
+                             val))
     params = tensor_params(bound, schedule.inputs, schedule.outputs, em.params)
     n_vec = total // vec
     # One vector per thread over the whole domain (measured on H100: 4-8% faster than a grid of
     # 8 blocks per SM striding over it; two vectors a thread were never faster, see
     # codegen.launch.pointwise_launch).
     blocks = covering_grid(n_vec, THREADS, itype)
-    position = ([f"const index_t flat = v * {vec};"] if rank else []) + \
-        decompose("flat", extents, [r.name for r in run_names], "index_t", unsigned=True)
+    position = ([declare("index_t", "flat", f"v * {vec}")] if rank else []) + \
+        decompose(Var("flat"), extents, [r.name for r in run_names], "index_t", unsigned=True)
     compute = []
     for t in vec_outputs:
-        compute.append(f"fc_vec<{cuda.storage(fusion.tensors[t].dtype)}, {vec}> o_{t};")
+        compute.append(Stmt(f"fc_vec<{cuda.storage(fusion.tensors[t].dtype)}, {vec}> o_{t};"))
     if vec > 1:
-        compute += ["#pragma unroll", f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) {{"]
-        compute += ["  // per element"] + indent(em.lines, 2) + ["}"]
+        compute += lines("#pragma unroll") + [lane_for(vec)]
+        compute += lines("  // per element") + indent(em.lines, 2) + lines("}")
     else:
-        compute += ["// per element"] + em.lines
+        compute += lines("// per element") + em.lines
     if stores_after:
-        compute += ["// vector stores"] + stores_after
+        compute += lines("// vector stores") + stores_after
     # each kernel declares the indices it needs (a broadcast or unit axis may need none)
-    step = decls + drop_unread(position + (["// loads"] + pre if pre else []) +
-                               ["// compute and store"] + compute)
+    step = decls + drop_unread(position + (lines("// loads") + pre if pre else []) +
+                               lines("// compute and store") + compute)
     indexed = f", indexed as {extents}" if merged else ""
-    body = [f"// segment {index}: pointwise over {domain} ({total} elements{indexed}), "
-            f"{vec} per vector",
-            index_typedefs(itype, unsigned=True),
-            signature(name, params, THREADS) + " {",
-            f"  const index_t n_vec = {n_vec};",
-            "  for (index_t v = (index_t)blockIdx.x * blockDim.x + threadIdx.x; v < n_vec; "
-            "v += (index_t)gridDim.x * blockDim.x) {"]
-    body += indent(step, 4) + ["  }", "}"]
-    text = "\n".join(body)
+    body = lines(f"// segment {index}: pointwise over {domain} ({total} elements{indexed}), "
+                 f"{vec} per vector")
+    body += [index_typedefs(itype, unsigned=True), Stmt(signature(kname, params, THREADS) + " {"),
+             declare("index_t", "n_vec", str(n_vec)).indented(2),
+             stmt("  for (index_t v = (index_t)blockIdx.x * blockDim.x + threadIdx.x; v < n_vec; "
+                  "v += (index_t)gridDim.x * blockDim.x) {", "n_vec")]
+    body += indent(step, 4) + lines("  }", "}")
+    text = text_of(body)
     if merged and any(re.search(rf"\b{xs[k].name}\b", text) for a, b in runs if a != b
                       for k in range(a, b + 1)):
         raise _Unmergeable
-    kernel = Kernel(name, params, (blocks, 1, 1), (THREADS, 1, 1))
+    kernel = Kernel(kname, params, (blocks, 1, 1), (THREADS, 1, 1))
     notes = {"vector": vec, "index_type": itype} | ({"indexed_as": extents} if merged else {})
     return SegmentKernels(index, "pointwise", kernel_code(body), [kernel], [], aligned,
                           notes), rows

@@ -15,14 +15,14 @@ from __future__ import annotations
 import math
 
 from fusecut.codegen import cuda
+from fusecut.codegen.code import Code, Stmt, declare, derived, indent, lines, stmt
 from fusecut.codegen.emit import Names
-from fusecut.codegen.index import LANE, ZERO, Index, Var, plus_lane
+from fusecut.codegen.index import LANE, ZERO, Index, Paren, Select, Var, plus_lane
 from fusecut.codegen.kernel import (
     Kernel,
     KernelParam,
     SegmentKernels,
     Workspace,
-    indent,
     kernel_code,
     signature,
     tensor_params,
@@ -39,7 +39,7 @@ from fusecut.codegen.launch import (
 )
 from fusecut.codegen.layout import decompose, index_typedefs
 from fusecut.codegen.online import accumulator_bytes, add_batched, segment_reducers
-from fusecut.codegen.regions import Region
+from fusecut.codegen.regions import Region, lane_for
 from fusecut.optimizer.analysis.axes import domain_axes
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.errors import PlanError
@@ -117,7 +117,7 @@ class _Builder:
             out.append(plus_lane(var) if a == lane_axis else var)
         return tuple(out)
 
-    def accumulation_loop(self, vec: int, acc_of, flat: str) -> tuple[list[str], list[str]]:
+    def accumulation_loop(self, vec: int, acc_of, flat: str) -> tuple[list[Stmt], list[str]]:
         """The body of the loop over the reduced axes (their index decomposed from ``flat``):
         accumulate, store loop outputs. Also the scalar parameters it reads."""
         red_names = [f"r{a}" for a in self.red_axes]
@@ -128,14 +128,14 @@ class _Builder:
                       params, self.names)
         self.accumulate(loop, acc_of)
         red_ext = [self.domain[a] for a in self.red_axes]
-        return loop.lane_block(decompose(flat, red_ext, red_names, "index_t")), params
+        return loop.lane_block(decompose(Var(flat), red_ext, red_names, "index_t")), params
 
     def accumulate(self, region: Region, acc_of) -> None:
         """Add each reduction's input (at this region's index) to its accumulator; store the
         loop outputs."""
         for r in self.reducers:
-            x = region.value(r.source)
-            x = cuda.convert(x, region.em.dtype(r.source).compute, r.value_dtype)
+            v = region.value(r.source)
+            x = derived(cuda.convert(v, region.em.dtype(r.source).compute, r.value_dtype), v)
             if not add_batched(region, r, acc_of(r), x):
                 region.em.lines.append(r.add(acc_of(r), x))
         for t in self.loop_outputs:
@@ -149,7 +149,7 @@ class _Builder:
         for t in self.epilogue_outputs:
             region.store(t, region.raw(t), guard)
 
-    def finish_kernel(self, parts: int, ws_of) -> tuple[list[str], Kernel]:
+    def finish_kernel(self, parts: int, ws_of) -> tuple[list[Stmt], Kernel]:
         """Combine ``parts`` partial accumulators per reduced-domain element, then the
         epilogue."""
         keep_ext = [self.domain[a] for a in self.keep_axes]
@@ -158,24 +158,24 @@ class _Builder:
         region = Region(self.bound, self.schedule, self.itype,
                         self.p_idx(names, None, None), 1,
                         self.aligned, params, self.names)
-        lines = [f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}"
-                 for k, r in enumerate(self.reducers)]
-        lines += [f"for (int p = 0; p < {parts}; ++p) {{"]
-        lines += [f"  acc{k} = {r.functor}(acc{k}, {ws_of(r, k)}[(index_t)p * {self.rows} + o]);"
-                  for k, r in enumerate(self.reducers)]
-        lines += ["}"]
+        combine = lines(*[f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}"
+                          for k, r in enumerate(self.reducers)])
+        combine += lines(f"for (int p = 0; p < {parts}; ++p) {{")
+        combine += lines(*[f"  acc{k} = {r.functor}(acc{k}, {ws_of(r, k)}[(index_t)p * "
+                           f"{self.rows} + o]);" for k, r in enumerate(self.reducers)])
+        combine += lines("}")
         ids = {id(r): k for k, r in enumerate(self.reducers)}
-        self.epilogue(region, lambda r: f"acc{ids[id(r)]}")
-        body_lines = decompose("o", keep_ext, names, "index_t") + lines + region.finish()
+        self.epilogue(region, lambda r: Code(f"acc{ids[id(r)]}"))
+        body_lines = decompose(Var("o"), keep_ext, names, "index_t") + combine + region.finish()
         kname = f"{self.name}_finish"
         ps = self.kernel_params(self.epilogue_outputs, params, "const ")
         threads = FINISH_THREADS
         blocks = finish_blocks(self.rows, self.profile)
-        code = [f"// segment {self.index}: combine {parts} partial results per output element",
-                signature(kname, ps, threads) + " {",
-                f"  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < "
-                f"{self.rows}; o += (index_t)gridDim.x * blockDim.x) {{"]
-        code += indent(body_lines, 4) + ["  }", "}"]
+        code = lines(f"// segment {self.index}: combine {parts} partial results per output element",
+                     signature(kname, ps, threads) + " {",
+                     f"  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < "
+                     f"{self.rows}; o += (index_t)gridDim.x * blockDim.x) {{")
+        code += indent(body_lines, 4) + lines("  }", "}")
         return code, Kernel(kname, ps, (blocks, 1, 1), (threads, 1, 1))
 
     def kernel_params(self, outputs: list[str], params: list[str], workspaces: str | None
@@ -201,82 +201,86 @@ class _Builder:
         chunk = launch.chunk
         keep_names = self.keep_names
         loop_lines, params = self.accumulation_loop(
-            vec, lambda r: f"acc{self.reducers.index(r)}", "c")
+            vec, lambda r: Code(f"acc{self.reducers.index(r)}"), "c")
         tid = "(threadIdx.x & 31)" if warp_rows else "threadIdx.x"
         step = per_row * vec
-        body = [f"__shared__ {r.acc_type} smem{k}[33];" for k, r in enumerate(self.reducers)]
+        body = lines(*[f"__shared__ {r.acc_type} smem{k}[33];"
+                       for k, r in enumerate(self.reducers)])
         row_expr = (f"(index_t)blockIdx.x * {rows_per_block} + (threadIdx.x >> 5)" if warp_rows
                     else "(index_t)blockIdx.x")
         row_step = (f"(index_t)gridDim.x * {rows_per_block}" if warp_rows
                     else "(index_t)gridDim.x")
-        body += [f"for (index_t row = {row_expr}; row < {self.rows}; row += {row_step}) {{"]
-        inner = decompose("row", [self.domain[a] for a in self.keep_axes], keep_names, "index_t")
-        inner += [f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}"
-                  for k, r in enumerate(self.reducers)]
+        body += lines(f"for (index_t row = {row_expr}; row < {self.rows}; row += {row_step}) {{")
+        inner = decompose(Var("row"), [self.domain[a] for a in self.keep_axes], keep_names,
+                          "index_t")
+        inner += lines(*[f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}"
+                         for k, r in enumerate(self.reducers)])
         before_loop = len(inner)
         begin = f"(index_t)blockIdx.y * {chunk}" if split > 1 else "0"
         end = f"min((index_t){self.row_len}, {begin} + {chunk})" if split > 1 else \
             f"(index_t){self.row_len}"
-        inner += [f"const index_t c_end = {end};",
-                  "#pragma unroll 4",
-                  f"for (index_t c = {begin} + {tid} * {vec}; c < c_end; c += {step}) {{"]
-        inner += indent(loop_lines, 2) + ["}"]
-        inner.append("// reduce across the threads of the row")
+        inner += [declare("index_t", "c_end", end), *lines("#pragma unroll 4"),
+                  stmt(f"for (index_t c = {begin} + {tid} * {vec}; c < c_end; c += {step}) {{",
+                       "c_end")]
+        inner += indent(loop_lines, 2) + lines("}")
+        inner += lines("// reduce across the threads of the row")
         for k, r in enumerate(self.reducers):
             if warp_rows:
-                inner.append(f"acc{k} = fc_warp_reduce(acc{k}, {r.functor});")
+                inner += lines(f"acc{k} = fc_warp_reduce(acc{k}, {r.functor});")
             else:
-                inner.append(f"acc{k} = fc_block_reduce(acc{k}, {r.functor}, {r.identity}, "
-                             f"smem{k});")
-        kernels_code: list[str] = []
+                inner += lines(f"acc{k} = fc_block_reduce(acc{k}, {r.functor}, {r.identity}, "
+                               f"smem{k});")
+        kernels_code: list[Stmt] = []
         kernels: list[Kernel] = []
         workspaces: list[Workspace] = []
         if split > 1:
-            inner.append(f"if ({tid} == 0) {{")
-            inner += [f"  ws_r{k}[(index_t)blockIdx.y * {self.rows} + row] = acc{k};"
-                      for k in range(len(self.reducers))]
-            inner.append("}")
+            inner += lines(f"if ({tid} == 0) {{")
+            inner += lines(*[f"  ws_r{k}[(index_t)blockIdx.y * {self.rows} + row] = acc{k};"
+                             for k in range(len(self.reducers))])
+            inner += lines("}")
             out_params = self.loop_outputs
         else:
             epi_params: list[str] = params
             epi = Region(self.bound, sched, self.itype,
                          self.p_idx(keep_names, None, None), 1,
                          self.aligned, epi_params, self.names)
-            self.epilogue(epi, lambda r: f"acc{self.reducers.index(r)}")
-            lines = epi.finish()
+            self.epilogue(epi, lambda r: Code(f"acc{self.reducers.index(r)}"))
+            epi_lines = epi.finish()
             if gathers_rows(self.bound, sched) and epi.pre:
                 # a row gather's loads (the index, then the element it picks) go out before
                 # the row streams in, instead of after its reduction; every thread issues them
                 # (one address per row: a broadcast)
-                early = ["// the row's gathered elements, loaded while the row streams in",
-                         *epi.pre]
-                inner[before_loop:before_loop] = early
-                lines = lines[len(epi.pre):]
-            inner.append(f"if ({tid} == 0) {{")
-            inner += indent(lines, 2)
-            inner.append("}")
+                early = lines("// the row's gathered elements, loaded while the row streams in")
+                inner[before_loop:before_loop] = early + epi.pre
+                epi_lines = epi_lines[len(epi.pre):]
+            inner += lines(f"if ({tid} == 0) {{")
+            inner += indent(epi_lines, 2)
+            inner += lines("}")
             out_params = list(sched.outputs)
-        body += indent(inner, 2) + ["}"]
+        body += indent(inner, 2) + lines("}")
         ps = self.kernel_params(out_params, params, "" if split > 1 else None)
         blocks = launch.blocks
         how = "a warp" if warp_rows else f"{per_row} threads"
         note = f", split in {split} chunks" if split > 1 else ""
-        head = [f"// segment {self.index}: reduce {self.row_len} elements per row over "
-                f"{self.rows} rows (domain {self.domain}, reduced axes {self.red_axes}); "
-                f"{how} per row, {vec} per load{note}",
-                index_typedefs(self.itype),
-                signature(self.name, ps, threads) + " {"]
-        kernels_code += head + body + ["}"]
+        head = lines(f"// segment {self.index}: reduce {self.row_len} elements per row over "
+                     f"{self.rows} rows (domain {self.domain}, reduced axes {self.red_axes}); "
+                     f"{how} per row, {vec} per load{note}")
+        head += [index_typedefs(self.itype), Stmt(signature(self.name, ps, threads) + " {")]
+        kernels_code += head + body + lines("}")
         kernels.append(Kernel(self.name, ps, (blocks, split, 1), (threads, 1, 1)))
         if split > 1:
             code, k = self.finish_kernel(split, lambda r, i: f"ws_r{i}")
-            kernels_code += [""] + code
+            kernels_code += lines("") + code
             kernels.append(k)
             workspaces = self.workspaces(split)
         return SegmentKernels(self.index, "reduction", kernel_code(kernels_code), kernels,
                               workspaces, self.aligned,
                               {"layout": "inner", "vector": vec, "split": split,
                                "index_type": self.itype})
+
+    def lane_acc(self, r) -> Code:
+        """A reduction's accumulator of the current lane (the outer layout's, one per column)."""
+        return derived(f"acc{self.reducers.index(r)}[{LANE}]", LANE)
 
     def staged_results(self, epi: Region, vec: int):
         """The outer epilogue's delegate: a reduction result at another column of the thread's
@@ -286,10 +290,10 @@ class _Builder:
         first_col = self.keep_names[-1]  # the innermost index of the thread's lane 0
         results = {}
         for k, r in enumerate(self.reducers):
-            for out, _ in r.results(self.bound, "acc"):
+            for out, _ in r.results(self.bound, Code("acc")):
                 results[out] = (k, r)
 
-        def staged(tensor: str, idx) -> str | None:
+        def staged(tensor: str, idx) -> Code | None:
             if tensor not in results:
                 return None
             own = epi.index_of(tensor)
@@ -301,7 +305,8 @@ class _Builder:
                                 f"result is staged along the innermost axis only")
             k, r = results[tensor]
             col = f"threadIdx.x * {vec} + {idx[along[0]]} - {first_col}"
-            expr = dict(r.results(self.bound, f"smem{k}[0][{col}]"))[tensor]
+            acc = derived(f"smem{k}[0][{col}]", idx[along[0]], first_col)
+            expr = dict(r.results(self.bound, acc))[tensor]
             return epi.em.let_value(tensor, expr, note=" (staged, another column)")
 
         return staged
@@ -318,45 +323,43 @@ class _Builder:
             launch.split
         keep_ext = [self.domain[a] for a in self.keep_axes]
         keep_names = self.keep_names
-        loop_lines, params = self.accumulation_loop(
-            vec, lambda r: f"acc{self.reducers.index(r)}[{LANE}]", "r")
+        loop_lines, params = self.accumulation_loop(vec, self.lane_acc, "r")
         # rows taken by several threads of a block meet in shared memory (and so do staged
         # results); a thread that summed its columns' rows alone needs none
         combine = by > 1 or staged
-        body = [f"__shared__ {r.acc_type} smem{k}[{by}][{bx * vec}];"
-                for k, r in enumerate(self.reducers)] if combine else []
-        body += [f"const index_t col = ((index_t)blockIdx.x * {bx} + threadIdx.x) * {vec};",
-                 f"const bool active = col < {cols};"]
-        body += decompose("(active ? col : 0)", keep_ext, keep_names, "index_t")
+        body = lines(*[f"__shared__ {r.acc_type} smem{k}[{by}][{bx * vec}];"
+                       for k, r in enumerate(self.reducers)]) if combine else []
+        body += [declare("index_t", "col", f"((index_t)blockIdx.x * {bx} + threadIdx.x) * {vec}"),
+                 declare("bool", "active", f"col < {cols}", reads="col")]
+        body += decompose(Paren(Select(Var("active"), Var("col"), ZERO)), keep_ext, keep_names,
+                          "index_t")
         for k, r in enumerate(self.reducers):
-            body += [f"{r.acc_type} acc{k}[{vec}];  // {r.describe()}",
-                     f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) acc{k}[{LANE}] = "
-                     f"{r.identity};"]
-        body += ["if (active) {",
-                 "  #pragma unroll 4",
-                 f"  for (index_t r = (index_t)blockIdx.y * {by} + threadIdx.y; r < {rows_r}; "
-                 f"r += (index_t)gridDim.y * {by}) {{"]
-        body += indent(loop_lines, 4) + ["  }", "}"]
-        comb = []
+            body += [Stmt(f"{r.acc_type} acc{k}[{vec}];  // {r.describe()}"),
+                     lane_for(vec, f"acc{k}[{LANE}] = {r.identity};")]
+        body += [stmt("if (active) {", "active"), *lines("  #pragma unroll 4"),
+                 *lines(f"  for (index_t r = (index_t)blockIdx.y * {by} + threadIdx.y; "
+                        f"r < {rows_r}; r += (index_t)gridDim.y * {by}) {{")]
+        body += indent(loop_lines, 4) + lines("  }", "}")
+        comb: list[Stmt] = []
         if combine:
-            body.append("// combine the rows the threads of the block took")
+            body += lines("// combine the rows the threads of the block took")
             for k in range(len(self.reducers)):
-                body += [f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) "
-                         f"smem{k}[threadIdx.y][threadIdx.x * {vec} + {LANE}] = "
-                         f"acc{k}[{LANE}];"]
-            body += ["__syncthreads();", "if (threadIdx.y == 0 && active) {"]
+                body += [lane_for(vec, f"smem{k}[threadIdx.y][threadIdx.x * {vec} + {LANE}] = "
+                                       f"acc{k}[{LANE}];")]
+            body += [*lines("__syncthreads();"), stmt("if (threadIdx.y == 0 && active) {",
+                                                      "active")]
             for k, r in enumerate(self.reducers):
-                comb += [f"for (int y = 1; y < {by}; ++y)",
-                         f"  for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) acc{k}[{LANE}] = "
-                         f"{r.functor}(acc{k}[{LANE}], smem{k}[y][threadIdx.x * {vec} + "
-                         f"{LANE}]);"]
+                comb += [*lines(f"for (int y = 1; y < {by}; ++y)"),
+                         lane_for(vec, f"acc{k}[{LANE}] = {r.functor}(acc{k}[{LANE}], "
+                                       f"smem{k}[y][threadIdx.x * {vec} + {LANE}]);").indented(2)]
         else:
-            body += ["// each thread summed its columns' rows alone", "if (active) {"]
+            body += [*lines("// each thread summed its columns' rows alone"),
+                     stmt("if (active) {", "active")]
         if split > 1:
             for k in range(len(self.reducers)):
-                comb += [f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE})",
-                         f"  ws_r{k}[(index_t)blockIdx.y * {cols} + col + {LANE}] = "
-                         f"acc{k}[{LANE}];"]
+                comb += [lane_for(vec, ""),
+                         stmt(f"  ws_r{k}[(index_t)blockIdx.y * {cols} + col + {LANE}] = "
+                              f"acc{k}[{LANE}];", "col", LANE)]
             out_params = self.loop_outputs
         else:
             epi = Region(self.bound, sched, self.itype,
@@ -364,30 +367,31 @@ class _Builder:
                          vec, self.aligned, params, self.names)
             if staged:
                 epi.em.delegate_to(self.staged_results(epi, vec))
-            self.epilogue(epi, lambda r: f"acc{self.reducers.index(r)}[{LANE}]")
+            self.epilogue(epi, self.lane_acc)
             if staged:  # row 0 of each combining buffer takes the block's results
                 for k in range(len(self.reducers)):
-                    comb.append(f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) "
-                                f"smem{k}[0][threadIdx.x * {vec} + {LANE}] = acc{k}[{LANE}];")
-                body += indent(comb, 2) + ["}", "__syncthreads();",
-                                           "// the epilogue: results of other columns from there",
-                                           "if (threadIdx.y == 0 && active) {"]
+                    comb.append(lane_for(vec, f"smem{k}[0][threadIdx.x * {vec} + {LANE}] = "
+                                              f"acc{k}[{LANE}];"))
+                body += indent(comb, 2) + lines("}", "__syncthreads();",
+                                                "// the epilogue: results of other columns "
+                                                "from there")
+                body += [stmt("if (threadIdx.y == 0 && active) {", "active")]
                 comb = []
             comb += epi.lane_block([])
             out_params = list(sched.outputs)
-        body += indent(comb, 2) + ["}"]
+        body += indent(comb, 2) + lines("}")
         ps = self.kernel_params(out_params, params, "" if split > 1 else None)
-        code = [f"// segment {self.index}: reduce {rows_r} rows for each of {cols} columns "
-                f"(domain {self.domain}, reduced axes {self.red_axes}); {vec} columns per "
-                f"thread, {by} rows at a time per block" + (f", {split} blocks per column"
-                                                             if split > 1 else ""),
-                index_typedefs(self.itype),
-                signature(self.name, ps, bx * by) + " {"] + indent(body, 2) + ["}"]
+        code = lines(f"// segment {self.index}: reduce {rows_r} rows for each of {cols} columns "
+                     f"(domain {self.domain}, reduced axes {self.red_axes}); {vec} columns per "
+                     f"thread, {by} rows at a time per block" + (f", {split} blocks per column"
+                                                                  if split > 1 else ""))
+        code += [index_typedefs(self.itype), Stmt(signature(self.name, ps, bx * by) + " {")]
+        code += indent(body, 2) + lines("}")
         kernels = [Kernel(self.name, ps, (grid_x, split, 1), (bx, by, 1))]
         workspaces: list[Workspace] = []
         if split > 1:
             fcode, fk = self.finish_kernel(split, lambda r, i: f"ws_r{i}")
-            code += [""] + fcode
+            code += lines("") + fcode
             kernels.append(fk)
             workspaces = self.workspaces(split)
         return SegmentKernels(self.index, "reduction", kernel_code(code), kernels, workspaces,

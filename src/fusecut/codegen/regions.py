@@ -9,10 +9,10 @@ kernel itself holds there (reduction results, on-chip buffers).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from fusecut.codegen import cuda
+from fusecut.codegen.code import Code, Stmt, declare, lines, loaded, named, stmt
 from fusecut.codegen.emit import Emitter, Names, join_index, value_name
 from fusecut.codegen.index import (
     LANE,
@@ -31,8 +31,6 @@ from fusecut.optimizer.analysis.axes import domain_axes
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.kinds.rules import Schedule
 
-_DECLARED = re.compile(r"\s*const [\w<>, :]+? (\w+) = ")
-
 
 class Region:
     def __init__(self, bound: Bound, schedule: Schedule, itype: str, p_idx: Index,
@@ -47,9 +45,9 @@ class Region:
         self.vec = vec
         self.aligned = aligned
         self.params = params
-        self.pre: list[str] = []
-        self.decls: list[str] = []  # registers of vectorised stores (before the lane loop)
-        self.post: list[str] = []  # the vector stores (after the lane loop)
+        self.pre: list[Stmt] = []
+        self.decls: list[Stmt] = []  # registers of vectorised stores (before the lane loop)
+        self.post: list[Stmt] = []  # the vector stores (after the lane loop)
         self._vec_loads: dict[tuple, str] = {}
         self._computed: set[str] = set()  # names the statements declare (see _reads_computed)
         self._scanned = 0
@@ -62,22 +60,23 @@ class Region:
         a run of domain axes joins their indices, as the emitter's reshapes do)."""
         return tensor_index(self.schedule, self.p_idx, tensor, self.em.join)
 
-    def value(self, tensor: str) -> str:
+    def value(self, tensor: str) -> Code:
         return self.em.value(tensor, self.index_of(tensor))
 
-    def raw(self, tensor: str) -> str:
+    def raw(self, tensor: str) -> Code:
         """The value to store (see ``Emitter.raw``)."""
         return self.em.raw(tensor, self.index_of(tensor))
 
-    def seed(self, tensor: str, expr: str) -> None:
+    def seed(self, tensor: str, expr: Code) -> None:
         """A value the kernel holds itself (an on-chip buffer)."""
         self.em.memo[(tensor, self.index_of(tensor))] = expr
 
-    def result(self, tensor: str, expr: str) -> str:
-        """Declare a value the kernel computed itself (a reduction result); returns the line."""
+    def result(self, tensor: str, expr: Code) -> Stmt:
+        """Declare a value the kernel computed itself (a reduction result); returns the
+        statement."""
         return self.em.result(tensor, self.index_of(tensor), expr)
 
-    def store(self, tensor: str, expr: str, guard: str | None = None) -> None:
+    def store(self, tensor: str, expr: Code, guard: str | None = None) -> None:
         """Write a value: lane by lane into a register vector stored whole after the lane loop
         where the tensor's innermost stored axis follows the lanes, else element by element."""
         d = self.bound.fusion.tensors[tensor].dtype
@@ -91,39 +90,41 @@ class Region:
             base = tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx))
             reg = f"o_{tensor}"
             st = cuda.storage(d)
-            self.decls.append(f"fc_vec<{st}, {self.vec}> {reg};")
-            self.em.lines.append(f"{reg}.v[{LANE}] = {cuda.to_storage(expr, d)};")
-            self.post.append(f"*reinterpret_cast<fc_vec<{st}, {self.vec}>*>(out_{tensor} + "
-                             f"{address(base, strides)}) = {reg};")
+            self.decls.append(Stmt(f"fc_vec<{st}, {self.vec}> {reg};"))
+            self.em.lines.append(stmt(f"{reg}.v[{LANE}] = {cuda.to_storage(expr, d)};", LANE,
+                                      expr))
+            where = address(base, strides)
+            self.post.append(stmt(f"*reinterpret_cast<fc_vec<{st}, {self.vec}>*>(out_{tensor} + "
+                                  f"{where}) = {reg};", where))
             self.aligned[tensor] = self.vec * d.itemsize
             return
         where = address(idx, strides)
         line = f"out_{tensor}[{where}] = {cuda.to_storage(expr, d)};"
-        self.em.lines.append(f"if ({guard}) {line}" if guard else line)
+        self.em.lines.append(stmt(f"if ({guard}) {line}" if guard else line, where, expr))
 
-    def lane_block(self, prefix: list[str]) -> list[str]:
+    def lane_block(self, prefix: list[Stmt]) -> list[Stmt]:
         """``prefix``, the hoisted loads, then the per-lane statements in a lane loop, then the
         vector stores."""
         self.finish()
         lines = prefix + self.pre + self.decls + lane_loop(self.vec, self.em.lines) + self.post
         return lines
 
-    def finish(self) -> list[str]:
+    def finish(self) -> list[Stmt]:
         for p in self.em.params:
             if p not in self.params:
                 self.params.append(p)
         return self.pre + self.em.lines
 
-    def _load(self, t: str, idx: Index) -> str:
+    def _load(self, t: str, idx: Index) -> Code:
         bound, em = self.bound, self.em
         d = bound.fusion.tensors[t].dtype
         strides = tensor_strides(bound, t)
         st, ct = cuda.storage(d), cuda.compute(d)
+        where = address(idx, strides)
         if not any(uses(i, LANE) for i in idx) and not self._reads_computed(idx):
-            name = em.names.fresh(value_name(t))
-            self.pre.append(f"const {ct} {name} = "
-                            f"{cuda.to_compute(f'in_{t}[{address(idx, strides)}]', d)};")
-            return name
+            hoisted = em.names.fresh(value_name(t))
+            self.pre.append(declare(ct, hoisted, loaded(f"in_{t}[{where}]", d, where)))
+            return named(hoisted)
         lanes = [a for a, i in enumerate(idx) if uses(i, LANE)]
         if (self.vec > 1 and len(lanes) == 1 and lane_base(idx[lanes[0]]) is not None
                 and strides[lanes[0]] == 1
@@ -133,23 +134,22 @@ class Region:
             key = (t, base)
             if key not in self._vec_loads:
                 vname = em.names.fresh(f"vec_{t}")
-                read = vector_read(st, self.vec, f"in_{t} + {address(base, strides)}",
-                                   em.lane_guard(idx[a]))
-                self.pre.append(f"const fc_vec<{st}, {self.vec}> {vname} = {read};")
+                first, guard = address(base, strides), em.lane_guard(idx[a])
+                read = vector_read(st, self.vec, f"in_{t} + {first}", guard)
+                self.pre.append(declare(f"fc_vec<{st}, {self.vec}>", vname, read,
+                                        reads=(first, guard)))
                 self._vec_loads[key] = vname
                 self.aligned[t] = self.vec * d.itemsize
-            return cuda.to_compute(f"{self._vec_loads[key]}.v[{LANE}]", d)
-        return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
+            vname = self._vec_loads[key]
+            return loaded(f"{vname}.v[{LANE}]", d, vname, LANE, simple=True)
+        return em.let_load(t, loaded(f"in_{t}[{where}]", d, where))
 
     def _reads_computed(self, idx: Index) -> bool:
         """Whether an index reads a value the region's statements compute (a gather's index
         computed from its input): a load at it cannot be hoisted above them."""
-        lines = self.em.lines
-        for line in lines[self._scanned:]:
-            m = _DECLARED.match(line)
-            if m:
-                self._computed.add(m.group(1))
-        self._scanned = len(lines)
+        statements = self.em.lines
+        self._computed.update(s.declares for s in statements[self._scanned:] if s.declares)
+        self._scanned = len(statements)
         return any(not reads(i).isdisjoint(self._computed) for i in idx)
 
 
@@ -178,13 +178,13 @@ def shorter_axes(bound: Bound, schedule: Schedule, t: str) -> list[tuple[int, in
             if m is not None and bound.shapes[t][a] < schedule.domain[m]]
 
 
-def vector_read(storage: str, vec: int, pointer: str, guard: str | None = None) -> str:
+def vector_read(storage: str, vec: int, pointer: str, guard: IndexExpr | None = None) -> str:
     """A vector of ``vec`` values of C type ``storage`` at ``pointer`` (aligned to the
     vector); where ``guard`` is given, read only under it (zeros otherwise: a piece of a cat or
     pad the vector does not lie in)."""
     vt = f"fc_vec<{storage}, {vec}>"
     read = f"*reinterpret_cast<const {vt}*>({pointer})"
-    return f"{guard} ? {read} : {vt}{{}}" if guard else read
+    return f"{guard} ? {read} : {vt}{{}}" if guard is not None else read
 
 
 def vector_address(bound: Bound, t: str, idx: Index, vec: int) -> IndexExpr | None:
@@ -202,8 +202,18 @@ def vector_address(bound: Bound, t: str, idx: Index, vec: int) -> IndexExpr | No
     return None
 
 
-def lane_loop(vec: int, lines: list[str]) -> list[str]:
+def lane_loop(vec: int, body: list[Stmt]) -> list[Stmt]:
+    """``body`` for each lane of a vector: a loop, or for one lane the lane declared 0 where the
+    body reads it."""
     if vec == 1:
-        return [f"const int {LANE} = 0;", *lines] if any(LANE in x for x in lines) else lines
-    return ["#pragma unroll", f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE}) {{",
-            *["  " + x for x in lines], "}"]
+        reads_lane = any(LANE in s.reads for s in body)
+        return [declare("int", LANE, "0"), *body] if reads_lane else body
+    return [*lines("#pragma unroll"), lane_for(vec), *[s.indented(2) for s in body],
+            *lines("}")]
+
+
+def lane_for(vec: int, body: str = "{", *parts) -> Stmt:
+    """``for (int _lane = 0; _lane < vec; ++_lane) body``: reads the lane and what ``parts``
+    (those of ``body``) read."""
+    head = f"for (int {LANE} = 0; {LANE} < {vec}; ++{LANE})"
+    return stmt(f"{head} {body}" if body else head, LANE, *parts)

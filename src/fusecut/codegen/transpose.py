@@ -35,6 +35,17 @@ import re
 from dataclasses import dataclass
 
 from fusecut.codegen import cuda
+from fusecut.codegen.code import (
+    Code,
+    Stmt,
+    declare,
+    derived,
+    indent,
+    lines,
+    loaded,
+    named,
+    stmt,
+)
 from fusecut.codegen.emit import Emitter, Names
 from fusecut.codegen.index import (
     LANE,
@@ -62,7 +73,6 @@ from fusecut.codegen.index import (
 from fusecut.codegen.kernel import (
     Kernel,
     SegmentKernels,
-    indent,
     kernel_code,
     signature,
     tensor_params,
@@ -251,11 +261,11 @@ class _Tiled:
         write."""
         reads: list[Access] = []
 
-        def record(t: str, idx: Index) -> str:
+        def record(t: str, idx: Index) -> Code:
             steps, portable = access_steps(idx, tensor_strides(self.bound, t), self.axis_of,
                                            self.rank, self.unfold)
             reads.append(Access(t, idx, steps, self.bound.nbytes(t), portable))
-            return f"ld{len(reads)}"
+            return named(f"ld{len(reads)}")
 
         em = Emitter(self.bound, self.schedule.ops, set(self.schedule.inputs), record,
                      self.itype, Names(), resizes=self.resizes)
@@ -357,20 +367,20 @@ class _Tiled:
         xa, xb = self.xs[a], self.xs[b]
         vec = self.vec
         aligned: dict[str, int] = {}
-        smem_decls: list[str] = []
+        smem_decls: list[Stmt] = []
         tile_of: dict[tuple[str, Index], str] = {}
         for k, key in enumerate(staged_reads):
             st = cuda.storage(fusion.tensors[key[0]].dtype)
             tile_of[key] = f"s{k}_{key[0]}"
-            smem_decls.append(f"__shared__ {st} {tile_of[key]}[{tile}]"
-                              f"[{self.row_pitch(key[0], tile)}];  // {key[0]}, read along "
-                              f"axis {b}")
+            smem_decls.append(Stmt(f"__shared__ {st} {tile_of[key]}[{tile}]"
+                                   f"[{self.row_pitch(key[0], tile)}];  // {key[0]}, read along "
+                                   f"axis {b}"))
         out_tile = {}
         for t in staged_writes:
             st = cuda.storage(fusion.tensors[t].dtype)
             out_tile[t] = f"so_{t}"
-            smem_decls.append(f"__shared__ {st} {out_tile[t]}[{tile}][{self.row_pitch(t, tile)}]"
-                              f";  // {t}, written along axis {b}")
+            smem_decls.append(Stmt(f"__shared__ {st} {out_tile[t]}[{tile}]"
+                                   f"[{self.row_pitch(t, tile)}];  // {t}, written along axis {b}"))
 
         # phase 1: stage the inputs read along B
         stage_loads, stage_stores = [], []
@@ -382,72 +392,75 @@ class _Tiled:
             ph = TilePhase(tile, v)
             where = address(tuple(self.unfold(c) for c in idx), tensor_strides(self.bound, t))
             reg = f"r{k}"
-            pos = [f"const int sl = {ph.slow('it')};  // along axis {a}",
-                   f"const int fa = {ph.fast()};  // along axis {b}",
-                   f"const index_t {xa} = a0 + sl;", f"const index_t {xb} = b0 + fa;"]
-            inside = f"sl < {tile} && {xa} < {self.domain[a]} && {xb} < {self.domain[b]}"
+            pos = _tile_position(ph, (xa, "a0", a), (xb, "b0", b))
+            inside = derived(f"sl < {tile} && {xa} < {self.domain[a]} && {xb} < "
+                             f"{self.domain[b]}", "sl", xa, xb)
             if v > 1:
-                stage_loads.append(f"fc_vec<{st}, {v}> {reg}[{ph.iters}];")
-                load = (f"{reg}[it] = *reinterpret_cast<const fc_vec<{st}, {v}>*>(in_{t} + "
-                        f"{where});")
-                put = ["#pragma unroll",
-                       f"for (int j = 0; j < {v}; ++j) {tile_of[key]}[fa + j][sl] = "
-                       f"{reg}[it].v[j];"]
+                stage_loads.append(Stmt(f"fc_vec<{st}, {v}> {reg}[{ph.iters}];"))
+                load = stmt(f"{reg}[it] = *reinterpret_cast<const fc_vec<{st}, {v}>*>(in_{t} + "
+                            f"{where});", where)
+                put = lines("#pragma unroll") + [
+                    stmt(f"for (int j = 0; j < {v}; ++j) {tile_of[key]}[fa + j][sl] = "
+                         f"{reg}[it].v[j];", "fa", "sl")]
                 aligned[t] = max(aligned.get(t, 1), v * d.itemsize)
             else:
-                stage_loads.append(f"{st} {reg}[{ph.iters}];")
-                load = f"{reg}[it] = in_{t}[{where}];"
-                put = [f"{tile_of[key]}[fa][sl] = {reg}[it];"]
+                stage_loads.append(Stmt(f"{st} {reg}[{ph.iters}];"))
+                load = stmt(f"{reg}[it] = in_{t}[{where}];", where)
+                put = [stmt(f"{tile_of[key]}[fa][sl] = {reg}[it];", "fa", "sl")]
             stage_loads += _tile_loop(ph.iters, pos, inside, [load], f"{t}: read along axis {b}")
-            stage_stores += _tile_loop(ph.iters, pos[:2], f"sl < {tile} && b0 + fa < "
-                                       f"{self.domain[b]} && a0 + sl < {self.domain[a]}", put,
-                                       f"{t}: into its tile")
+            stage_stores += _tile_loop(ph.iters, pos[:2],
+                                       derived(f"sl < {tile} && b0 + fa < {self.domain[b]} && "
+                                               f"a0 + sl < {self.domain[a]}", "sl", "fa", "a0",
+                                               "b0"), put, f"{t}: into its tile")
 
         # phase 2: compute along A
-        pre: list[str] = []
-        decls: list[str] = []
+        pre: list[Stmt] = []
+        decls: list[Stmt] = []
         vec_loads: dict[tuple, str] = {}
         cph = TilePhase(tile, vec)
 
-        def load(t: str, idx: Index) -> str:
+        def load(t: str, idx: Index) -> Code:
             d = fusion.tensors[t].dtype
             if (t, idx) in tile_of:
-                cell = f"{tile_of[(t, idx)]}[sl][fa + {LANE}]" if vec > 1 else \
-                    f"{tile_of[(t, idx)]}[sl][fa]"
-                return cuda.to_compute(cell, d)
+                if vec > 1:
+                    return loaded(f"{tile_of[(t, idx)]}[sl][fa + {LANE}]", d, "sl", "fa", LANE)
+                return loaded(f"{tile_of[(t, idx)]}[sl][fa]", d, "sl", "fa", simple=True)
             strides = tensor_strides(self.bound, t)
             st, ct = cuda.storage(d), cuda.compute(d)
+            where = address(idx, strides)
             if not any(uses(i, LANE) for i in idx):
-                name = em.names.fresh(f"ld_{t}")
-                decls.append(f"{ct} {name}[{cph.iters}];")
-                value = cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d)
-                pre.append(f"{name}[it] = {value};")
-                return f"{name}[it]"
+                fresh = em.names.fresh(f"ld_{t}")
+                decls.append(Stmt(f"{ct} {fresh}[{cph.iters}];"))
+                pre.append(stmt(f"{fresh}[it] = {loaded(f'in_{t}[{where}]', d)};", where))
+                return Code(f"{fresh}[it]", frozenset({fresh}), True)
             lanes = [k for k, i in enumerate(idx) if uses(i, LANE)]
             if self.whole_vector(t, idx):
                 base = tuple(at_lane_zero(i) if k == lanes[0] else i for k, i in enumerate(idx))
                 if (t, base) not in vec_loads:
                     vname = em.names.fresh(f"vec_{t}")
-                    decls.append(f"fc_vec<{st}, {vec}> {vname}[{cph.iters}];")
-                    read = vector_read(st, vec, f"in_{t} + {address(base, strides)}",
-                                       em.lane_guard(idx[lanes[0]]))
-                    pre.append(f"{vname}[it] = {read};")
+                    decls.append(Stmt(f"fc_vec<{st}, {vec}> {vname}[{cph.iters}];"))
+                    first, guard = address(base, strides), em.lane_guard(idx[lanes[0]])
+                    read = vector_read(st, vec, f"in_{t} + {first}", guard)
+                    pre.append(stmt(f"{vname}[it] = {read};", first, guard))
                     vec_loads[(t, base)] = vname
                     aligned[t] = max(aligned.get(t, 1), vec * d.itemsize)
-                return cuda.to_compute(f"{vec_loads[(t, base)]}[it].v[{LANE}]", d)
-            return em.let_load(t, cuda.to_compute(f"in_{t}[{address(idx, strides)}]", d))
+                vname = vec_loads[(t, base)]
+                return loaded(f"{vname}[it].v[{LANE}]", d, vname, LANE, simple=True)
+            return em.let_load(t, loaded(f"in_{t}[{where}]", d, where))
 
         em = Emitter(self.bound, sched.ops, set(sched.inputs), load, self.itype,
                      Names(self.recomputed), fast_math_tensors(self.bound, sched),
                      resizes=self.resizes)
-        out_decls, stores_after = [], []
+        out_decls: list[Stmt] = []
+        stores_after: list[Stmt] = []
         for t in sched.outputs:
             d = fusion.tensors[t].dtype
             idx = self.out_idx(t)
             val = em.raw(t, idx)
             if t in out_tile:
                 cell = f"{out_tile[t]}[sl][fa + {LANE}]" if vec > 1 else f"{out_tile[t]}[sl][fa]"
-                em.lines.append(f"{cell} = {cuda.to_storage(val, d)};")
+                em.lines.append(stmt(f"{cell} = {cuda.to_storage(val, d)};", "sl", "fa",
+                                     LANE if vec > 1 else None, val))
                 continue
             strides = compact_strides(self.bound, t)
             lanes = [k for k, i in enumerate(idx) if uses(i, LANE)]
@@ -456,11 +469,12 @@ class _Tiled:
                     and strides[lanes[0]] == 1
                     and all(s % vec == 0 for k, s in enumerate(strides) if k != lanes[0])):
                 st = cuda.storage(d)
-                out_decls.append(f"fc_vec<{st}, {vec}> o_{t};")
-                em.lines.append(f"o_{t}.v[{LANE}] = {cuda.to_storage(val, d)};")
+                out_decls.append(Stmt(f"fc_vec<{st}, {vec}> o_{t};"))
+                em.lines.append(stmt(f"o_{t}.v[{LANE}] = {cuda.to_storage(val, d)};", LANE, val))
                 base = tuple(xa if k == lanes[0] else i for k, i in enumerate(idx))
-                stores_after.append(f"*reinterpret_cast<fc_vec<{st}, {vec}>*>(out_{t} + "
-                                    f"{address(base, strides)}) = o_{t};")
+                where = address(base, strides)
+                stores_after.append(stmt(f"*reinterpret_cast<fc_vec<{st}, {vec}>*>(out_{t} + "
+                                         f"{where}) = o_{t};", where))
                 aligned[t] = max(aligned.get(t, 1), vec * d.itemsize)
                 continue
             guards = []
@@ -468,26 +482,29 @@ class _Tiled:
             for k, e in enumerate(self.domain):
                 if k not in covered and e > 1:
                     guards.append(Equal(self.domain_idx[k], ZERO))
-            store = f"out_{t}[{address(idx, strides)}] = {cuda.to_storage(val, d)};"
-            em.lines.append(f"if ({All(*guards)}) {store}" if guards else store)
-        cpos = [f"const int sl = {cph.slow('it')};  // along axis {b}",
-                f"const int fa = {cph.fast()};  // along axis {a}",
-                f"const index_t {xb} = b0 + sl;", f"const index_t {xa} = a0 + fa;"]
-        cinside = f"sl < {tile} && {xa} < {self.domain[a]} && {xb} < {self.domain[b]}"
-        body_lines = out_decls + lane_loop(vec, ["// per element"] + em.lines) + stores_after
+            where = address(idx, strides)
+            store = f"out_{t}[{where}] = {cuda.to_storage(val, d)};"
+            em.lines.append(stmt(f"if ({All(*guards)}) {store}" if guards else store, guards,
+                                 where, val))
+        cpos = _tile_position(cph, (xb, "b0", b), (xa, "a0", a))
+        cinside = derived(f"sl < {tile} && {xa} < {self.domain[a]} && {xb} < {self.domain[b]}",
+                          "sl", xa, xb)
+        body_lines = out_decls + lane_loop(vec, lines("// per element") + em.lines) + \
+            stores_after
         direct_loads = decls + (_tile_loop(cph.iters, cpos, cinside, pre,
                                            f"loads along axis {a}") if pre else [])
         compute = _tile_loop(cph.iters, cpos, cinside, body_lines, "compute and store")
 
         batch_axes = [k for k, e in enumerate(self.domain) if k not in (a, b) and e > 1]
         repeat = repeated_axis([str(x) for x in self.xs], self.domain, batch_axes,
-                               stage_loads + direct_loads + stage_stores + compute)
+                               [s.text for s in stage_loads + direct_loads + stage_stores +
+                                compute])
         if staged_writes != list(sched.outputs):
             repeat = None  # an output the compute phase stores needs its own tile per copy
         copies = repeat[1] if repeat else 1
 
         # phase 3: outputs along B (to every copy along a repeated axis)
-        writes: list[str] = []
+        writes: list[Stmt] = []
         for t in staged_writes:
             d = fusion.tensors[t].dtype
             st = cuda.storage(d)
@@ -498,20 +515,20 @@ class _Tiled:
                         for m in sched.axis_map[t])
             where = address(idx, compact_strides(self.bound, t))
             copy_loop = [] if repeat is None else \
-                ["#pragma unroll", f"for (int rep = 0; rep < {copies}; ++rep)"]
-            pos = [f"const int sl = {ph.slow('it')};  // along axis {a}",
-                   f"const int fa = {ph.fast()};  // along axis {b}",
-                   f"const index_t {xa} = a0 + sl;", f"const index_t {xb} = b0 + fa;"]
-            inside = f"sl < {tile} && {xa} < {self.domain[a]} && {xb} < {self.domain[b]}"
+                lines("#pragma unroll", f"for (int rep = 0; rep < {copies}; ++rep)")
+            pos = _tile_position(ph, (xa, "a0", a), (xb, "b0", b))
+            inside = derived(f"sl < {tile} && {xa} < {self.domain[a]} && {xb} < "
+                             f"{self.domain[b]}", "sl", xa, xb)
             if v > 1:
-                put = [f"fc_vec<{st}, {v}> w;", "#pragma unroll",
-                       f"for (int j = 0; j < {v}; ++j) w.v[j] = {out_tile[t]}[fa + j][sl];"
-                       ] + copy_loop + [
-                       f"*reinterpret_cast<fc_vec<{st}, {v}>*>(out_{t} + {where}) = w;"]
+                put = [Stmt(f"fc_vec<{st}, {v}> w;"), *lines("#pragma unroll"),
+                       stmt(f"for (int j = 0; j < {v}; ++j) w.v[j] = {out_tile[t]}[fa + j][sl];",
+                            "fa", "sl")] + copy_loop + [
+                       stmt(f"*reinterpret_cast<fc_vec<{st}, {v}>*>(out_{t} + {where}) = w;",
+                            where)]
                 aligned[t] = max(aligned.get(t, 1), v * d.itemsize)
             else:
-                put = [f"const {st} w = {out_tile[t]}[fa][sl];"] + copy_loop + \
-                    [f"out_{t}[{where}] = w;"]
+                put = [declare(st, "w", f"{out_tile[t]}[fa][sl]", reads=("fa", "sl"))] + \
+                    copy_loop + [stmt(f"out_{t}[{where}] = w;", where, "w")]
             writes += _tile_loop(ph.iters, pos, inside, put, f"{t}: written along axis {b}")
 
         params = tensor_params(self.bound, sched.inputs, sched.outputs, em.params)
@@ -527,49 +544,53 @@ class _Tiled:
         run = TILES_PER_BLOCK if (batch_axes and batch >= TILES_PER_BLOCK and n_tiles * copies
                                   >= MIN_RUN_BLOCKS * TILES_PER_BLOCK) else 1
         if run > 1:  # a block's tiles share their window of the batch-broadcast inputs
-            tile_pos = [f"const index_t batch = tile % {batch};",
-                        f"const index_t a0 = ((tile / {batch}) % {tiles_a}) * {tile};",
-                        f"const index_t b0 = (tile / {batch * tiles_a}) * {tile};"]
+            tile_pos = [declare("index_t", "batch", f"tile % {batch}"),
+                        declare("index_t", "a0", f"((tile / {batch}) % {tiles_a}) * {tile}"),
+                        declare("index_t", "b0", f"(tile / {batch * tiles_a}) * {tile}")]
         else:
-            tile_pos = [f"const index_t a0 = (tile % {tiles_a}) * {tile};",
-                        f"const index_t b0 = ((tile / {tiles_a}) % {tiles_b}) * {tile};"]
+            tile_pos = [declare("index_t", "a0", f"(tile % {tiles_a}) * {tile}"),
+                        declare("index_t", "b0", f"((tile / {tiles_a}) % {tiles_b}) * {tile}")]
         if batch_axes and run == 1:
-            tile_pos.append(f"const index_t batch = tile / {tiles_a * tiles_b};")
+            tile_pos.append(declare("index_t", "batch", f"tile / {tiles_a * tiles_b}"))
         if batch_axes:
             names = [self.xs[k].name + ("_copy" if repeat and k == repeat[0] else "")
                      for k in batch_axes]
-            tile_pos += decompose("batch", extents, names, "index_t")
+            tile_pos += decompose(Var("batch"), extents, names, "index_t")
             if repeat:  # the first copy's index: the loads name it only divided by ``copies``
-                tile_pos.append(f"const index_t {self.xs[repeat[0]]} = "
-                                f"{self.xs[repeat[0]]}_copy * {copies};")
+                first = self.xs[repeat[0]].name
+                tile_pos.append(declare("index_t", first, f"{first}_copy * {copies}",
+                                        reads=f"{first}_copy"))
         # every global load of the step is issued before the first barrier
         step = tile_pos
         if staged_reads:
-            step += [f"// 1. stage the inputs read along axis {b} in shared memory"] + \
-                stage_loads + direct_loads + stage_stores + ["__syncthreads();"]
-            step += [f"// 2. along axis {a}"] + compute
+            step += lines(f"// 1. stage the inputs read along axis {b} in shared memory") + \
+                stage_loads + direct_loads + stage_stores + lines("__syncthreads();")
+            step += lines(f"// 2. along axis {a}") + compute
         else:
-            step += [f"// 2. along axis {a}"] + direct_loads + compute
+            step += lines(f"// 2. along axis {a}") + direct_loads + compute
         if staged_writes:
-            step += ["__syncthreads();", f"// 3. the outputs laid out along axis {b}"] + writes
-        step.append("__syncthreads();  // the tiles are free for the next step")
-        body = [f"// segment {self.index}: pointwise over {self.domain}, tiled transpose: "
-                f"{tile} x {tile} tiles of axes ({b}, {a})"
-                + (f", each written to {copies} copies along axis {repeat[0]}" if repeat else "")
-                + ", staged: "
-                + (", ".join(dict.fromkeys(t for t, _ in staged_reads)) or "-")
-                + "; written through tiles: " + (", ".join(staged_writes) or "-"),
-                index_typedefs(self.itype),
-                signature(name, params, THREADS) + " {"]
+            step += lines("__syncthreads();", f"// 3. the outputs laid out along axis {b}") + \
+                writes
+        step += lines("__syncthreads();  // the tiles are free for the next step")
+        body = lines(f"// segment {self.index}: pointwise over {self.domain}, tiled transpose: "
+                     f"{tile} x {tile} tiles of axes ({b}, {a})"
+                     + (f", each written to {copies} copies along axis {repeat[0]}" if repeat
+                        else "")
+                     + ", staged: "
+                     + (", ".join(dict.fromkeys(t for t, _ in staged_reads)) or "-")
+                     + "; written through tiles: " + (", ".join(staged_writes) or "-"))
+        body += [index_typedefs(self.itype), Stmt(signature(name, params, THREADS) + " {")]
         body += indent(smem_decls, 2)
         if run > 1:
-            body += [f"  const index_t tile_end = ((index_t)blockIdx.x + 1) * {run} < {n_tiles} ? "
-                     f"((index_t)blockIdx.x + 1) * {run} : {n_tiles};",
-                     f"  for (index_t tile = (index_t)blockIdx.x * {run}; tile < tile_end; "
-                     "++tile) {"]
+            body += [declare("index_t", "tile_end", f"((index_t)blockIdx.x + 1) * {run} < "
+                             f"{n_tiles} ? ((index_t)blockIdx.x + 1) * {run} : {n_tiles}"
+                             ).indented(2),
+                     stmt(f"  for (index_t tile = (index_t)blockIdx.x * {run}; tile < tile_end; "
+                          "++tile) {", "tile_end")]
         else:
-            body += [f"  for (index_t tile = blockIdx.x; tile < {n_tiles}; tile += gridDim.x) {{"]
-        body += indent(step, 4) + ["  }", "}"]
+            body += lines(f"  for (index_t tile = blockIdx.x; tile < {n_tiles}; "
+                          "tile += gridDim.x) {")
+        body += indent(step, 4) + lines("  }", "}")
         blocks = covering_grid(-(-n_tiles // run), 1, self.itype)
         kernel = Kernel(name, params, (blocks, 1, 1), (THREADS, 1, 1))
         notes = {"scheme": "transpose", "tile": tile, "tile_axes": (b, a), "vector": vec,
@@ -598,9 +619,23 @@ def repeated_axis(xs: list[str], domain: list[int], batch_axes: list[int], lines
     return None
 
 
-def _tile_loop(iters: int, pos: list[str], inside: str, lines: list[str], what: str) -> list[str]:
-    return ["#pragma unroll", f"for (int it = 0; it < {iters}; ++it) {{  // {what}"] + \
-        indent(pos, 2) + [f"  if ({inside}) {{"] + indent(lines, 4) + ["  }", "}"]
+def _tile_loop(iters: int, pos: list[Stmt], inside: Code, body: list[Stmt], what: str
+               ) -> list[Stmt]:
+    return lines("#pragma unroll", f"for (int it = 0; it < {iters}; ++it) {{  // {what}") + \
+        indent(pos, 2) + [stmt(f"  if ({inside}) {{", inside)] + indent(body, 4) + \
+        lines("  }", "}")
+
+
+def _tile_position(ph: TilePhase, slow: tuple[Var, str, int], fast: tuple[Var, str, int]
+                   ) -> list[Stmt]:
+    """A thread's position in a phase: ``sl`` along the tile's slow axis and ``fa`` along its
+    fast one, and the domain indices there; ``slow`` and ``fast``: (the axis's index, the
+    tile's start on it, the axis)."""
+    (xs, s0, s_axis), (xf, f0, f_axis) = slow, fast
+    return [declare("int", "sl", ph.slow("it"), f"along axis {s_axis}"),
+            declare("int", "fa", ph.fast(), f"along axis {f_axis}"),
+            declare("index_t", xs.name, f"{s0} + sl", reads=(s0, "sl")),
+            declare("index_t", xf.name, f"{f0} + fa", reads=(f0, "fa"))]
 
 
 def generate_transpose(bound: Bound, schedule: Schedule, profile: DeviceProfile, index: int,
