@@ -212,6 +212,7 @@ from fusecut import load
 from fusecut.optimizer.ir.inputs import scale_metas
 from fusecut.optimizer.planner import make_plan
 from fusecut.runtime.tensors import make_input
+from fusecut.service.processes.results import ExecutionResult
 from fusecut.service.processes.worker import Job, _Runner
 from fusecut.service.app import create_app
 from fusecut.service.settings import Settings
@@ -222,7 +223,7 @@ runner = _Runner()
 runner.plans[plan.plan_id] = plan
 answer = runner.execute(Job(plan.plan_id, {"T0": make_input(metas[0])}), None)
 create_app(Settings(db_path=":memory:", worker=False))
-print(answer["ok"], answer["backend"])
+print(isinstance(answer, ExecutionResult), answer.backend)
 """
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)

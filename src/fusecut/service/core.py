@@ -25,20 +25,15 @@ from fusecut.service import metrics
 from fusecut.service.admission import Gate
 from fusecut.service.cache.store import PlanStore, StoredPlan, read_plan
 from fusecut.service.planning import Planned, Refusal, plan_body, plan_for_tensors, refusing
-from fusecut.service.problems import Problem
+from fusecut.service.problems import Problem, execution_problem
 from fusecut.service.processes.planners import (
     JobCancelled,
     PlannerCrashed,
     PlannerFailed,
     PlannerPool,
 )
-from fusecut.service.processes.worker import (
-    Job,
-    PlanSource,
-    WorkerCrashed,
-    WorkerTimeout,
-    WorkerUnavailable,
-)
+from fusecut.service.processes.results import ExecutionFailure, ExecutionResult, FailureKind
+from fusecut.service.processes.worker import Job, PlanSource
 from fusecut.service.processes.worker_pool import WorkerPool, parse_gpus
 from fusecut.service.settings import Settings
 from fusecut.service.singleflight import SingleFlight
@@ -46,10 +41,8 @@ from fusecut.service.singleflight import SingleFlight
 log = logging.getLogger("fusecut.service")
 KNOWN_EXECUTIONS = 4096  # execution requests remembered with the plan that serves them
 Disconnected = Callable[[], Awaitable[bool]]  # whether a request's client has gone
-
-
-class UnknownPlan(LookupError):
-    pass
+# failures after which the worker that ran the execution was restarted
+RESTARTED = (FailureKind.WORKER_CRASHED, FailureKind.WORKER_TIMED_OUT)
 
 
 class Service:
@@ -215,51 +208,33 @@ class Service:
             raise Problem(413, "tensors too large", f"the inputs hold {total} bytes; the limit "
                                                     f"is {self.settings.max_tensor_bytes}")
 
-    def plan_source(self, plan_id: str) -> PlanSource:
-        """The texts a worker rebuilds plan ``plan_id`` from (read in a worker's thread)."""
+    def plan_source(self, plan_id: str) -> PlanSource | None:
+        """The texts a worker rebuilds plan ``plan_id`` from (read in a worker's thread); None
+        if no plan has that id."""
         found = read_plan(self.settings.cache_location, plan_id)
         if found is not None:
             return found
         request, stored = self.store.request(plan_id), self.store.get(plan_id)  # ":memory:"
         if request is None or stored is None:
-            raise UnknownPlan(plan_id)
+            return None
         return json.dumps(request), stored.body.decode()
 
     async def execute(self, plan_id: str, tensors: dict[str, torch.Tensor], wire: str,
-                      client: str = "") -> dict[str, Any]:
-        """Run plan ``plan_id`` on a worker: named outputs, backend, per-segment timings."""
+                      client: str = "") -> ExecutionResult:
+        """Run plan ``plan_id`` on a worker: named outputs, backend, per-segment timings. A
+        failure is raised as its Problem (service.problems.EXECUTION_FAILURES)."""
         s = self.settings
         job = Job(plan_id, tensors, wire, s.max_output_bytes, s.max_intermediate_bytes)
         async with self.exec_gate.slot(client):
-            try:  # the least-loaded worker, one holding the plan among equals
-                response = await self.worker.execute(job, lambda: self.plan_source(plan_id),
-                                                     s.execute_timeout_s)
-            except UnknownPlan:
-                raise Problem(404, "unknown plan", f"no plan has id {plan_id!r}") from None
-            except WorkerCrashed as e:
+            # the least-loaded worker, one holding the plan among equals
+            answer = await self.worker.execute(job, lambda: self.plan_source(plan_id),
+                                               s.execute_timeout_s)
+        if isinstance(answer, ExecutionFailure):
+            if answer.kind in RESTARTED:
                 metrics.WORKER_RESTARTS.inc()
-                raise Problem(503, "worker crashed", str(e), headers={"Retry-After": "2"}
-                              ) from None
-            except WorkerTimeout as e:
-                metrics.WORKER_RESTARTS.inc()
-                raise Problem(504, "execution timed out", str(e)) from None
-            except WorkerUnavailable as e:
-                raise Problem(503, "worker unavailable", str(e), headers={"Retry-After": "2"}
-                              ) from None
-        if not response["ok"]:
-            kind = response["kind"]
-            if kind == "ResultTooLarge":
-                raise Problem(413, "result too large", response["message"])
-            if kind in ("DefinitionError", "InputError", "PlanError"):
-                raise Problem(422, "inputs do not match" if kind == "InputError" else
-                              "cannot execute", response["message"])
-            log.error("execution of plan %s failed: %s: %s", plan_id, kind,
-                              response["message"])
-            raise Problem(500, "execution failed", f"the execution failed on an unexpected "
-                                                   f"error ({kind}; the service's log has the "
-                                                   f"details)")
-        metrics.record_execution(response)
-        return response
+            raise execution_problem(answer, plan_id)
+        metrics.record_execution(answer)
+        return answer
 
 
 def describe(name: str, value: torch.Tensor) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -21,6 +22,9 @@ from prometheus_client import (
     multiprocess,
 )
 from starlette.routing import Match, Mount
+
+if TYPE_CHECKING:
+    from fusecut.service.processes.results import ExecutionResult
 
 disable_created_metrics()  # the *_created series add nothing a dashboard uses
 
@@ -173,17 +177,17 @@ def record_devices(worker) -> None:
         DEVICE_UP.labels(slot["device"]).set(1 if slot["up"] else 0)
 
 
-def record_execution(response: dict) -> None:
-    backend = response["backend"]
-    seconds = sum(t["seconds"] for t in response["timings"])
-    if "device" in response:
-        DEVICE_EXECUTIONS.labels(response["device"]).inc()
-        DEVICE_SECONDS.labels(response["device"]).inc(seconds)
-    moved = sum(t["bytes"] for t in response["timings"])
+def record_execution(result: ExecutionResult) -> None:
+    backend = result.backend
+    seconds = sum(t["seconds"] for t in result.timings)
+    if result.device is not None:
+        DEVICE_EXECUTIONS.labels(result.device).inc()
+        DEVICE_SECONDS.labels(result.device).inc(seconds)
+    moved = sum(t["bytes"] for t in result.timings)
     EXECUTE_SECONDS.labels(backend).observe(seconds)
     EXECUTE_BYTES.labels(backend).inc(moved)
     if seconds > 0:
         BANDWIDTH.labels(backend).observe(moved / seconds)
-    COMPILES.inc(response.get("compiles", 0))
-    COMPILE_SECONDS.inc(response.get("compile_seconds", 0.0))
-    COMPILE_CACHE_HITS.inc(response.get("cache_hits", 0))
+    COMPILES.inc(result.compiles)
+    COMPILE_SECONDS.inc(result.compile_seconds)
+    COMPILE_CACHE_HITS.inc(result.cache_hits)

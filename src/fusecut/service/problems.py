@@ -1,7 +1,9 @@
 """Errors as problem+json (RFC 9457): every failure the service answers names what was wrong.
 
 ``Problem`` is raised by the routes; ``install`` maps it, fusecut's own errors and request
-validation errors to problem+json responses. ``RequestIds`` gives every request an id (the
+validation errors to problem+json responses. ``EXECUTION_FAILURES`` is the one table of how each
+kind of failed execution is answered (whichever worker ran it: inline, in a worker process, or
+on a Ray executor replica). ``RequestIds`` gives every request an id (the
 ``X-Request-Id`` header) and turns anything unexpected into a problem+json 500 carrying it, with the
 connection kept. ``BodyLimit`` refuses a body over the size limit before it is read whole.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from fusecut.optimizer.errors import DefinitionError, FusecutError, InputError, PlanError
+from fusecut.service.processes.results import ExecutionFailure, FailureKind
 
 log = logging.getLogger("fusecut.service")
 PROBLEM = "application/problem+json"
@@ -44,6 +48,48 @@ def problem_response(status: int, title: str, detail: str, instance: str | None 
         body["instance"] = instance
     body.update(extra)
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+@dataclass(frozen=True)
+class FailureResponse:
+    """How a kind of failure is answered: its status and title; how soon to retry (a
+    ``Retry-After`` header); and, where the failure's message is for the log only (it may hold
+    internals), the detail the client is told instead."""
+
+    status: int
+    title: str
+    retry_after_s: int | None = None
+    detail: str | None = None
+
+
+EXECUTION_FAILURES: dict[FailureKind, FailureResponse] = {
+    FailureKind.INVALID_DEFINITION: FailureResponse(422, "cannot execute"),
+    FailureKind.INPUTS_MISMATCH: FailureResponse(422, "inputs do not match"),
+    FailureKind.CANNOT_EXECUTE: FailureResponse(422, "cannot execute"),
+    FailureKind.RESULT_TOO_LARGE: FailureResponse(413, "result too large"),
+    FailureKind.UNKNOWN_PLAN: FailureResponse(404, "unknown plan"),
+    FailureKind.WORKER_CRASHED: FailureResponse(503, "worker crashed", retry_after_s=2),
+    FailureKind.WORKER_TIMED_OUT: FailureResponse(504, "execution timed out"),
+    FailureKind.WORKER_UNAVAILABLE: FailureResponse(503, "worker unavailable", retry_after_s=2),
+    FailureKind.EXECUTOR_BUSY: FailureResponse(503, "busy", retry_after_s=1),
+    # ("InternalError": this kind's name in the answers before, kept in the detail clients see)
+    FailureKind.INTERNAL: FailureResponse(500, "execution failed", detail=(
+        "the execution failed on an unexpected error (InternalError; the service's log has "
+        "the details)")),
+}
+
+
+def execution_problem(failure: ExecutionFailure, plan_id: str) -> Problem:
+    """The answer to an execution of plan ``plan_id`` that failed (a bug's message is
+    logged)."""
+    response = EXECUTION_FAILURES[failure.kind]
+    if response.detail is not None:
+        log.error("execution of plan %s failed: %s: %s", plan_id, failure.kind.value,
+                  failure.message)
+    headers = None if response.retry_after_s is None else {
+        "Retry-After": str(response.retry_after_s)}
+    return Problem(response.status, response.title, response.detail or failure.message,
+                   headers=headers)
 
 
 def validation_problem(errors: list[dict[str, Any]]) -> Problem:

@@ -17,16 +17,15 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable
 from typing import Any
 
-from fusecut.service.processes.worker import (
-    Job,
-    PlanSource,
-    WorkerCrashed,
-    WorkerTimeout,
-    WorkerUnavailable,
+from fusecut.service.processes.results import (
+    ExecutionFailure,
+    FailureKind,
+    Outcome,
+    unknown_plan,
 )
+from fusecut.service.processes.worker import Job, PlanSource, SourceOf
 from fusecut.service.processes.worker_pool import WorkerPool, parse_gpus
 
 APP_NAME = "fusecut"
@@ -53,22 +52,16 @@ class Executor:
         self.pool.start()
         self.pool.wait_ready(300)
 
-    async def execute(self, job: Job, source: PlanSource, timeout: float) -> tuple:
-        """("ok", response), or (error kind, message, retry after): exceptions are turned into
-        values so that the planner replica raises its own (Ray would wrap them)."""
+    async def execute(self, job: Job, source: PlanSource, timeout: float) -> Outcome:
+        """The pool's answer, as ``fusecut serve``'s worker gives it: failures are values, so
+        they reach the planner replica as they are (Ray would wrap an exception)."""
         from fusecut.service.problems import Problem
 
         try:
             async with self.gate.slot(""):
-                return ("ok", await self.pool.execute(job, lambda: source, timeout))
-        except Problem as e:  # the gate's 503
-            return ("busy", e.detail, int((e.headers or {}).get("Retry-After", 1)))
-        except WorkerCrashed as e:
-            return ("crashed", str(e), 0)
-        except WorkerTimeout as e:
-            return ("timeout", str(e), 0)
-        except WorkerUnavailable as e:
-            return ("unavailable", str(e), 0)
+                return await self.pool.execute(job, lambda: source, timeout)
+        except Problem as e:  # the gate's 503: this replica's queue is full
+            return ExecutionFailure(FailureKind.EXECUTOR_BUSY, e.detail)
 
     def status(self) -> dict[str, Any]:
         p = self.pool
@@ -84,9 +77,6 @@ class Executor:
 class RemoteWorker:
     """What runs executions for a planner replica: the Executor deployment, through its
     handle. It has the interface of a WorkerPool (service.core.Service.worker)."""
-
-    ERRORS = {"crashed": WorkerCrashed, "timeout": WorkerTimeout,
-              "unavailable": WorkerUnavailable}
 
     def __init__(self, handle, size: int):
         self.handle = handle
@@ -122,18 +112,12 @@ class RemoteWorker:
     def __len__(self) -> int:
         return self.size
 
-    async def execute(self, job: Job, source: Callable[[], PlanSource], timeout: float
-                      ) -> dict[str, Any]:
+    async def execute(self, job: Job, source: SourceOf, timeout: float) -> Outcome:
         # the plan's texts travel with every job: the executor's workers may not hold it
         texts = await asyncio.to_thread(source)
-        result = await self.handle.execute.remote(job, texts, timeout)
-        if result[0] == "ok":
-            return result[1]
-        if result[0] == "busy":
-            from fusecut.service.problems import Problem
-
-            raise Problem(503, "busy", result[1], headers={"Retry-After": str(result[2])})
-        raise self.ERRORS[result[0]](result[1])
+        if texts is None:
+            return unknown_plan(job.plan_id)
+        return await self.handle.execute.remote(job, texts, timeout)
 
 
 class BytesBodies:

@@ -1,8 +1,9 @@
 """The GPU worker: a separate process that owns the CUDA context and runs executions.
 
-The service sends it a plan and tensors over a pipe and waits, with a timeout. If a kernel (or
-anything else) kills the process, the request in flight fails with ``WorkerCrashed``, a new
-worker starts, and the service keeps serving. Without a GPU the worker runs the CPU path (the
+The service sends it a plan and tensors over a pipe and waits, with a timeout; the worker
+answers with a value of service.processes.results (a result, or a failure of a known kind). If a
+kernel (or anything else) kills the process, the request in flight fails as ``WORKER_CRASHED``, a
+new worker starts, and the service keeps serving. Without a GPU the worker runs the CPU path (the
 torch reference). ``Worker(process=False)`` runs executions in the service's own process.
 """
 
@@ -17,23 +18,22 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
 from fusecut.service.processes.children import become_child, reap, start_child
-
-
-class WorkerCrashed(RuntimeError):
-    """The worker process died while running a request."""
-
-
-class WorkerTimeout(RuntimeError):
-    """The worker did not answer within the request's timeout (it was restarted)."""
-
-
-class WorkerUnavailable(RuntimeError):
-    """No worker is running (it is starting, or failed to start)."""
+from fusecut.service.processes.results import (
+    ExecutionFailure,
+    ExecutionResult,
+    FailureKind,
+    Outcome,
+    PlanNeeded,
+    WorkerFailedToStart,
+    WorkerStarted,
+    refusal,
+    unknown_plan,
+)
 
 
 def _describe_device() -> str:
@@ -60,6 +60,18 @@ class Job:
 # solving. Texts, not a Plan object: pickling a 20,000-op plan held the service's GIL for a
 # second.
 PlanSource = tuple[str, str]
+# Where a worker gets them: called (in a worker's thread of the service) only when the worker
+# does not hold the plan; None when no plan has the id.
+SourceOf = Callable[[], PlanSource | None]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the service sends the worker process: a job, and the plan's texts unless the
+    worker was sent them before."""
+
+    job: Job
+    source: PlanSource | None
 
 
 def restore_stored(source: PlanSource):
@@ -81,7 +93,7 @@ class _Runner:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.plans: OrderedDict[str, Any] = OrderedDict()
 
-    def execute(self, job: Job, source: PlanSource | None) -> dict[str, Any]:
+    def execute(self, job: Job, source: PlanSource | None) -> Outcome | PlanNeeded:
         import fusecut.runtime.compile as rc
         from fusecut.optimizer.errors import FusecutError
         from fusecut.runtime.run import run_plan
@@ -92,7 +104,7 @@ class _Runner:
             plan = self.plans.get(job.plan_id)
             if plan is None:
                 if source is None:
-                    return {"ok": False, "kind": "MissingPlan", "message": job.plan_id}
+                    return PlanNeeded(job.plan_id)
                 plan = self.plans[job.plan_id] = restore_stored(source)
                 while len(self.plans) > 64:
                     self.plans.popitem(last=False)
@@ -107,12 +119,12 @@ class _Runner:
             result = run_plan(plan, args, timed=True)
             outputs = [(name, t.cpu()) for name, t in zip(plan.fusion.outputs, result.outputs)]
         except FusecutError as e:
-            return {"ok": False, "kind": type(e).__name__, "message": str(e)}
-        return {"ok": True, "plan_id": job.plan_id, "outputs": outputs,
-                "backend": result.backend, "timings": [t.__dict__ for t in result.timings],
-                "compiles": rc.STATS.compiles - before[0],
-                "compile_seconds": rc.STATS.seconds - before[1],
-                "cache_hits": rc.STATS.memory_hits + rc.STATS.disk_hits - before[2]}
+            return refusal(e)
+        return ExecutionResult(job.plan_id, outputs, result.backend,
+                               [asdict(t) for t in result.timings],
+                               compiles=rc.STATS.compiles - before[0],
+                               compile_seconds=rc.STATS.seconds - before[1],
+                               cache_hits=rc.STATS.memory_hits + rc.STATS.disk_hits - before[2])
 
 
 # Plain pickle, not multiprocessing's (which would share tensors through fds). Every CPU tensor
@@ -162,24 +174,24 @@ def _recv(conn: Connection) -> Any:
 def _main(conn: Connection) -> None:  # the worker process
     try:
         runner = _Runner()
-        _send(conn, {"ready": True, "device": _describe_device()})
+        _send(conn, WorkerStarted(_describe_device()))
     except Exception as e:  # report, then exit: the service restarts us
-        _send(conn, {"ready": False, "error": repr(e)})
+        _send(conn, WorkerFailedToStart(repr(e)))
         return
     while True:
         try:
-            request = _recv(conn)
+            request: Request = _recv(conn)
         except (EOFError, OSError):
             return
         except Exception as e:  # a message this process cannot decode: say so, keep serving
-            _send(conn, {"ok": False, "kind": "InternalError",
-                         "message": f"the worker could not decode the request: {e!r}"})
+            _send(conn, ExecutionFailure(FailureKind.INTERNAL,
+                                         f"the worker could not decode the request: {e!r}"))
             continue
         try:
-            response = runner.execute(request["job"], request["source"])
+            answer = runner.execute(request.job, request.source)
         except Exception as e:  # a bug in fusecut: report it, keep serving
-            response = {"ok": False, "kind": "InternalError", "message": repr(e)}
-        _send(conn, response)
+            answer = ExecutionFailure(FailureKind.INTERNAL, repr(e))
+        _send(conn, answer)
 
 
 class Worker:
@@ -219,18 +231,18 @@ class Worker:
 
     def _spawn(self) -> None:
         proc, conn = start_child("fusecut.service.processes.worker", self.env)
-        hello: dict[str, Any] = {"ready": False, "error": "no answer"}
+        hello: WorkerStarted | WorkerFailedToStart = WorkerFailedToStart("no answer")
         if conn.poll(self.start_timeout):
             try:
                 hello = _recv(conn)
             except (EOFError, OSError):
-                hello = {"ready": False, "error": f"exited with code {proc.wait()}"}
-        if not hello.get("ready"):
+                hello = WorkerFailedToStart(f"exited with code {proc.wait()}")
+        if not isinstance(hello, WorkerStarted):
             reap(proc, conn)
-            self.device = f"failed to start: {hello.get('error')}"
+            self.device = f"failed to start: {hello.error}"
             return
         self._proc, self._conn, self._known = proc, conn, set()
-        self.device = hello["device"]
+        self.device = hello.device
 
     def wait_ready(self, timeout: float) -> bool:
         self._settled.wait(timeout)
@@ -266,25 +278,27 @@ class Worker:
 
     # ---- requests -----------------------------------------------------------------------------
 
-    def execute(self, job: Job, source: Callable[[], PlanSource], timeout: float
-                ) -> dict[str, Any]:
-        """Run ``job``: the worker's response (``ok``, named outputs, timings...). ``source``
-        gives the plan when this worker does not hold it."""
+    def execute(self, job: Job, source: SourceOf, timeout: float) -> Outcome:
+        """Run ``job``: its result, or why it failed. ``source`` gives the plan when this worker
+        does not hold it."""
         with self._lock:
             if not self.wait_ready(self.start_timeout):
                 if self._settled.is_set():  # it failed to start, or died idle: try again
                     self.restart()
-                raise WorkerUnavailable(f"the worker is not running ({self.device})")
-            if not self.process:
-                response = self._inline.execute(job, None)
-                if response.get("kind") == "MissingPlan":
-                    response = self._inline.execute(job, source())
-                return response
-            known = job.plan_id in self._known
-            response = self._call(job, None if known else source(), timeout)
-            if response.get("kind") == "MissingPlan":  # the worker forgot it: send it again
-                response = self._call(job, source(), timeout)
-            return response
+                return ExecutionFailure(FailureKind.WORKER_UNAVAILABLE,
+                                        f"the worker is not running ({self.device})")
+            # inline, the runner is asked first: it keeps the plans it was given
+            known = not self.process or job.plan_id in self._known
+            answer = self._call(job, None, timeout) if known else PlanNeeded(job.plan_id)
+            if isinstance(answer, PlanNeeded):  # never sent, or the worker forgot it
+                texts = source()
+                if texts is None:
+                    return unknown_plan(job.plan_id)
+                answer = self._call(job, texts, timeout)
+            if isinstance(answer, PlanNeeded):  # asked again for the plan just sent: a bug
+                return ExecutionFailure(FailureKind.INTERNAL, f"the worker lost plan "
+                                                              f"{job.plan_id} as it was sent")
+            return answer
 
     def knows(self, plan_id: str) -> bool:
         """Whether this worker was sent the plan (and so likely holds it)."""
@@ -294,9 +308,12 @@ class Worker:
     def busy(self) -> bool:
         return self._lock.locked()
 
-    def _call(self, job: Job, source: PlanSource | None, timeout: float) -> dict[str, Any]:
+    def _call(self, job: Job, source: PlanSource | None, timeout: float
+              ) -> Outcome | PlanNeeded:
+        if not self.process:
+            return self._inline.execute(job, source)
         try:
-            _send(self._conn, {"job": job, "source": source})
+            _send(self._conn, Request(job, source))
             self._known.add(job.plan_id)
             deadline = time.monotonic() + timeout
             while not self._conn.poll(0.05):
@@ -304,14 +321,16 @@ class Worker:
                     raise EOFError
                 if time.monotonic() > deadline:
                     self.restart()
-                    raise WorkerTimeout(f"the execution took longer than {timeout:g} s; the "
-                                        f"worker was restarted")
+                    return ExecutionFailure(FailureKind.WORKER_TIMED_OUT,
+                                            f"the execution took longer than {timeout:g} s; "
+                                            f"the worker was restarted")
             return _recv(self._conn)
         except (EOFError, OSError):
             code = self._proc.poll() if self._proc is not None else None
             self.restart()
-            raise WorkerCrashed(f"the GPU worker died while running this request (exit code "
-                                f"{code}); it is restarting") from None
+            return ExecutionFailure(FailureKind.WORKER_CRASHED,
+                                    f"the GPU worker died while running this request (exit "
+                                    f"code {code}); it is restarting")
 
 
 if __name__ == "__main__":

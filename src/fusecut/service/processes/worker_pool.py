@@ -18,11 +18,16 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from fusecut.service.processes.worker import Job, PlanSource, Worker, WorkerUnavailable
+from fusecut.service.processes.results import (
+    ExecutionFailure,
+    ExecutionResult,
+    FailureKind,
+    Outcome,
+)
+from fusecut.service.processes.worker import Job, SourceOf, Worker
 
 
 @dataclass
@@ -163,10 +168,9 @@ class WorkerPool:
             self._next = (self.slots.index(slot) + 1) % n
             return slot
 
-    async def execute(self, job: Job, source: Callable[[], PlanSource], timeout: float
-                      ) -> dict[str, Any]:
-        """``Worker.execute`` on the least-loaded worker: its response, with ``device`` (the
-        slot's name) added. Raises the worker's errors."""
+    async def execute(self, job: Job, source: SourceOf, timeout: float) -> Outcome:
+        """``Worker.execute`` on the least-loaded worker: its answer, a result naming the slot
+        that ran it (``device``)."""
         for _ in range(len(self.slots)):
             slot = self._choose(job.plan_id)
             try:
@@ -176,17 +180,19 @@ class WorkerPool:
                     if not slot.worker.ready and any(s.worker.ready for s in self.slots):
                         continue  # it died while this waited: go to one that runs
                     start = time.perf_counter()
-                    response = await asyncio.to_thread(slot.worker.execute, job, source,
-                                                       timeout)
+                    answer = await asyncio.to_thread(slot.worker.execute, job, source,
+                                                     timeout)
                     spent = time.perf_counter() - start
                     break
             finally:
                 with self._lock:
                     slot.pending -= 1
         else:
-            raise WorkerUnavailable("no worker is running; they are restarting")
+            return ExecutionFailure(FailureKind.WORKER_UNAVAILABLE,
+                                    "no worker is running; they are restarting")
         with self._lock:
             slot.executions += 1
             slot.busy_s += spent
-        response["device"] = slot.name
-        return response
+        if isinstance(answer, ExecutionResult):
+            answer = replace(answer, device=slot.name)
+        return answer

@@ -78,10 +78,10 @@ async def execute_json(request: Request, service: Service) -> Response:
                             body.plan_id, body.options_json, tensors)
     result = await service.execute(plan_id, tensors, "json", client)
     outputs = await run_in_threadpool(lambda: [
-        (name, to_array(t), NAMES[t.dtype]) for name, t in result["outputs"]])
+        (name, to_array(t), NAMES[t.dtype]) for name, t in result.outputs])
     values = sum(v.size for _, v, _ in outputs)
-    content = await service.off_loop(encode_execute, plan_id, result["backend"], outputs,
-                                     result["timings"], client=client,
+    content = await service.off_loop(encode_execute, plan_id, result.backend, outputs,
+                                     result.timings, client=client,
                                      in_process=values > INLINE_VALUES)
     return Response(content, media_type=JSON)
 
@@ -114,10 +114,10 @@ async def execute_safetensors(request: Request, service: Service, content_type: 
     plan_id = await resolve(request, service, definition, plan_id, options.model_dump_json(),
                             tensors)
     result = await service.execute(plan_id, tensors, "safetensors", client)
-    content = await run_in_threadpool(safetensors.dump, dict(result["outputs"]))  # a view, no copy
+    content = await run_in_threadpool(safetensors.dump, dict(result.outputs))  # a view, no copy
     return Response(content, media_type=SAFETENSORS,
-                    headers={"X-Fusecut-Plan-Id": plan_id, "X-Fusecut-Backend": result["backend"],
-                             "X-Fusecut-Segments": json.dumps(result["timings"])})
+                    headers={"X-Fusecut-Plan-Id": plan_id, "X-Fusecut-Backend": result.backend,
+                             "X-Fusecut-Segments": json.dumps(result.timings)})
 
 
 async def resolve(request: Request, service: Service, definition: str | None,

@@ -1,0 +1,179 @@
+"""Every way an execution can fail has one answer (service.problems.EXECUTION_FAILURES), and the
+client gets it whichever worker ran the execution: a worker of the service's own, or a Ray
+executor replica behind a planner replica.
+
+The real workers' failures are run elsewhere against the real ``fusecut serve``: inputs that do
+not match (test_dtypes, test_service), results over the limits (test_limits), an unknown plan
+(test_service), a worker killed mid-request (test_service); a timeout is run here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+
+import httpx
+import pytest
+import torch
+
+from fusecut.optimizer.errors import DefinitionError, FusecutError, InputError, PlanError
+from fusecut.service.admission import Gate
+from fusecut.service.app import create_app
+from fusecut.service.problems import EXECUTION_FAILURES
+from fusecut.service.processes.limits import ResultTooLarge
+from fusecut.service.processes.results import ExecutionFailure, FailureKind, refusal
+from fusecut.service.ray_serve import Executor, RemoteWorker
+from fusecut.service.settings import Settings
+from fusecut.wire.tensors import dump_safetensors
+from tests.server import Server, ThreadServer
+from tests.service.test_service import assert_problem
+from tests.service.workloads import NEG, heavy_request
+
+PLAN_ID = "0" * 32  # a worker that fails answers before it looks for the plan
+SAFETENSORS = {"content-type": "application/octet-stream"}
+
+
+def test_every_failure_kind_has_one_answer():
+    assert set(EXECUTION_FAILURES) == set(FailureKind)
+    for kind, answered in EXECUTION_FAILURES.items():
+        assert 400 <= answered.status < 600 and answered.title, kind
+        if answered.retry_after_s is not None:  # "come back later": a 503
+            assert answered.status == 503, kind
+    # only a bug's message stays in the log: it may hold internals
+    assert [k for k, a in EXECUTION_FAILURES.items() if a.detail] == [FailureKind.INTERNAL]
+
+
+def test_fusecut_errors_are_refusals_of_their_kind():
+    assert refusal(InputError("T0 is float64")) == ExecutionFailure(
+        FailureKind.INPUTS_MISMATCH, "T0 is float64")
+    assert refusal(ResultTooLarge("T2: 1 GiB")).kind is FailureKind.RESULT_TOO_LARGE
+    assert refusal(DefinitionError("no such op")).kind is FailureKind.INVALID_DEFINITION
+    assert refusal(PlanError("cannot")).kind is FailureKind.CANNOT_EXECUTE
+    unexpected = refusal(FusecutError("what"))
+    assert unexpected.kind is FailureKind.INTERNAL and "FusecutError" in unexpected.message
+
+
+class FailingWorker:
+    """A worker (what service.core.Service runs executions on) whose every execution fails as
+    ``kind``, the value a worker answers with."""
+
+    ready, device, pid, restarts = True, "cpu", None, 0
+
+    def __init__(self):
+        self.kind = FailureKind.INTERNAL
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def snapshot(self) -> list:
+        return []
+
+    def __len__(self) -> int:
+        return 1
+
+    async def execute(self, job, source, timeout) -> ExecutionFailure:
+        return ExecutionFailure(self.kind, f"it failed as {self.kind.value}")
+
+
+@pytest.fixture(scope="module")
+def failing(tmp_path_factory):
+    """(a served app whose executions fail as its worker's ``kind``, that worker)."""
+    worker = FailingWorker()
+    app = create_app(Settings(db_path=str(tmp_path_factory.mktemp("failing") / "p.sqlite")),
+                     worker=worker)
+    with ThreadServer(app) as server:
+        yield server, worker
+
+
+@pytest.mark.parametrize("kind", list(FailureKind))
+def test_each_failure_reaches_the_client_with_its_status(failing, kind):
+    server, worker = failing
+    worker.kind = kind
+    response = httpx.post(f"{server.url}/v1/plans/{PLAN_ID}/execute", headers=SAFETENSORS,
+                          content=dump_safetensors({"T0": torch.ones(4)}), timeout=60)
+    answered = EXECUTION_FAILURES[kind]
+    body = assert_problem(response, answered.status)
+    assert body["title"] == answered.title
+    assert body["detail"] == (answered.detail or f"it failed as {kind.value}")
+    assert response.headers.get("retry-after") == (
+        None if answered.retry_after_s is None else str(answered.retry_after_s))
+
+
+class SerializingHandle:
+    """A stand-in for Ray Serve's handle on the Executor deployment: its calls reach an
+    Executor in this process, their arguments and answers pickled as Ray pickles them."""
+
+    def __init__(self, executor: Executor):
+        self.execute = self.Method(executor.execute)
+        self.status = self.Method(executor.status)
+
+    class Method:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def remote(self, *args):
+            args = pickle.loads(pickle.dumps(args))
+            if asyncio.iscoroutinefunction(self.fn):
+                async def call():
+                    return pickle.loads(pickle.dumps(await self.fn(*args)))
+                return call()
+            return DeploymentResponse(pickle.loads(pickle.dumps(self.fn(*args))))
+
+
+class DeploymentResponse:
+    """What ``handle.method.remote()`` gives a synchronous caller: ``.result()``."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self, timeout_s: float | None = None):
+        return self.value
+
+
+def test_a_ray_executors_failures_reach_the_client_with_their_status(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSECUT_WORKER", "0")  # the executor's worker runs in this process
+    monkeypatch.setenv("FUSECUT_WORKERS_PER_DEVICE", "1")
+    executor = Executor({})
+    app = create_app(Settings(db_path=str(tmp_path / "p.sqlite")),
+                     worker=RemoteWorker(SerializingHandle(executor), 1))
+    try:
+        with ThreadServer(app) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+            x = torch.arange(4.0)
+            ran = http.post("/v1/execute", files={"tensors": ("t", dump_safetensors({"T0": x}))},
+                            data={"definition": NEG})
+            assert ran.status_code == 200, ran.text
+            plan_id = ran.headers["x-fusecut-plan-id"]
+            assert_problem(http.post(f"/v1/plans/{'e' * 32}/execute", headers=SAFETENSORS,
+                                     content=dump_safetensors({"T0": x})), 404, "e" * 32)
+            mismatch = http.post(f"/v1/plans/{plan_id}/execute", headers=SAFETENSORS,
+                                 content=dump_safetensors({"T0": x.double()}))
+            assert assert_problem(mismatch, 422, "T0", "float64")["title"] == \
+                "inputs do not match"
+    finally:
+        executor.pool.stop()
+
+
+def test_a_full_ray_executor_answers_busy():
+    executor = Executor.__new__(Executor)  # no pool: the gate refuses before it is used
+    executor.gate = Gate("execution", 1, 0, 0.1)
+
+    async def while_its_slot_is_held():
+        async with executor.gate.slot(""):
+            return await executor.execute(None, ("", ""), 1.0)
+
+    failure = asyncio.run(while_its_slot_is_held())
+    assert failure.kind is FailureKind.EXECUTOR_BUSY and "waiting" in failure.message
+
+
+def test_an_execution_past_its_timeout_is_a_504_and_the_worker_restarts(tmp_path):
+    with Server(tmp_path / "plans.sqlite", execute_timeout_s=0.3) as server:
+        before = httpx.get(f"{server.url}/readyz", timeout=30).json()["worker_restarts"]
+        response = heavy_request(server.url)  # seconds of work
+        body = assert_problem(response, 504, "0.3 s", "restarted")
+        assert body["title"] == EXECUTION_FAILURES[FailureKind.WORKER_TIMED_OUT].title
+        after = httpx.get(f"{server.url}/readyz", timeout=30).json()["worker_restarts"]
+        assert after == before + 1
+
