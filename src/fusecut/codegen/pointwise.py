@@ -12,15 +12,14 @@ broadcast along) share one index: a contiguous [8192, 14336] domain is indexed f
 division and a remainder by 14336 per vector (measured on H100: SwiGLU 255 -> 231 us). The
 emitter still names one index per domain axis; each access is rewritten onto the merged indices,
 and a kernel that needs a per-axis index anyway (slice, pad, iota, a guarded store) keeps them.
+``codegen.indexing`` decides which, on a survey of the accesses, before the kernel is written.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 from fusecut.codegen import cuda
-from fusecut.codegen.bounds import in_bounds
 from fusecut.codegen.code import (
     Code,
     Stmt,
@@ -32,23 +31,15 @@ from fusecut.codegen.code import (
     loaded,
     named,
     stmt,
-    text_of,
 )
 from fusecut.codegen.emit import Emitter, Names
-from fusecut.codegen.index import (
-    LANE,
-    ZERO,
-    All,
-    Const,
-    Equal,
-    Index,
-    IndexExpr,
-    Less,
-    Var,
-    at_lane_zero,
-    lane_base,
-    plus_lane,
-    uses,
+from fusecut.codegen.index import LANE, All, Index, IndexExpr, Var, at_lane_zero, lane_base, uses
+from fusecut.codegen.indexing import (
+    Indexing,
+    direct_indexing,
+    laid_out_like_the_domain,
+    output_index,
+    store_guards,
 )
 from fusecut.codegen.kernel import (
     Kernel,
@@ -59,19 +50,18 @@ from fusecut.codegen.kernel import (
     tensor_params,
 )
 from fusecut.codegen.lanes import lane_map
-from fusecut.codegen.launch import pointwise_launch, segment_index_type
+from fusecut.codegen.launch import LaunchDecision, segment_index_type
 from fusecut.codegen.layout import (
     address,
     compact_strides,
     covering_grid,
     decompose,
     index_typedefs,
-    merge_axes,
     numel,
     tensor_strides,
 )
 from fusecut.codegen.precision import fast_math_tensors
-from fusecut.codegen.regions import lane_for, shorter_axes, vector_read
+from fusecut.codegen.regions import lane_for, vector_read
 from fusecut.codegen.transpose import generate_transpose
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.kinds.rules import Schedule
@@ -81,10 +71,6 @@ THREADS = 256
 # a tiled segment splits off its untiled part only where the inputs both kernels read are at
 # most this fraction of its bytes (read twice, they should cost next to nothing)
 SHARED_READS = 16
-
-
-class _Unmergeable(Exception):
-    """The kernel with merged axes would still need an index the merge removed."""
 
 
 def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile, index: int,
@@ -175,241 +161,185 @@ def restricted(bound: Bound, schedule: Schedule, ops) -> Schedule:
 
 def _direct(bound: Bound, schedule: Schedule, index: int, vector: int | None,
             recomputed: frozenset[int]) -> SegmentKernels:
-    """The direct (untiled) kernel, with adjacent axes merged where every access allows."""
-    domain = list(schedule.domain)
-    per_axis = [(a, a) for a in range(len(domain))]
-    kernels, rows = _generate(bound, schedule, index, vector, recomputed, per_axis)
-    if rows is None:  # an access that is not a plain domain index (slice, pad, gather...)
-        return kernels
-    runs = merge_axes(domain, rows)
-    if len(runs) == len(per_axis):
-        return kernels
-    try:
-        return _generate(bound, schedule, index, vector, recomputed, runs)[0]
-    except _Unmergeable:  # an op that needs the per-axis indices (iota, a guarded store...)
-        return kernels
-
-
-def _generate(bound: Bound, schedule: Schedule, index: int, vector: int | None,
-              recomputed: frozenset[int], runs: list[tuple[int, int]]
-              ) -> tuple[SegmentKernels, list | None]:
-    """The kernel indexing each run ``(first, last)`` of domain axes with one index, and the
-    domain strides of every access it makes (None if one is not a plain domain index)."""
-    fusion = bound.fusion
-    domain = list(schedule.domain)
-    rank = len(domain)
-    total = numel(domain)
+    """The direct (untiled) kernel, with adjacent axes merged where every access allows
+    (``codegen.indexing`` decides on a survey of the accesses, before the kernel is written)."""
+    ix, launch = direct_indexing(bound, schedule, vector)
+    loads = _Loads(bound, ix, launch)
+    em = Emitter(bound, schedule.ops, set(schedule.inputs), loads.load, launch.index_type,
+                 Names(recomputed), fast_math_tensors(bound, schedule), ix.flat_index(bound),
+                 launch.resizes)
+    loads.em = em
+    stores_after, vec_outputs = _store_outputs(bound, schedule, ix, em, loads.aligned)
+    params = tensor_params(bound, schedule.inputs, schedule.outputs, em.params)
+    step = loads.decls + drop_unread(_position(ix) + _compute(bound, ix, em, loads,
+                                                              stores_after, vec_outputs))
     kname = f"fusecut_segment{index}_pointwise"
-    merged = any(a != b for a, b in runs)
-    extents = [numel(domain[a:b + 1]) for a, b in runs]
-    # the emitter indexes the domain per axis (x0, x1, ...); accesses are rewritten per run
-    xs = [Var(f"x{a}") for a in range(rank)]
-    run_names = [xs[a] if a == b else Var(f"x{a}_{b}") for a, b in runs]
-    launch = pointwise_launch(bound, schedule, extents[-1] if rank and domain[-1] > 1 else 1,
-                              vector)
-    vec, itype = launch.vector, launch.index_type
-    lane_expr = plus_lane(xs[-1]) if rank and vec > 1 else (xs[-1] if rank else ZERO)
-    run_lane = plus_lane(run_names[-1]) if rank and vec > 1 else lane_expr
-    domain_idx = tuple(xs[:-1] + [lane_expr]) if rank else ()
-    axis_of = {x: a for a, x in enumerate(xs)} | ({lane_expr: rank - 1} if rank else {})
-    rows: list[tuple[int, ...]] | None = []
+    n_vec = numel(ix.domain) // ix.vec
+    # One vector per thread over the whole domain (measured on H100: 4-8% faster than a grid of
+    # 8 blocks per SM striding over it; two vectors a thread were never faster, see
+    # codegen.launch.pointwise_launch).
+    blocks = covering_grid(n_vec, THREADS, launch.index_type)
+    kernel = Kernel(kname, params, (blocks, 1, 1), (THREADS, 1, 1))
+    body = _grid_stride_loop(index, kname, ix, launch, params, n_vec, step)
+    notes = {"vector": ix.vec, "index_type": launch.index_type} | \
+        ({"indexed_as": ix.extents} if ix.merged else {})
+    return SegmentKernels(index, "pointwise", kernel_code(body), [kernel], [], loads.aligned,
+                          notes)
 
-    def view(idx: Index, strides: tuple[int, ...]):
-        """An access as the kernel addresses it: per run when axes are merged."""
-        nonlocal rows
-        ds = [0] * rank  # the stride of each domain axis in this access
-        for i, s in zip(idx, strides):
-            if s == 0 or i == ZERO:
-                continue
-            a = axis_of.get(i)
-            if a is None or ds[a]:
-                ds = None
-                break
-            ds[a] = s
-        if ds is None or rows is None:
-            rows = None
-        else:
-            rows.append(tuple(ds))
-        if not merged:
-            return idx, strides
-        if ds is None:
-            raise _Unmergeable
-        lane = vec > 1 and lane_expr in idx
-        out_idx, out_strides = [], []
-        for (a, b), run in zip(runs, run_names):
-            inner = max((k for k in range(a, b + 1) if domain[k] != 1), default=None)
-            if inner is None or ds[inner] == 0:
-                continue
-            out_idx.append(run_lane if lane and inner == rank - 1 else run)
-            out_strides.append(ds[inner])
-        return tuple(out_idx), tuple(out_strides)
 
-    pre: list[Stmt] = []  # the vector's loads, issued before any compute
-    decls: list[Stmt] = []  # constant lane maps
-    aligned: dict[str, int] = {}
-    vec_loads: dict[tuple, str] = {}
-    lane_maps: dict[tuple[int, ...], str] = {}  # lane -> element of its vector, by map
-    vec_starts: dict[tuple, tuple[str, ...]] = {}  # a permuted-lane vector's first address
+class _Loads:
+    """The reads of a direct kernel's inputs: a vector load per aligned vector of an input that
+    follows the lanes (or a lane map into it), one load per vector where the index does not
+    move with the lane, both issued before any compute (``pre``, and ``decls`` for the lane
+    maps), and a read per lane otherwise. ``em``: the emitter they load for, set once made."""
 
-    # each domain index's values (the innermost one starts a vector), for codegen.bounds
-    ranges = {x.name: (0, e - 1, 1) for x, e in zip(xs, domain)}
-    if rank and vec > 1:
-        ranges[xs[-1].name], ranges[LANE] = (0, domain[-1] - vec, vec), (0, vec - 1, 1)
+    def __init__(self, bound: Bound, ix: Indexing, launch: LaunchDecision):
+        self.bound, self.ix, self.vec = bound, ix, launch.vector
+        self.em: Emitter | None = None
+        self.pre: list[Stmt] = []  # the vector's loads, issued before any compute
+        self.decls: list[Stmt] = []  # constant lane maps
+        self.aligned: dict[str, int] = {}
+        self._vectors: dict[tuple, str] = {}
+        self._lane_maps: dict[tuple[int, ...], str] = {}  # lane -> element of its vector
+        self._starts: dict[tuple, Index] = {}  # a permuted-lane vector's first address
 
-    def within(t: str, idx: Index) -> IndexExpr | None:
-        """The condition under which input t is read at ``idx``, where the domain reaches
-        past t's end (``codegen.bounds``): only the outputs' guarded stores use those values,
-        so the threads past it load nothing."""
-        conds = [c for i, n in zip(idx, bound.shapes[t]) for c in in_bounds(i, n, ranges)]
-        return All(*conds) if conds else None
-
-    def load(t: str, idx: Index) -> Code:
-        d = fusion.tensors[t].dtype
-        inside = within(t, idx)
-        idx, strides = view(idx, tensor_strides(bound, t))
-        st, ct = cuda.storage(d), cuda.compute(d)
+    def load(self, t: str, idx: Index) -> Code:
+        """Input t's value at ``idx`` (the emitter's per-axis index) for the current lane."""
+        em, vec = self.em, self.vec
+        d = self.bound.fusion.tensors[t].dtype
+        inside = self.ix.within(self.bound, t, idx)
+        idx, strides = self.ix.addressed(idx, tensor_strides(self.bound, t))
         where = address(idx, strides)
 
         def scalar(value: Code) -> Code:
-            return derived(f"({inside} ? {value} : ({ct})0)", inside, value) if inside else value
+            if inside is None:
+                return value
+            return derived(f"({inside} ? {value} : ({cuda.compute(d)})0)", inside, value)
 
-        invariant = not any(uses(i, LANE) for i in idx)
-        if invariant:
-            name_ = em.names.fresh(f"ld_{t}")
-            pre.append(declare(ct, name_, scalar(loaded(f"in_{t}[{where}]", d, where))))
-            return named(name_)
+        if not any(uses(i, LANE) for i in idx):  # once per vector
+            fresh = em.names.fresh(f"ld_{t}")
+            value = scalar(loaded(f"in_{t}[{where}]", d, where))
+            self.pre.append(declare(cuda.compute(d), fresh, value))
+            return named(fresh)
         if inside is not None and uses(inside, LANE):  # a read per lane
             return em.let_load(t, scalar(loaded(f"in_{t}[{where}]", d, where)))
         lanes = [a for a, i in enumerate(idx) if uses(i, LANE)]
-
-        def vector(key: tuple, guard: IndexExpr | None = None) -> str:
-            """The register vector of input t at the address ``key[1]`` names (loaded once)."""
-            if key not in vec_loads:
-                vec_loads[key] = em.names.fresh(f"vec_{t}")
-                first = address(key[1], strides)
-                read = vector_read(st, vec, f"in_{t} + {first}", guard)
-                pre.append(declare(f"fc_vec<{st}, {vec}>", vec_loads[key], read,
-                                   reads=(first, guard)))
-                aligned[t] = vec * d.itemsize
-            return vec_loads[key]
-
-        # the innermost index, or a whole vector of a slice, pad or cat piece
-        # (codegen.resize)
+        # the innermost index, or a whole vector of a slice, pad or cat piece (codegen.resize)
         first = lane_base(idx[lanes[0]]) if vec > 1 and len(lanes) == 1 else None
         if (first is not None and strides[lanes[0]] == 1
                 and all(s % vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
             base = tuple(at_lane_zero(i) if a == lanes[0] else i for a, i in enumerate(idx))
             guards = [g for g in (inside, em.lane_guard(idx[lanes[0]])) if g is not None]
-            vname = vector((t, base), All(*guards) if guards else None)
+            vname = self._vector(t, base, strides, All(*guards) if guards else None)
             return loaded(f"{vname}.v[{LANE}]", d, vname, LANE, simple=True)
-        permuted = permuted_lanes(t, idx, strides, lanes)
+        permuted = self._permuted_lanes(t, idx, strides, lanes)
         if permuted is not None:  # lanes that take other elements of their own vector
-            key, offsets = permuted
-            if offsets not in lane_maps:
-                lane_maps[offsets] = em.names.fresh("lanes")
-                decls.append(Stmt(f"constexpr int {lane_maps[offsets]}[{vec}] = "
-                                  f"{{{', '.join(map(str, offsets))}}};"))
-            vname, lanes_of = vector(key, inside), lane_maps[offsets]
+            base, offsets = permuted
+            if offsets not in self._lane_maps:
+                self._lane_maps[offsets] = em.names.fresh("lanes")
+                self.decls.append(Stmt(f"constexpr int {self._lane_maps[offsets]}[{vec}] = "
+                                       f"{{{', '.join(map(str, offsets))}}};"))
+            vname, lanes_of = self._vector(t, base, strides, inside), self._lane_maps[offsets]
             return loaded(f"{vname}.v[{lanes_of}[{LANE}]]", d, vname, lanes_of, LANE)
         return em.let_load(t, scalar(loaded(f"in_{t}[{where}]", d, where)))
 
-    def permuted_lanes(t: str, idx: Index, strides: tuple[int, ...],
-                       lanes: list[int]) -> tuple[tuple, tuple[int, ...]] | None:
-        """(vector-load key, lane map) where input t's lanes all read elements of the aligned
-        vector at the innermost index (``codegen.lanes``); per-axis indexing only."""
-        if vec == 1 or merged or len(lanes) != 1 or strides[lanes[0]] != 1 or not rank:
+    def _vector(self, t: str, base: Index, strides: tuple[int, ...],
+                guard: IndexExpr | None) -> str:
+        """The register vector of input t whose first lane is at ``base`` (loaded once)."""
+        key = (t, base)
+        if key not in self._vectors:
+            d = self.bound.fusion.tensors[t].dtype
+            st = cuda.storage(d)
+            self._vectors[key] = self.em.names.fresh(f"vec_{t}")
+            first = address(base, strides)
+            read = vector_read(st, self.vec, f"in_{t} + {first}", guard)
+            self.pre.append(declare(f"fc_vec<{st}, {self.vec}>", self._vectors[key], read,
+                                    reads=(first, guard)))
+            self.aligned[t] = self.vec * d.itemsize
+        return self._vectors[key]
+
+    def _permuted_lanes(self, t: str, idx: Index, strides: tuple[int, ...], lanes: list[int]
+                        ) -> tuple[Index, tuple[int, ...]] | None:
+        """(the aligned vector's first index, lane map) where input t's lanes all read elements
+        of the vector at the innermost index (``codegen.lanes``); per-axis indexing only."""
+        vec, ix = self.vec, self.ix
+        if vec == 1 or ix.merged or len(lanes) != 1 or strides[lanes[0]] != 1 or not ix.rank:
             return None
         if any(s % vec for a, s in enumerate(strides) if a != lanes[0]):
             return None
-        if bound.shapes[t][lanes[0]] % vec:  # an aligned vector lies inside t
+        if self.bound.shapes[t][lanes[0]] % vec:  # an aligned vector lies inside t
             return None
-        mapped = lane_map(idx[lanes[0]], xs[-1].name, vec)
+        mapped = lane_map(idx[lanes[0]], ix.xs[-1].name, vec)
         if mapped is None or mapped.offsets == tuple(range(vec)):
             return None
+        # equal starts written differently share one vector (its first spelling names it)
         same_vector = tuple(mapped.values if a == lanes[0] else i for a, i in enumerate(idx))
-        if (t, same_vector) not in vec_starts:
-            vec_starts[(t, same_vector)] = tuple(
-                mapped.start if a == lanes[0] else i for a, i in enumerate(idx))
-        return (t, vec_starts[(t, same_vector)]), mapped.offsets
+        start = tuple(mapped.start if a == lanes[0] else i for a, i in enumerate(idx))
+        return self._starts.setdefault((t, same_vector), start), mapped.offsets
 
-    flat_index = None
-    if rank:
-        flat_lane = (derived("(unsigned long long)flat", "flat"),
-                     derived(f"(unsigned int){LANE}", LANE) if vec > 1 else Code("0u"))
 
-        def flat_index(t: str, idx: Index) -> tuple[Code, Code] | None:
-            """The loop's flat counter (a multiple of the vector width) and the lane are the
-            linear index of a domain-shaped tensor."""
-            return flat_lane if idx == domain_idx and tuple(bound.shapes[t]) == tuple(domain) \
-                else None
-
-    em = Emitter(bound, schedule.ops, set(schedule.inputs), load, itype, Names(recomputed),
-                 fast_math_tensors(bound, schedule), flat_index, launch.resizes)
+def _store_outputs(bound: Bound, schedule: Schedule, ix: Indexing, em: Emitter,
+                   aligned: dict[str, int]) -> tuple[list[Stmt], list[str]]:
+    """Store every output: lane by lane into a register vector stored whole after the lane
+    loop where it is laid out like the domain (returned: those stores, and the outputs), else
+    element by element where its index is in range."""
+    fusion = bound.fusion
     stores_after: list[Stmt] = []
     vec_outputs: list[str] = []
     for t in schedule.outputs:
         d = fusion.tensors[t].dtype
-        amap = schedule.axis_map[t]
-        shape = bound.shapes[t]
-        # laid out like the domain (a broadcast axis is a unit axis of the domain)
-        identity = (tuple(shape) == tuple(domain)
-                    and all(m == a or (m is None and domain[a] == 1)
-                            for a, m in enumerate(amap)))
-        out_idx = tuple(ZERO if m is None else domain_idx[m] for m in amap)
-        val = em.raw(t, out_idx)
-        if identity and vec > 1:
+        val = em.raw(t, output_index(schedule, ix, t))
+        if laid_out_like_the_domain(bound, schedule, t) and ix.vec > 1:
             em.lines.append(stmt(f"o_{t}.v[{LANE}] = {cuda.to_storage(val, d)};", LANE, val))
             vec_outputs.append(t)
-            where = address(*view(tuple(xs), compact_strides(bound, t)))
-            stores_after.append(stmt(f"*reinterpret_cast<fc_vec<{cuda.storage(d)}, {vec}>*>("
+            where = address(*ix.addressed(tuple(ix.xs), compact_strides(bound, t)))
+            stores_after.append(stmt(f"*reinterpret_cast<fc_vec<{cuda.storage(d)}, {ix.vec}>*>("
                                      f"out_{t} + {where}) = o_{t};", where))
-            aligned[t] = vec * d.itemsize
+            aligned[t] = ix.vec * d.itemsize
             continue
-        guards = []
-        covered = {m for m in amap if m is not None}
-        for dax in range(rank):
-            if dax not in covered and domain[dax] > 1:  # a unit axis's index is always 0
-                guards.append(Equal(domain_idx[dax], ZERO))
-        guards += [Less(domain_idx[m], Const(shape[a]))
-                   for a, m in shorter_axes(bound, schedule, t)]
-        where = address(*view(out_idx, compact_strides(bound, t)))
+        guards = store_guards(bound, schedule, ix, t)
+        where = address(*ix.addressed(output_index(schedule, ix, t), compact_strides(bound, t)))
         store = f"out_{t}[{where}] = {cuda.to_storage(val, d)};"
         em.lines.append(stmt(f"if ({All(*guards)}) {store}" if guards else store, guards, where,
                              val))
-    params = tensor_params(bound, schedule.inputs, schedule.outputs, em.params)
-    n_vec = total // vec
-    # One vector per thread over the whole domain (measured on H100: 4-8% faster than a grid of
-    # 8 blocks per SM striding over it; two vectors a thread were never faster, see
-    # codegen.launch.pointwise_launch).
-    blocks = covering_grid(n_vec, THREADS, itype)
-    position = ([declare("index_t", "flat", f"v * {vec}")] if rank else []) + \
-        decompose(Var("flat"), extents, [r.name for r in run_names], "index_t", unsigned=True)
-    compute = []
+    return stores_after, vec_outputs
+
+
+def _position(ix: Indexing) -> list[Stmt]:
+    """The thread's vector's position: its flat index, split over the runs (each kernel
+    declares the indices it needs: a broadcast or unit axis may need none)."""
+    flat = [declare("index_t", "flat", f"v * {ix.vec}")] if ix.rank else []
+    return flat + decompose(Var("flat"), ix.extents, [r.name for r in ix.run_names], "index_t",
+                            unsigned=True)
+
+
+def _compute(bound: Bound, ix: Indexing, em: Emitter, loads: _Loads, stores_after: list[Stmt],
+             vec_outputs: list[str]) -> list[Stmt]:
+    """The loads, then the values and stores of each lane, then the vector stores."""
+    out = lines("// loads") + loads.pre if loads.pre else []
+    out += lines("// compute and store")
     for t in vec_outputs:
-        compute.append(Stmt(f"fc_vec<{cuda.storage(fusion.tensors[t].dtype)}, {vec}> o_{t};"))
-    if vec > 1:
-        compute += lines("#pragma unroll") + [lane_for(vec)]
-        compute += lines("  // per element") + indent(em.lines, 2) + lines("}")
+        out.append(Stmt(f"fc_vec<{cuda.storage(bound.fusion.tensors[t].dtype)}, {ix.vec}> "
+                        f"o_{t};"))
+    if ix.vec > 1:
+        out += lines("#pragma unroll") + [lane_for(ix.vec)]
+        out += lines("  // per element") + indent(em.lines, 2) + lines("}")
     else:
-        compute += lines("// per element") + em.lines
+        out += lines("// per element") + em.lines
     if stores_after:
-        compute += lines("// vector stores") + stores_after
-    # each kernel declares the indices it needs (a broadcast or unit axis may need none)
-    step = decls + drop_unread(position + (lines("// loads") + pre if pre else []) +
-                               lines("// compute and store") + compute)
-    indexed = f", indexed as {extents}" if merged else ""
-    body = lines(f"// segment {index}: pointwise over {domain} ({total} elements{indexed}), "
-                 f"{vec} per vector")
-    body += [index_typedefs(itype, unsigned=True), Stmt(signature(kname, params, THREADS) + " {"),
+        out += lines("// vector stores") + stores_after
+    return out
+
+
+def _grid_stride_loop(index: int, kname: str, ix: Indexing, launch: LaunchDecision, params,
+                      n_vec: int, step: list[Stmt]) -> list[Stmt]:
+    """The kernel: a grid-stride loop over the domain's vectors, ``step`` its body."""
+    indexed = f", indexed as {ix.extents}" if ix.merged else ""
+    body = lines(f"// segment {index}: pointwise over {list(ix.domain)} "
+                 f"({numel(ix.domain)} elements{indexed}), {ix.vec} per vector")
+    body += [index_typedefs(launch.index_type, unsigned=True),
+             Stmt(signature(kname, params, THREADS) + " {"),
              declare("index_t", "n_vec", str(n_vec)).indented(2),
              stmt("  for (index_t v = (index_t)blockIdx.x * blockDim.x + threadIdx.x; v < n_vec; "
                   "v += (index_t)gridDim.x * blockDim.x) {", "n_vec")]
-    body += indent(step, 4) + lines("  }", "}")
-    text = text_of(body)
-    if merged and any(re.search(rf"\b{xs[k].name}\b", text) for a, b in runs if a != b
-                      for k in range(a, b + 1)):
-        raise _Unmergeable
-    kernel = Kernel(kname, params, (blocks, 1, 1), (THREADS, 1, 1))
-    notes = {"vector": vec, "index_type": itype} | ({"indexed_as": extents} if merged else {})
-    return SegmentKernels(index, "pointwise", kernel_code(body), [kernel], [], aligned,
-                          notes), rows
+    return body + indent(step, 4) + lines("  }", "}")
