@@ -607,7 +607,7 @@ def _kernels_of(body: str, *metas):
 @pytest.mark.parametrize("vec", [1, 2, 4, 8])
 def test_tile_phases_cover_each_position_once(tile, vec):
     """The threads of a phase take every (slow, fast) position of a tile exactly once."""
-    from fusecut.codegen.transpose import THREADS, TilePhase
+    from fusecut.codegen.tiles import THREADS, TilePhase
 
     ph = TilePhase(tile, vec)
     seen = []

@@ -1,7 +1,8 @@
-"""Typed statements (codegen.code): a kernel's lines carry what they declare and read, and
-dropping unread declarations is a set computation over those records. The records are checked
-here against the text the generators emit (the rule the generator once applied to its own text
-with regular expressions, kept in this test as the reference)."""
+"""Typed statements (codegen.code): a kernel's lines carry what they declare, what they read and
+the index trees they spell, and dropping unread declarations is a set computation over those
+records. The records are checked here against the text the generators emit (the rule the
+generator once applied to its own text with regular expressions, kept in this test as the
+reference)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from fusecut.codegen import generate_segment
 from fusecut.codegen import kernel as kernel_module
 from fusecut.codegen import pointwise as pointwise_module
 from fusecut.codegen.code import Code, Stmt, declare, derived, drop_unread, lines, named, stmt
-from fusecut.codegen.index import Var
+from fusecut.codegen.index import Var, variables
 from fusecut.codegen.persistent import IO_PREAMBLE
 from fusecut.optimizer.ir import parse_text
 from fusecut.optimizer.planner import PlanOptions, make_plan
@@ -24,6 +25,7 @@ from tests.helpers import small_metas
 # the text rule: a ``const`` declaration, and a read as a word outside comments
 _DECLARATION = re.compile(r"\s*const [\w<>, :]+? (\w+) = [^;]*;(\s*//.*)?")
 _WORD = re.compile(r"[A-Za-z_]\w*")
+_DOMAIN_INDEX = re.compile(r"x\d+")
 
 
 def test_drop_unread_is_exact():
@@ -66,6 +68,10 @@ def _audit(stmts: list[Stmt]) -> list[str]:
         words = set(_WORD.findall(s.text.split("//", 1)[0])) - {s.declares}
         if words & declared != s.reads & declared:
             wrong.append(f"reads {sorted(s.reads & declared)}: {s.text}")
+        # the domain indices it spells are those of the index trees it records
+        spelt = {v for e in s.indices for v in variables(e) if _DOMAIN_INDEX.fullmatch(v)}
+        if {w for w in words if _DOMAIN_INDEX.fullmatch(w)} != spelt:
+            wrong.append(f"indices {sorted(spelt)}: {s.text}")
     return wrong
 
 

@@ -24,6 +24,7 @@ from fusecut.optimizer.planner import PlanOptions, make_plan
 from fusecut.runtime.compile import compile_cubin
 from fusecut.runtime.reference import run_reference
 from fusecut.runtime.tensors import to_torch_dtype
+from tests.codegen.index_text import parse_index
 from tests.conftest import CORPUS
 from tests.corpus_torch import CASES, assert_cpu_path_equals_oracle, small_definition
 from tests.helpers import fusion
@@ -204,13 +205,13 @@ def test_batched_tiles_run_consecutively_in_a_block():
     """Where the domain has batch axes a block takes TILES_PER_BLOCK consecutive tiles, the
     batch index fastest, so they share the window of the batch-broadcast cos/sin tables; a
     transpose without batch axes keeps one tile per block."""
-    from fusecut.codegen import transpose
+    from fusecut.codegen import tiles
 
     def _plan(name):
         parsed = parse_text((CORPUS / f"{name}.py").read_text())
         return make_plan(parsed.fusion, parsed.inputs, PlanOptions(time_limit_s=2))
 
-    run = transpose.TILES_PER_BLOCK
+    run = tiles.TILES_PER_BLOCK
     plan = _plan("rope_fwd_thunder")
     sk = generate_segment(plan, plan.segments[0])
     tiled = [k for k in sk.kernels if k.name.endswith("_transpose")][0]
@@ -242,12 +243,18 @@ def test_a_repeated_head_is_computed_once_and_written_to_each_copy():
 
 
 def test_repeated_axis_needs_every_use_divided_by_one_factor():
-    from fusecut.codegen.transpose import repeated_axis
+    from fusecut.codegen.code import stmt
+    from fusecut.codegen.index import Var
+    from fusecut.codegen.tiles import Repeat, repeated_axis
 
-    xs, domain = ["x0", "x1", "x2", "x3"], [8, 64, 16, 128]
-    divided = ["v = in_T5[x0 * 9 + (x2 / 2) * 128 + x3];", "w = in_T1[(x2 / 2) + x1];"]
-    assert repeated_axis(xs, domain, [0, 2], divided) == (2, 2)
-    assert repeated_axis(xs, domain, [0, 2], divided + ["u = in_T6[x2 * 128 + x3];"]) is None
-    assert repeated_axis(xs, domain, [0, 2], divided + ["u = in_T6[(x2 / 4) + x3];"]) is None
-    assert repeated_axis(xs, [8, 64, 6, 128], [0, 2], divided[:1] + ["u = (x2 / 4);"]) is None
-    assert repeated_axis(xs, [8, 64, 6, 128], [0, 2], ["u = in[(x2 / 4) + x3];"]) is None  # 6 % 4
+    def spelling(*indices):  # statements spelling these indices
+        return [stmt("...", parse_index(i)) for i in indices]
+
+    xs, domain = [Var(f"x{k}") for k in range(4)], [8, 64, 16, 128]
+    divided = spelling("x0 * 9 + (x2 / 2) * 128 + x3", "(x2 / 2) + x1")
+    assert repeated_axis(xs, domain, [0, 2], divided) == Repeat(2, 2)
+    assert repeated_axis(xs, domain, [0, 2], divided + spelling("x2 * 128 + x3")) is None
+    assert repeated_axis(xs, domain, [0, 2], divided + spelling("(x2 / 4) + x3")) is None
+    assert repeated_axis(xs, [8, 64, 6, 128], [0, 2], divided[:1] + spelling("(x2 / 4)")) is None
+    assert repeated_axis(xs, [8, 64, 6, 128], [0, 2], spelling("(x2 / 4) + x3")) is None  # 6 % 4
+    assert repeated_axis(xs, domain, [0, 2], spelling("x1 + x3")) is None  # x2 unused: no repeat

@@ -3,66 +3,46 @@
 The pointwise kernel walks its domain along the innermost axis A. A tensor whose unit-stride
 axis is another domain axis B (a permuted input, an input in another stride order, an output
 laid out as a permute of the domain) is then read or written a row apart lane by lane: each
-element costs a 32-byte sector of its own. This scheme walks the domain in T x T tiles of
-(B, A), one tile per block step, in three phases:
+element costs a 32-byte sector of its own. The tiled scheme walks the domain in T x T tiles of
+(B, A) instead: the inputs read along B are staged through shared-memory tiles, the block
+computes along A, and the outputs laid out along B are written through tiles of their own
+(``codegen.tiles`` writes that kernel). So both sides are coalesced.
 
-1. stage: every such input is read along B (16-byte vectors where its layout allows) into a
-   shared-memory tile ``s_k[b][a]``;
-2. compute: the block walks the tile along A, as the pointwise kernel does (vector loads and
-   stores of the tensors that follow A), reading the staged inputs from their tiles and writing
-   the outputs laid out along B into tiles of their own;
-3. write: those outputs are stored along B.
-
-So both sides are coalesced. The shared-memory rows are padded by 4 bytes (an odd number of
-words per row), so that walking a tile's column does not hit one bank. Which axis is B is the
-one most bytes of the mis-laid tensors walk with unit stride; tensors that follow neither axis
-(a gather, a reshape's division) keep the pointwise kernel's direct reads.
+This module decides the scheme, before any of the kernel is written: a survey of the compute
+phase's accesses (the emitter run once with a load that only records), each access's address
+step along every domain axis read off its typed index (``plain_step``), then B (the axis most
+bytes of the mis-laid tensors walk with unit stride), what is staged (tensors that follow
+neither axis, as a gather or a reshape's division, keep the direct reads), the tile edge, and
+the staging and writing vector widths.
 
 The index of every access is the emitter's (``codegen.emit``): the staging phase evaluates the
 same index expressions with the tile's coordinates, so what a tile holds is exactly what the
 compute phase reads at each position.
-
-Batched tiles: a block takes consecutive tiles, batch index fastest, so that inputs broadcast
-over the batch come from L1. A batch axis that every load names only divided by g (a repeat, as
-grouped-query attention's k heads for g query heads each) gives g tiles of equal values: the
-block computes one and writes it to the g copies (``repeated_axis``).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
-from fusecut.codegen import cuda
 from fusecut.codegen.code import (
     Code,
-    Stmt,
-    declare,
-    derived,
-    indent,
-    lines,
-    loaded,
     named,
-    stmt,
 )
 from fusecut.codegen.emit import Emitter, Names
 from fusecut.codegen.index import (
     LANE,
     ZERO,
     Add,
-    All,
     Clamp,
     Const,
     Data,
-    Equal,
     Index,
     IndexExpr,
     Mul,
     Paren,
     Sub,
     Var,
-    at_lane_zero,
     lane_base,
     plus_lane,
     substitute,
@@ -71,38 +51,24 @@ from fusecut.codegen.index import (
     walk,
 )
 from fusecut.codegen.kernel import (
-    Kernel,
     SegmentKernels,
-    kernel_code,
-    signature,
-    tensor_params,
 )
 from fusecut.codegen.launch import segment_index_type, vector_width
 from fusecut.codegen.layout import (
-    address,
     compact_strides,
-    covering_grid,
-    decompose,
-    index_typedefs,
     tensor_strides,
 )
-from fusecut.codegen.precision import fast_math_tensors
-from fusecut.codegen.regions import lane_loop, shorter_axes, vector_read
+from fusecut.codegen.regions import shorter_axes
 from fusecut.codegen.resize import NO_RESIZES, whole_vector_resizes
+from fusecut.codegen.tiles import TiledKernel, TilePlan
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.kinds.rules import Schedule
 from fusecut.optimizer.profiles import DeviceProfile
 
-THREADS = 256
 MIN_EXTENT = 16  # both tile axes at least this long, or tiles would be mostly empty
 SMEM_LIMIT = 48 * 1024  # static shared memory of one block
-# Consecutive tiles a block takes where the domain has batch axes, the batch index fastest: the
-# tiles share their window of inputs broadcast over the batch (RoPE's cos and sin tables), which
-# then comes from L1 instead of L2 (H100, rope_fwd_thunder: 179 us against 189 at one tile a
-# block; 4 and 16 were slower than 8).
-TILES_PER_BLOCK = 8
-MIN_RUN_BLOCKS = 1024  # blocks the grid keeps when it does (rope_fwd_thunder: 1024)
 TILES = (64, 32)  # tile edge, largest first: 64 keeps 8-16 KiB per block in flight
+
 
 @dataclass(frozen=True)
 class Access:
@@ -121,34 +87,6 @@ class Access:
     def follows(self, axis: int) -> bool:
         """Coalesced when walking ``axis``: unit step or not moving at all."""
         return self.steps[axis] in (0, 1)
-
-
-@dataclass(frozen=True)
-class TilePhase:
-    """How THREADS threads cover a T x T tile, ``vec`` consecutive elements each along the fast
-    axis: thread t takes fast position ``(t % per_row) * vec`` and slow positions
-    ``t / per_row + it * rows`` for it < iters (those past the tile do nothing)."""
-
-    tile: int
-    vec: int
-
-    @property
-    def per_row(self) -> int:
-        return self.tile // self.vec
-
-    @property
-    def rows(self) -> int:
-        return THREADS // self.per_row
-
-    @property
-    def iters(self) -> int:
-        return -(-self.tile // self.rows)
-
-    def fast(self) -> str:
-        return f"(int)(threadIdx.x % {self.per_row}) * {self.vec}"
-
-    def slow(self, it: str) -> str:
-        return f"(int)(threadIdx.x / {self.per_row}) + {it} * {self.rows}"
 
 
 def access_steps(idx: Index, strides: tuple[int, ...], axis_of: dict[IndexExpr, int], rank: int,
@@ -209,7 +147,11 @@ def plain_step(comp: IndexExpr, axis_of: dict[IndexExpr, int]) -> tuple[int, int
     return None
 
 
-class _Tiled:
+class TransposeScheme:
+    """The tiled scheme's decisions for one segment: the axis A its lanes walk, the vector width,
+    every access of the compute phase (a survey: one run of the emitter whose loads only record)
+    and, from them, the tile plan (``choose``) and each staged tensor's vector width."""
+
     def __init__(self, bound: Bound, schedule: Schedule, index: int, vector: int | None,
                  recomputed: frozenset[int]):
         self.bound, self.schedule, self.index = bound, schedule, index
@@ -286,8 +228,9 @@ class _Tiled:
         covered = {m: shape[a] for a, m in enumerate(amap) if m is not None}
         return all(covered.get(k) == e for k, e in enumerate(self.domain) if e > 1)
 
-    def choose(self):
-        """(B, staged reads, staged writes, tile edge), or None when no tensor needs a tile."""
+    def choose(self) -> TilePlan | None:
+        """The tiles (axis B, staged reads and writes, tile edge), or None when no tensor needs
+        a tile."""
         a = self.a
         if self.domain[a] < MIN_EXTENT:
             return None
@@ -310,7 +253,7 @@ class _Tiled:
             smem = sum(self.tile_bytes(t, tile) for t, _ in staged_reads) + \
                 sum(self.tile_bytes(t, tile) for t in staged_writes)
             if smem <= SMEM_LIMIT:
-                return b, staged_reads, staged_writes, tile
+                return TilePlan(b, tuple(staged_reads), tuple(staged_writes), tile)
         return None
 
     def tile_bytes(self, t: str, tile: int) -> int:
@@ -355,288 +298,6 @@ class _Tiled:
             v //= 2
         return 1
 
-    # ---- the kernel ---------------------------------------------------------------------------
-
-    def build(self) -> SegmentKernels | None:
-        picked = self.choose()
-        if picked is None:
-            return None
-        b, staged_reads, staged_writes, tile = picked
-        a = self.a
-        fusion, sched = self.fusion, self.schedule
-        xa, xb = self.xs[a], self.xs[b]
-        vec = self.vec
-        aligned: dict[str, int] = {}
-        smem_decls: list[Stmt] = []
-        tile_of: dict[tuple[str, Index], str] = {}
-        for k, key in enumerate(staged_reads):
-            st = cuda.storage(fusion.tensors[key[0]].dtype)
-            tile_of[key] = f"s{k}_{key[0]}"
-            smem_decls.append(Stmt(f"__shared__ {st} {tile_of[key]}[{tile}]"
-                                   f"[{self.row_pitch(key[0], tile)}];  // {key[0]}, read along "
-                                   f"axis {b}"))
-        out_tile = {}
-        for t in staged_writes:
-            st = cuda.storage(fusion.tensors[t].dtype)
-            out_tile[t] = f"so_{t}"
-            smem_decls.append(Stmt(f"__shared__ {st} {out_tile[t]}[{tile}]"
-                                   f"[{self.row_pitch(t, tile)}];  // {t}, written along axis {b}"))
-
-        # phase 1: stage the inputs read along B
-        stage_loads, stage_stores = [], []
-        for k, key in enumerate(staged_reads):
-            t, idx = key
-            d = fusion.tensors[t].dtype
-            st = cuda.storage(d)
-            v = self.stage_vector(t, idx, b, tile)
-            ph = TilePhase(tile, v)
-            where = address(tuple(self.unfold(c) for c in idx), tensor_strides(self.bound, t))
-            reg = f"r{k}"
-            pos = _tile_position(ph, (xa, "a0", a), (xb, "b0", b))
-            inside = derived(f"sl < {tile} && {xa} < {self.domain[a]} && {xb} < "
-                             f"{self.domain[b]}", "sl", xa, xb)
-            if v > 1:
-                stage_loads.append(Stmt(f"fc_vec<{st}, {v}> {reg}[{ph.iters}];"))
-                load = stmt(f"{reg}[it] = *reinterpret_cast<const fc_vec<{st}, {v}>*>(in_{t} + "
-                            f"{where});", where)
-                put = lines("#pragma unroll") + [
-                    stmt(f"for (int j = 0; j < {v}; ++j) {tile_of[key]}[fa + j][sl] = "
-                         f"{reg}[it].v[j];", "fa", "sl")]
-                aligned[t] = max(aligned.get(t, 1), v * d.itemsize)
-            else:
-                stage_loads.append(Stmt(f"{st} {reg}[{ph.iters}];"))
-                load = stmt(f"{reg}[it] = in_{t}[{where}];", where)
-                put = [stmt(f"{tile_of[key]}[fa][sl] = {reg}[it];", "fa", "sl")]
-            stage_loads += _tile_loop(ph.iters, pos, inside, [load], f"{t}: read along axis {b}")
-            stage_stores += _tile_loop(ph.iters, pos[:2],
-                                       derived(f"sl < {tile} && b0 + fa < {self.domain[b]} && "
-                                               f"a0 + sl < {self.domain[a]}", "sl", "fa", "a0",
-                                               "b0"), put, f"{t}: into its tile")
-
-        # phase 2: compute along A
-        pre: list[Stmt] = []
-        decls: list[Stmt] = []
-        vec_loads: dict[tuple, str] = {}
-        cph = TilePhase(tile, vec)
-
-        def load(t: str, idx: Index) -> Code:
-            d = fusion.tensors[t].dtype
-            if (t, idx) in tile_of:
-                if vec > 1:
-                    return loaded(f"{tile_of[(t, idx)]}[sl][fa + {LANE}]", d, "sl", "fa", LANE)
-                return loaded(f"{tile_of[(t, idx)]}[sl][fa]", d, "sl", "fa", simple=True)
-            strides = tensor_strides(self.bound, t)
-            st, ct = cuda.storage(d), cuda.compute(d)
-            where = address(idx, strides)
-            if not any(uses(i, LANE) for i in idx):
-                fresh = em.names.fresh(f"ld_{t}")
-                decls.append(Stmt(f"{ct} {fresh}[{cph.iters}];"))
-                pre.append(stmt(f"{fresh}[it] = {loaded(f'in_{t}[{where}]', d)};", where))
-                return Code(f"{fresh}[it]", frozenset({fresh}), True)
-            lanes = [k for k, i in enumerate(idx) if uses(i, LANE)]
-            if self.whole_vector(t, idx):
-                base = tuple(at_lane_zero(i) if k == lanes[0] else i for k, i in enumerate(idx))
-                if (t, base) not in vec_loads:
-                    vname = em.names.fresh(f"vec_{t}")
-                    decls.append(Stmt(f"fc_vec<{st}, {vec}> {vname}[{cph.iters}];"))
-                    first, guard = address(base, strides), em.lane_guard(idx[lanes[0]])
-                    read = vector_read(st, vec, f"in_{t} + {first}", guard)
-                    pre.append(stmt(f"{vname}[it] = {read};", first, guard))
-                    vec_loads[(t, base)] = vname
-                    aligned[t] = max(aligned.get(t, 1), vec * d.itemsize)
-                vname = vec_loads[(t, base)]
-                return loaded(f"{vname}[it].v[{LANE}]", d, vname, LANE, simple=True)
-            return em.let_load(t, loaded(f"in_{t}[{where}]", d, where))
-
-        em = Emitter(self.bound, sched.ops, set(sched.inputs), load, self.itype,
-                     Names(self.recomputed), fast_math_tensors(self.bound, sched),
-                     resizes=self.resizes)
-        out_decls: list[Stmt] = []
-        stores_after: list[Stmt] = []
-        for t in sched.outputs:
-            d = fusion.tensors[t].dtype
-            idx = self.out_idx(t)
-            val = em.raw(t, idx)
-            if t in out_tile:
-                cell = f"{out_tile[t]}[sl][fa + {LANE}]" if vec > 1 else f"{out_tile[t]}[sl][fa]"
-                em.lines.append(stmt(f"{cell} = {cuda.to_storage(val, d)};", "sl", "fa",
-                                     LANE if vec > 1 else None, val))
-                continue
-            strides = compact_strides(self.bound, t)
-            lanes = [k for k, i in enumerate(idx) if uses(i, LANE)]
-            amap = sched.axis_map[t]
-            if (vec > 1 and self.full_cover(t) and len(lanes) == 1
-                    and strides[lanes[0]] == 1
-                    and all(s % vec == 0 for k, s in enumerate(strides) if k != lanes[0])):
-                st = cuda.storage(d)
-                out_decls.append(Stmt(f"fc_vec<{st}, {vec}> o_{t};"))
-                em.lines.append(stmt(f"o_{t}.v[{LANE}] = {cuda.to_storage(val, d)};", LANE, val))
-                base = tuple(xa if k == lanes[0] else i for k, i in enumerate(idx))
-                where = address(base, strides)
-                stores_after.append(stmt(f"*reinterpret_cast<fc_vec<{st}, {vec}>*>(out_{t} + "
-                                         f"{where}) = o_{t};", where))
-                aligned[t] = max(aligned.get(t, 1), vec * d.itemsize)
-                continue
-            guards = []
-            covered = {m for m in amap if m is not None}
-            for k, e in enumerate(self.domain):
-                if k not in covered and e > 1:
-                    guards.append(Equal(self.domain_idx[k], ZERO))
-            where = address(idx, strides)
-            store = f"out_{t}[{where}] = {cuda.to_storage(val, d)};"
-            em.lines.append(stmt(f"if ({All(*guards)}) {store}" if guards else store, guards,
-                                 where, val))
-        cpos = _tile_position(cph, (xb, "b0", b), (xa, "a0", a))
-        cinside = derived(f"sl < {tile} && {xa} < {self.domain[a]} && {xb} < {self.domain[b]}",
-                          "sl", xa, xb)
-        body_lines = out_decls + lane_loop(vec, lines("// per element") + em.lines) + \
-            stores_after
-        direct_loads = decls + (_tile_loop(cph.iters, cpos, cinside, pre,
-                                           f"loads along axis {a}") if pre else [])
-        compute = _tile_loop(cph.iters, cpos, cinside, body_lines, "compute and store")
-
-        batch_axes = [k for k, e in enumerate(self.domain) if k not in (a, b) and e > 1]
-        repeat = repeated_axis([str(x) for x in self.xs], self.domain, batch_axes,
-                               [s.text for s in stage_loads + direct_loads + stage_stores +
-                                compute])
-        if staged_writes != list(sched.outputs):
-            repeat = None  # an output the compute phase stores needs its own tile per copy
-        copies = repeat[1] if repeat else 1
-
-        # phase 3: outputs along B (to every copy along a repeated axis)
-        writes: list[Stmt] = []
-        for t in staged_writes:
-            d = fusion.tensors[t].dtype
-            st = cuda.storage(d)
-            v = self.write_vector(t, b, tile)
-            ph = TilePhase(tile, v)
-            idx = tuple((self.xs[m] if repeat is None or m != repeat[0] else
-                         Paren(Add(self.xs[m], Var("rep")))) if m is not None else ZERO
-                        for m in sched.axis_map[t])
-            where = address(idx, compact_strides(self.bound, t))
-            copy_loop = [] if repeat is None else \
-                lines("#pragma unroll", f"for (int rep = 0; rep < {copies}; ++rep)")
-            pos = _tile_position(ph, (xa, "a0", a), (xb, "b0", b))
-            inside = derived(f"sl < {tile} && {xa} < {self.domain[a]} && {xb} < "
-                             f"{self.domain[b]}", "sl", xa, xb)
-            if v > 1:
-                put = [Stmt(f"fc_vec<{st}, {v}> w;"), *lines("#pragma unroll"),
-                       stmt(f"for (int j = 0; j < {v}; ++j) w.v[j] = {out_tile[t]}[fa + j][sl];",
-                            "fa", "sl")] + copy_loop + [
-                       stmt(f"*reinterpret_cast<fc_vec<{st}, {v}>*>(out_{t} + {where}) = w;",
-                            where)]
-                aligned[t] = max(aligned.get(t, 1), v * d.itemsize)
-            else:
-                put = [declare(st, "w", f"{out_tile[t]}[fa][sl]", reads=("fa", "sl"))] + \
-                    copy_loop + [stmt(f"out_{t}[{where}] = w;", where, "w")]
-            writes += _tile_loop(ph.iters, pos, inside, put, f"{t}: written along axis {b}")
-
-        params = tensor_params(self.bound, sched.inputs, sched.outputs, em.params)
-        tiles_a = -(-self.domain[a] // tile)
-        tiles_b = -(-self.domain[b] // tile)
-        extents = [self.domain[k] // (copies if repeat and k == repeat[0] else 1)
-                   for k in batch_axes]
-        batch = math.prod(extents)
-        n_tiles = tiles_a * tiles_b * batch
-        name = f"fusecut_segment{self.index}_transpose"
-        # several tiles a block where they share a window (as many batch indices as tiles) and
-        # the grid stays about a wave of resident blocks or more (counting the tiles written)
-        run = TILES_PER_BLOCK if (batch_axes and batch >= TILES_PER_BLOCK and n_tiles * copies
-                                  >= MIN_RUN_BLOCKS * TILES_PER_BLOCK) else 1
-        if run > 1:  # a block's tiles share their window of the batch-broadcast inputs
-            tile_pos = [declare("index_t", "batch", f"tile % {batch}"),
-                        declare("index_t", "a0", f"((tile / {batch}) % {tiles_a}) * {tile}"),
-                        declare("index_t", "b0", f"(tile / {batch * tiles_a}) * {tile}")]
-        else:
-            tile_pos = [declare("index_t", "a0", f"(tile % {tiles_a}) * {tile}"),
-                        declare("index_t", "b0", f"((tile / {tiles_a}) % {tiles_b}) * {tile}")]
-        if batch_axes and run == 1:
-            tile_pos.append(declare("index_t", "batch", f"tile / {tiles_a * tiles_b}"))
-        if batch_axes:
-            names = [self.xs[k].name + ("_copy" if repeat and k == repeat[0] else "")
-                     for k in batch_axes]
-            tile_pos += decompose(Var("batch"), extents, names, "index_t")
-            if repeat:  # the first copy's index: the loads name it only divided by ``copies``
-                first = self.xs[repeat[0]].name
-                tile_pos.append(declare("index_t", first, f"{first}_copy * {copies}",
-                                        reads=f"{first}_copy"))
-        # every global load of the step is issued before the first barrier
-        step = tile_pos
-        if staged_reads:
-            step += lines(f"// 1. stage the inputs read along axis {b} in shared memory") + \
-                stage_loads + direct_loads + stage_stores + lines("__syncthreads();")
-            step += lines(f"// 2. along axis {a}") + compute
-        else:
-            step += lines(f"// 2. along axis {a}") + direct_loads + compute
-        if staged_writes:
-            step += lines("__syncthreads();", f"// 3. the outputs laid out along axis {b}") + \
-                writes
-        step += lines("__syncthreads();  // the tiles are free for the next step")
-        body = lines(f"// segment {self.index}: pointwise over {self.domain}, tiled transpose: "
-                     f"{tile} x {tile} tiles of axes ({b}, {a})"
-                     + (f", each written to {copies} copies along axis {repeat[0]}" if repeat
-                        else "")
-                     + ", staged: "
-                     + (", ".join(dict.fromkeys(t for t, _ in staged_reads)) or "-")
-                     + "; written through tiles: " + (", ".join(staged_writes) or "-"))
-        body += [index_typedefs(self.itype), Stmt(signature(name, params, THREADS) + " {")]
-        body += indent(smem_decls, 2)
-        if run > 1:
-            body += [declare("index_t", "tile_end", f"((index_t)blockIdx.x + 1) * {run} < "
-                             f"{n_tiles} ? ((index_t)blockIdx.x + 1) * {run} : {n_tiles}"
-                             ).indented(2),
-                     stmt(f"  for (index_t tile = (index_t)blockIdx.x * {run}; tile < tile_end; "
-                          "++tile) {", "tile_end")]
-        else:
-            body += lines(f"  for (index_t tile = blockIdx.x; tile < {n_tiles}; "
-                          "tile += gridDim.x) {")
-        body += indent(step, 4) + lines("  }", "}")
-        blocks = covering_grid(-(-n_tiles // run), 1, self.itype)
-        kernel = Kernel(name, params, (blocks, 1, 1), (THREADS, 1, 1))
-        notes = {"scheme": "transpose", "tile": tile, "tile_axes": (b, a), "vector": vec,
-                 "staged": list(dict.fromkeys(t for t, _ in staged_reads)),
-                 "written_through_tiles": staged_writes, "index_type": self.itype,
-                 "copies": {repeat[0]: copies} if repeat else {}}
-        return SegmentKernels(self.index, "pointwise", kernel_code(body), [kernel], [], aligned,
-                              notes)
-
-
-def repeated_axis(xs: list[str], domain: list[int], batch_axes: list[int], lines: list[str]
-                  ) -> tuple[int, int] | None:
-    """A batch axis k and a factor g > 1 such that the loads and the compute of a tile name
-    ``xk`` only as ``(xk / g)``: the g tiles at xk = g*i ... g*i + g-1 hold the same values (a
-    repeat, as grouped-query attention's k heads shared by g query heads), so one tile is
-    computed and written g times. The first such axis (one factor for all its uses)."""
-    text = "\n".join(lines)
-    for k in batch_axes:
-        uses = re.findall(rf"\b{xs[k]}\b", text)
-        divided = re.findall(rf"\({xs[k]} / (\d+)\)", text)
-        factors = {int(g) for g in divided}
-        if uses and len(divided) == len(uses) and len(factors) == 1:
-            g = factors.pop()
-            if g > 1 and domain[k] % g == 0:
-                return k, g
-    return None
-
-
-def _tile_loop(iters: int, pos: list[Stmt], inside: Code, body: list[Stmt], what: str
-               ) -> list[Stmt]:
-    return lines("#pragma unroll", f"for (int it = 0; it < {iters}; ++it) {{  // {what}") + \
-        indent(pos, 2) + [stmt(f"  if ({inside}) {{", inside)] + indent(body, 4) + \
-        lines("  }", "}")
-
-
-def _tile_position(ph: TilePhase, slow: tuple[Var, str, int], fast: tuple[Var, str, int]
-                   ) -> list[Stmt]:
-    """A thread's position in a phase: ``sl`` along the tile's slow axis and ``fa`` along its
-    fast one, and the domain indices there; ``slow`` and ``fast``: (the axis's index, the
-    tile's start on it, the axis)."""
-    (xs, s0, s_axis), (xf, f0, f_axis) = slow, fast
-    return [declare("int", "sl", ph.slow("it"), f"along axis {s_axis}"),
-            declare("int", "fa", ph.fast(), f"along axis {f_axis}"),
-            declare("index_t", xs.name, f"{s0} + sl", reads=(s0, "sl")),
-            declare("index_t", xf.name, f"{f0} + fa", reads=(f0, "fa"))]
-
 
 def generate_transpose(bound: Bound, schedule: Schedule, profile: DeviceProfile, index: int,
                        vector: int | None = None,
@@ -651,4 +312,6 @@ def generate_transpose(bound: Bound, schedule: Schedule, profile: DeviceProfile,
         return None
     if any(shorter_axes(bound, schedule, t) for t in schedule.outputs):
         return None
-    return _Tiled(bound, schedule, index, vector, recomputed).build()
+    scheme = TransposeScheme(bound, schedule, index, vector, recomputed)
+    plan = scheme.choose()
+    return None if plan is None else TiledKernel(scheme, plan).build()
