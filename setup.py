@@ -1,5 +1,5 @@
 """Ships ``fusecut-thunder.pth`` at the top of the wheel, where site-packages runs it at start-up
-(see ``thunder.named_tensors``); everything else is in pyproject.toml."""
+(see ``fusecut.thunder.compat``); everything else is in pyproject.toml."""
 
 import os
 

@@ -21,6 +21,7 @@ from fusecut.plan import PlanView
 from fusecut.runtime.executor import Execution
 from fusecut.runtime.program import Program, baked_positions, signature
 from fusecut.runtime.run import compile_plan, on_gpu, run_plan
+from fusecut.runtime.streams import HostCall
 from fusecut.runtime.tensors import meta_of
 
 
@@ -90,6 +91,14 @@ class Local:
             result = run_plan(self.plan(inputs, **options)._internal, inputs,
                               timed=return_execution)
             return result if return_execution else result.outputs
+        program = self.program(inputs, **options)
+        if not options:
+            self.warm = program.call
+        return program.run(inputs)
+
+    def program(self, inputs: list[Any], **options: Any) -> Program | HostCall:
+        """The compiled program for GPU arguments like ``inputs``: planned (cached), its
+        kernels generated and compiled (cached) the first time, nothing launched."""
         if self._baked is None:
             self._baked = baked_positions(self.fusion)
         sig = signature(inputs, self._baked)
@@ -102,6 +111,4 @@ class Local:
                 if len(self.programs) >= self.MAX_PROGRAMS:
                     self.programs.pop(next(iter(self.programs)))
                 self.programs[key] = program
-        if not options:
-            self.warm = program.call
-        return program.run(inputs)
+        return program

@@ -2,12 +2,14 @@
 epilogues fused into cuBLASLt calls.
 
     import thunder
-    from fusecut.thunder import fusecut_ex
+    import fusecut.thunder
 
-    jitted = thunder.jit(model, executors=[fusecut_ex])
+    jitted = thunder.jit(model, executors=fusecut.thunder.executors())  # Thunder's defaults,
+    for report in fusecut.thunder.region_reports(jitted):             # fusecut in nvFuser's place
+        print(report.summary())
 
 Importing this package imports neither Thunder nor torch: the names below load on first use, so
-that the start-up hook (``named_tensors``) can live here without pulling Thunder in.
+that the start-up hook (``compat``) can live here without pulling Thunder in.
 """
 
 from __future__ import annotations
@@ -17,13 +19,20 @@ from typing import TYPE_CHECKING
 
 _LAZY = {
     "FusecutExecutor": "fusecut.thunder.executor", "RegionReport": "fusecut.thunder.executor",
-    "fusecut_ex": "fusecut.thunder.executor", "region_reports": "fusecut.thunder.executor",
+    "executors": "fusecut.thunder.executor", "fusecut_ex": "fusecut.thunder.executor",
+    "region_reports": "fusecut.thunder.executor",
 }
 
 if TYPE_CHECKING:
-    from fusecut.thunder.executor import FusecutExecutor, RegionReport, fusecut_ex, region_reports
+    from fusecut.thunder.executor import (
+        FusecutExecutor,
+        RegionReport,
+        executors,
+        fusecut_ex,
+        region_reports,
+    )
 
-__all__ = ["FusecutExecutor", "RegionReport", "fusecut_ex", "region_reports"]
+__all__ = ["FusecutExecutor", "RegionReport", "executors", "fusecut_ex", "region_reports"]
 
 
 def __getattr__(name: str):

@@ -14,18 +14,20 @@ executor in the list, never an error.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from numbers import Number
 from typing import Any
 
 import torch
 
-from fusecut.thunder.named_tensors import patch_named_tensor_methods  # noqa: E402
+from fusecut.thunder.compat import before_thunder  # noqa: E402
 
-patch_named_tensor_methods()
+before_thunder()
 
 import thunder  # noqa: E402
 from thunder.core import dtypes, prims, utils  # noqa: E402
@@ -42,6 +44,8 @@ from fusecut.definition import FusionDefinition  # noqa: E402
 from fusecut.optimizer.errors import FusecutError  # noqa: E402
 from fusecut.optimizer.ir.builder import MAX_RANK  # noqa: E402
 from fusecut.optimizer.ir.dtypes import DType  # noqa: E402
+from fusecut.runtime.compile import CompileError  # noqa: E402
+from fusecut.runtime.run import on_gpu  # noqa: E402
 from fusecut.runtime.tensors import from_torch_dtype  # noqa: E402
 from fusecut.thunder.epilogues import (  # noqa: E402
     EPILOGUE_MIN_BYTES,
@@ -51,7 +55,8 @@ from fusecut.thunder.epilogues import (  # noqa: E402
 from fusecut.thunder.layout import is_layout_only, split_region  # noqa: E402
 from fusecut.thunder.memory_order import Order, inverse, orders_of, output_orders  # noqa: E402
 
-__all__ = ["FusecutExecutor", "RegionReport", "fusecut_ex", "region_reports", "thunder"]
+__all__ = ["FusecutExecutor", "RegionReport", "executors", "fusecut_ex", "region_reports",
+           "thunder"]
 
 # ---- what fusecut claims ------------------------------------------------------------------------
 
@@ -357,6 +362,40 @@ class _Variant:
         return [r if v is None else r.permute(v) for r, v in zip(results, self.out_views)]
 
 
+# ---- failures --------------------------------------------------------------------------------
+
+log = logging.getLogger("fusecut.thunder")
+
+# Where a region's work can fail, in order. A failure at any of them moves the region to the next
+# executor for good: a CompileError escaping into a user's training step is never the answer.
+STAGES = ("translate", "plan", "codegen", "compile", "launch")
+
+
+class RegionFailure(Exception):
+    """A region's fusecut work failed at ``stage`` (one of STAGES) with ``cause``."""
+
+    def __init__(self, stage: str, cause: BaseException):
+        first_line = (str(cause).strip().splitlines() or [""])[0][:300]
+        super().__init__(f"{stage} failed: {type(cause).__name__}: {first_line}")
+        self.stage = stage
+        self.cause = cause
+
+
+@contextmanager
+def stage(name: str):
+    """Failures inside become RegionFailure(name); NVRTC's refusal is the compile stage whatever
+    the caller called it. Out of memory is not fusecut's failure: torch would fail the same way,
+    so it reaches the user as it is."""
+    try:
+        yield
+    except RegionFailure:
+        raise
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:
+        raise RegionFailure("compile" if isinstance(e, CompileError) else name, e) from e
+
+
 class FusecutRegion:
     """The callable a fusion symbol runs: fusecut's plan and kernels for one region.
 
@@ -374,6 +413,7 @@ class FusecutRegion:
         self.calls = 0
         self.first_args: list[Any] | None = None  # metadata of the first call, for reports
         self.fallback_reason: str | None = None
+        self.fallback_stage: str | None = None  # one of STAGES, when the region gave up
         self._fallback_factory = fallback
         self._fallback: Callable | None = None
         self._lock = threading.Lock()
@@ -389,13 +429,22 @@ class FusecutRegion:
             return self._fallback(*args)
         try:
             results = self._run(list(args))
-        except FusecutError as e:  # a plan fusecut cannot make: this region runs on torch
-            with self._lock:
-                self.fallback_reason = str(e)
-                self._fallback = self._fallback_factory()
+        except RegionFailure as failure:  # never the user's step: this region runs on torch
+            self._give_up(failure)
             return self._fallback(*args)
         return [args[i] if where == "in" else results[i]
                 for where, i in self.translation.outputs]
+
+    def _give_up(self, failure: RegionFailure) -> None:
+        """From now on the region runs on the next executor (torch); said once, in a warning
+        and in the region's report."""
+        with self._lock:
+            if self._fallback is not None:
+                return
+            self.fallback_stage = failure.stage
+            self.fallback_reason = str(failure)
+            self._fallback = self._fallback_factory()
+        log.warning("fusecut region %s runs on torch from now on: %s", self.name, failure)
 
     def _variant(self, args: list[Any]) -> _Variant:
         in_orders = orders_of(args) if self._retranslate is not None else ()
@@ -406,7 +455,8 @@ class FusecutRegion:
             views = tuple(None if o is None else inverse(o)
                           for o, (where, _) in zip(per_output, self.translation.outputs)
                           if where == "out")
-            translation = self._retranslate(in_orders, per_output)
+            with stage("translate"):
+                translation = self._retranslate(in_orders, per_output)
             variant = _Variant(shared_definition(translation.definition), in_orders, views)
             with self._lock:
                 variant = self._variants.setdefault(key, variant)
@@ -421,13 +471,23 @@ class FusecutRegion:
 
             self.first_args = as_metadata(args)
             self._first_variant = variant
-        if self.plan_remote is not None:
-            warm = definition._warm  # a compiled program for arguments like these: no
-            outputs = warm(args) if warm is not None else None  # metadata, no service call
+        warm = definition._warm  # a compiled program for arguments like these: no metadata,
+        if warm is not None:  # no planning, no service call
+            with stage("launch"):
+                outputs = warm(args)
             if outputs is not None:
                 return variant.outputs(outputs)
-            self._adopt_remote_plan(definition, args)
-        return variant.outputs(definition.execute(args))
+        # Each stage on its own, so that a failure says where it happened (all are cached: a
+        # stage done before costs a lookup).
+        with stage("plan"):
+            if self.plan_remote is not None:
+                self._adopt_remote_plan(definition, args)
+            definition._local_state().plan(args)
+        if on_gpu(args):
+            with stage("codegen"):  # generated and compiled: a CompileError says "compile"
+                definition._local_state().program(args)
+        with stage("launch"):
+            return variant.outputs(definition.execute(args))
 
     def _adopt_remote_plan(self, definition: FusionDefinition, args: list[Any]) -> None:
         """Plan through the service (metadata only) once per input signature; run locally."""
@@ -640,9 +700,11 @@ class _Fallback:
 
     def __init__(self, name: str, reason: str, factory: Callable[[], Callable]):
         self.name = name
-        self.fallback_reason = reason
+        self.fallback_stage = "translate"
+        self.fallback_reason = f"translate failed: {reason}"
         self.calls = 0
         self._fn = factory()
+        log.warning("fusecut region %s runs on torch: %s", name, self.fallback_reason)
 
     def __call__(self, *args: Any) -> Any:
         self.calls += 1
@@ -651,6 +713,25 @@ class _Fallback:
 
 fusecut_ex = FusecutExecutor()
 register_executor(fusecut_ex)
+
+
+def executors(executor: FusecutExecutor | None = None) -> list[Any]:
+    """Thunder's default executors with fusecut (``executor``, ``fusecut_ex`` by default) in
+    nvFuser's place, or last where nvFuser is absent: just before the executors Thunder always
+    appends (torch, python). Attention stays with cuDNN or SDPA, which Thunder lists first.
+
+        jitted = thunder.jit(model, executors=fusecut.thunder.executors())
+    """
+    fusecut = executor if executor is not None else fusecut_ex
+    chosen = [e for e in thunder.get_default_executors() if e is not fusecut]
+    names = [e.name for e in chosen]
+    if "nvfuser" in names:
+        chosen[names.index("nvfuser")] = fusecut
+    elif "torch" in names:
+        chosen.insert(names.index("torch"), fusecut)
+    else:
+        chosen.append(fusecut)
+    return chosen
 
 
 # ---- reports ------------------------------------------------------------------------------------
@@ -668,6 +749,7 @@ class RegionReport:
     lower_bound_bytes: int | None = None
     segments: list[str] = field(default_factory=list)  # segment kinds
     fallback: str | None = None  # why the region ran on torch instead, if it did
+    fallback_stage: str | None = None  # where fusecut's work failed then (one of STAGES)
 
     def summary(self) -> str:
         if self.fallback is not None:
@@ -704,7 +786,8 @@ def region_reports(jitted: Callable) -> list[RegionReport]:
             if isinstance(fn, _Fallback) or getattr(fn, "fallback_reason", None):
                 text = repr(fn.first_definition) if isinstance(fn, FusecutRegion) else ""
                 reports.append(RegionReport(fn.name, direction, ops, text, fn.calls,
-                                            fallback=fn.fallback_reason))
+                                            fallback=fn.fallback_reason,
+                                            fallback_stage=fn.fallback_stage))
                 continue
             report = RegionReport(fn.name, direction, ops, repr(fn.first_definition), fn.calls)
             plan = fn.plan()

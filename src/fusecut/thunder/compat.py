@@ -1,11 +1,18 @@
-"""Lets ``import thunder`` work before ``import fusecut``: Thunder 0.2.6 registers torch's
-named-tensor methods at import, and torch 2.13 removed them.
+"""What Thunder 0.2.6 needs of its environment, set up before its first import.
+
+- torch's named-tensor methods: Thunder registers them at import, and torch 2.13 removed them;
+  ``patch_named_tensor_methods`` gives torch stubs of them.
+- a cuDNN frontend that can load: ``fusecut[thunder]`` brings nvidia-cudnn-frontend (Thunder's
+  cudnn executor runs attention with it), but on a machine whose torch has no cuDNN (a CPU
+  build) Thunder's import calls ``cudnn.backend_version()`` and fails. There
+  ``hide_unloadable_cudnn`` makes ``import cudnn`` an ImportError, which Thunder reads as "no
+  cudnn executor".
 
 ``fusecut-thunder.pth`` (shipped in the wheel; ``make venv`` installs it for the editable
 checkout) puts a one-line finder on ``sys.meta_path`` at interpreter start-up, importing nothing.
 The first lookup of ``thunder`` calls ``before_thunder()`` here, which takes that finder off the
-path and gives torch the stubs before Thunder's own code runs. ``thunder.executor`` calls
-it too, for an interpreter started without the .pth.
+path and does both before Thunder's own code runs. ``fusecut.thunder.executor`` calls it too,
+for an interpreter started without the .pth.
 """
 
 from __future__ import annotations
@@ -34,8 +41,19 @@ def patch_named_tensor_methods() -> None:
         setattr(torch.Tensor, name, removed)
 
 
+def hide_unloadable_cudnn() -> None:
+    """Where torch has no cuDNN, make ``import cudnn`` fail as if the frontend were absent (a
+    None in sys.modules is an ImportError). Where torch has cuDNN, or the frontend was already
+    imported, nothing changes."""
+    import torch
+
+    if "cudnn" not in sys.modules and not torch.backends.cudnn.is_available():
+        sys.modules["cudnn"] = None  # type: ignore[assignment]
+
+
 def before_thunder() -> None:
     """Called by the .pth's finder on the first lookup of ``thunder``: step aside for the real
-    finders, and patch torch first. Returns None: the finder finds nothing itself."""
+    finders, and prepare torch first. Returns None: the finder finds nothing itself."""
     sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, FINDER_MARK, False)]
     patch_named_tensor_methods()
+    hide_unloadable_cudnn()
