@@ -60,11 +60,65 @@ def assert_same_step(ours, model: torch.nn.Module, *args: torch.Tensor,
     exact_args = [a.float() if a.dtype == dtype else a for a in args]
     y_exact, grads_exact = torch_executor_step(model, *exact_args, seed=seed,
                                                dtype=torch.float32)
-    for name, g, g_low, want in zip(names, got, low, [y_exact] + grads_exact):
+    assert_as_close_to_fp32(names, got, low, [y_exact] + grads_exact, dtype)
+    return y
+
+
+def assert_as_close_to_fp32(names: list[str], got: list[torch.Tensor],
+                            low: list[torch.Tensor], exact: list[torch.Tensor],
+                            dtype: torch.dtype) -> None:
+    """16-bit results ``got`` are at most twice as far from the fp32 step ``exact`` as Thunder's
+    torch executor's ``low``, plus a 16-bit rounding of the largest value."""
+    for name, g, g_low, want in zip(names, got, low, exact):
+        want = want.float()
         ours_off = (g.float() - want).abs().max().item()
         torch_off = (g_low.float() - want).abs().max().item()
         allowed = 2 * torch_off + want.abs().max().item() / 256
         assert ours_off <= allowed, (
             f"{name}: {ours_off:.3g} off the fp32 step, over the {allowed:.3g} allowed (Thunder's "
             f"torch executor in {dtype} is {torch_off:.3g} off)")
-    return y
+
+
+def lm_step(jitted, model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor | None
+            ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A language model's training step (``targets`` given: the loss and every parameter's
+    gradient) or inference step (under no_grad: the logits)."""
+    if targets is None:
+        with torch.no_grad():
+            return jitted(tokens).detach(), []
+    for p in model.parameters():
+        p.grad = None
+    loss = jitted(tokens, targets)
+    loss.backward()
+    return loss.detach(), [p.grad for p in model.parameters()]
+
+
+def assert_same_lm_step(ours, model: torch.nn.Module, tokens: torch.Tensor,
+                        targets: torch.Tensor | None) -> torch.Tensor:
+    """``ours`` (``model`` jitted with the executor under test) gives the loss and gradients (or
+    the logits) of Thunder's torch executor on a copy of ``model``: to 2e-5 relative in fp32
+    (1e-4 for the loss and gradients of a whole model, summed over many more terms); in 16-bit
+    as close to the fp32 step as ``assert_as_close_to_fp32`` asks."""
+    dtype = next(model.parameters()).dtype
+    what = "loss" if targets is not None else "logits"
+    names = [what] + ([f"{n}'s gradient" for n, _ in model.named_parameters()]
+                      if targets is not None else [])
+    got_y, got_grads = lm_step(ours, model, tokens, targets)
+    got = [got_y] + got_grads
+    assert all(g is not None for g in got), [n for n, g in zip(names, got) if g is None]
+
+    def reference(dt: torch.dtype) -> list[torch.Tensor]:
+        copy_ = copy.deepcopy(model).to(dt)
+        y, grads = lm_step(thunder.jit(copy_, executors=[thunder.pytorch_executor]), copy_,
+                           tokens, targets)
+        return [y] + grads
+
+    low = reference(dtype)
+    if dtype == torch.float32:
+        tolerance = 1e-4 if targets is not None else FP32_TOLERANCE
+        for name, g, want in zip(names, got, low):
+            torch.testing.assert_close(g, want, atol=tolerance, rtol=tolerance,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+    else:
+        assert_as_close_to_fp32(names, got, low, reference(torch.float32), dtype)
+    return got_y

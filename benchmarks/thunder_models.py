@@ -1,0 +1,355 @@
+"""Whole-model benchmark (GPU): language models trained and served through Thunder with fusecut,
+against Thunder + nvFuser, torch.compile and eager.
+
+Models (``benchmarks.whole_models``), bf16:
+- ``nanogpt``: Thunder's nanoGPT ``GPT`` at GPT-2-small size (12 layers, width 768, vocab 50304);
+- ``llama3``: the Llama-3-style LM, 4 layers at width 2048 (16 heads, 4 KV heads, vocab 32000).
+
+Steps:
+- ``train``: forward with the loss, and backward (gradients set to None first); nanoGPT at
+  batch 8 x 1024, llama3 at 2 x 2048;
+- ``infer1``: batch 1, sequence 128, logits under no_grad (host-bound);
+- ``infer8``: batch 8 prefill at sequence 2048 (nanoGPT: its 1024 positions), under no_grad.
+
+Systems, each in a process of its own (one system's CUDA fault, which poisons the process's
+context, costs no other system its rows; every process starts from empty compile caches):
+- ``thunder+nvfuser``: ``thunder.jit(m)``, Thunder's default executors (cuDNN or SDPA attention,
+  the torch.compile cross-entropy executor, nvFuser);
+- ``thunder+fusecut``: ``thunder.jit(m, executors=fusecut.thunder.executors())``;
+- ``thunder+fusecut+cudagraphs``: the same with Thunder's ``CUDAGraphTransform``;
+- ``torch.compile`` and ``eager``, with SDPA preferring cuDNN attention.
+
+Per row: the synchronized step (median ms over rounds of steps, each synchronized, with the 95%
+bootstrap interval of its ratio to torch.compile's, ``benchmarks.intervals``), the pipelined step
+(10 steps back to back, one synchronize: as a training loop runs), the step's peak memory, the
+first step's seconds from empty caches, GPU busy ms per step and the top GPU ops (torch.profiler).
+Rows are appended to the result file as they come.
+
+    python -m benchmarks.thunder_models [--models nanogpt,llama3] [--systems ...]
+        [--steps train,infer1,infer8] [--gpus 0,1] [--iters 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from benchmarks.common import markdown_table, write_result
+from benchmarks.intervals import median_ratio_interval
+
+MODELS = {"nanogpt": "gpt2_small", "llama3": "llama_2048"}  # model -> size
+TRAIN_BATCH = {"nanogpt": (8, 1024), "llama3": (2, 2048)}
+STEPS = ("train", "infer1", "infer8")
+SYSTEMS = ("thunder+nvfuser", "thunder+fusecut", "thunder+fusecut+cudagraphs", "torch.compile",
+           "eager")
+BASELINE = "torch.compile"
+PIPELINED = 10  # steps back to back
+ROW_MARK = "ROW\t"
+HEADERS = ["model", "step", "system", "sync ms", f"vs {BASELINE} (95% interval)", "pipelined ms",
+           "peak GiB", "first step s", "GPU busy ms", "note"]
+
+
+def batch_of(model: str, step: str, max_seq: int) -> tuple[int, int]:
+    if step == "train":
+        return TRAIN_BATCH[model]
+    if step == "infer1":
+        return 1, 128
+    return 8, min(2048, max_seq)
+
+
+# ---- one system, in its own process -------------------------------------------------------------
+
+
+def build(system: str, module: torch.nn.Module) -> Callable:
+    if system == "eager":
+        return module
+    if system == "torch.compile":
+        return torch.compile(module)
+    from fusecut.thunder.executor import thunder
+
+    if system == "thunder+nvfuser":
+        names = [e.name for e in thunder.get_default_executors()]
+        if "nvfuser" not in names:
+            raise RuntimeError(f"nvFuser is not among Thunder's executors here ({names})")
+        return thunder.jit(module)
+    import fusecut.thunder
+
+    if system == "thunder+fusecut":
+        return thunder.jit(module, executors=fusecut.thunder.executors())
+    if system == "thunder+fusecut+cudagraphs":
+        from thunder.transforms.cudagraph import CUDAGraphTransform
+
+        return thunder.jit(module, executors=fusecut.thunder.executors(),
+                           transforms=[CUDAGraphTransform()])
+    raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
+
+
+def attention_preference(system: str):
+    """Eager and torch.compile run SDPA: prefer cuDNN's attention there, as Thunder's cudnn
+    executor does for the Thunder systems."""
+    from contextlib import nullcontext
+
+    if system not in ("eager", "torch.compile"):
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                        SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], set_priority=True)
+
+
+def step_fn(fn: Callable, module: torch.nn.Module, tokens, targets, train: bool) -> Callable:
+    def train_step():
+        for p in module.parameters():
+            p.grad = None
+        fn(tokens, targets).backward()
+
+    def infer_step():
+        with torch.no_grad():
+            fn(tokens)
+
+    return train_step if train else infer_step
+
+
+@dataclass
+class Measured:
+    sync_s: list[float]
+    pipelined_ms: float
+    peak_gib: float
+    first_s: float
+    busy_ms: float
+    top: str
+
+
+def measure(run: Callable[[], None], iters: int, rounds: int = 4) -> Measured:
+    start = time.perf_counter()
+    run()
+    torch.cuda.synchronize()
+    first = time.perf_counter() - start
+    for _ in range(2):  # warm: allocator, autotuning, CUDA graph capture
+        run()
+    torch.cuda.synchronize()
+    sync: list[float] = []
+    for _ in range(rounds):  # rounds with a pipelined burst between: clocks settle alike
+        for _ in range(max(1, iters // rounds)):
+            t0 = time.perf_counter()
+            run()
+            torch.cuda.synchronize()
+            sync.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for _ in range(PIPELINED):
+            run()
+        torch.cuda.synchronize()
+        pipelined = (time.perf_counter() - t0) / PIPELINED
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    run()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+    busy, top = profile(run)
+    return Measured(sync, pipelined * 1e3, peak, first, busy, top)
+
+
+def profile(run: Callable[[], None], steps: int = 3) -> tuple[float, str]:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    ops = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    busy = sum(e.self_device_time_total for e in ops) / 1e3 / steps
+    top = sorted(ops, key=lambda e: -e.self_device_time_total)[:5]
+    text = "; ".join(f"{e.key[:60]} {e.self_device_time_total / 1e3 / steps:.2f} ms "
+                     f"x{e.count / steps:.0f}" for e in top)
+    return busy, text.replace("|", "/")
+
+
+def run_child(model_name: str, system: str, steps: list[str], iters: int, emit) -> None:
+    from benchmarks.whole_models import SIZES, whole_model
+
+    if system.startswith("thunder+fusecut"):
+        from fusecut.runtime import launcher
+
+        launcher.native(wait=True)  # steps are timed on the path users get once it is built
+    size = MODELS[model_name]
+    module, make_batch = whole_model(model_name, size)
+    module = module.to("cuda", torch.bfloat16)
+    with attention_preference(system):
+        for step in steps:
+            train = step == "train"
+            module.train(train)
+            batch, seq = batch_of(model_name, step, SIZES[size].max_seq)
+            tokens, targets = make_batch(batch, seq, "cuda")
+            try:
+                fn = build(system, module)  # a jitted function per step: its own traces
+                m = measure(step_fn(fn, module, tokens, targets if train else None, train),
+                            iters)
+                note = fusecut_note(fn) if "fusecut" in system else ""
+                emit({"model": model_name, "step": step, "system": system,
+                      "batch": f"{batch}x{seq}", **m.__dict__, "note": note})
+            except Exception as e:  # the next step may still run
+                traceback.print_exc()
+                emit({"model": model_name, "step": step, "system": system,
+                      "batch": f"{batch}x{seq}", "error": one_line(e)})
+            torch.cuda.empty_cache()
+
+
+def fusecut_note(fn) -> str:
+    from fusecut.thunder.executor import region_reports
+
+    reports = region_reports(fn)
+    fell_back = [r for r in reports if r.fallback]
+    note = f"{len(reports)} fusecut regions"
+    if fell_back:
+        note += f", {len(fell_back)} on torch ({one_line(fell_back[0].fallback)})"
+    return note
+
+
+def one_line(e: BaseException | str) -> str:
+    text = f"{type(e).__name__}: {e}" if isinstance(e, BaseException) else e
+    return text.replace("\n", " ").replace("|", "/")[:160]
+
+
+# ---- the parent: processes, rows, the table ------------------------------------------------------
+
+
+def child_results(model: str, system: str, steps: list[str], iters: int, gpu: str | None,
+                  timeout: float, log) -> list[dict]:
+    """Run one system on one model in a fresh process with empty compile caches."""
+    with tempfile.TemporaryDirectory(prefix="fusecut-bench-") as cache:
+        env = dict(os.environ, FUSECUT_CACHE_DIR=f"{cache}/fusecut",
+                   TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor", TRITON_CACHE_DIR=f"{cache}/triton")
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        command = [sys.executable, "-m", "benchmarks.thunder_models", "--child", "--models", model,
+                   "--systems", system, "--steps", ",".join(steps), "--iters", str(iters)]
+        results, last = [], "no output"
+        try:
+            done = subprocess.run(command, env=env, capture_output=True, text=True,
+                                  timeout=timeout)
+            output, code = done.stdout + done.stderr, done.returncode
+        except subprocess.TimeoutExpired as e:
+            output = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            code = f"timed out after {timeout:.0f} s"
+        for line in output.splitlines():
+            if line.startswith(ROW_MARK):
+                results.append(json.loads(line[len(ROW_MARK):]))
+            elif line.strip():
+                last = line.strip()
+        done_steps = {r["step"] for r in results}
+        for step in steps:
+            if step not in done_steps:
+                results.append({"model": model, "step": step, "system": system,
+                                "error": f"not run: the process ended ({code}): {one_line(last)}"})
+        log(f"{model} {system}: {len(results)} rows")
+        return results
+
+
+def table_rows(results: list[dict]) -> list[list[str]]:
+    baseline = {(r["model"], r["step"]): r["sync_s"] for r in results
+                if r["system"] == BASELINE and "sync_s" in r}
+    rows = []
+    order = {s: i for i, s in enumerate(SYSTEMS)}
+    for r in sorted(results, key=lambda r: (r["model"], STEPS.index(r["step"]),
+                                            order.get(r["system"], 99))):
+        head = [r["model"], f"{r['step']} ({r.get('batch', '?')})", r["system"]]
+        if "error" in r:
+            rows.append(head + ["-"] * (len(HEADERS) - 4) + [r["error"]])
+            continue
+        base = baseline.get((r["model"], r["step"]))
+        ratio = ("-" if base is None or r["system"] == BASELINE
+                 else str(median_ratio_interval(r["sync_s"], base)))
+        rows.append(head + [f"{statistics.median(r['sync_s']) * 1e3:.2f}", ratio,
+                            f"{r['pipelined_ms']:.2f}", f"{r['peak_gib']:.2f}",
+                            f"{r['first_s']:.1f}", f"{r['busy_ms']:.2f}", r["note"]])
+    return rows
+
+
+def report(results: list[dict], iters: int) -> tuple[str, str]:
+    tops = [[r["model"], r["step"], r["system"], r["top"]] for r in results if "top" in r]
+    table = (markdown_table(HEADERS, table_rows(results)) + "\n\n## Top GPU ops per step\n\n"
+             + markdown_table(["model", "step", "system", "top GPU ops (ms / step, calls)"],
+                              tops))
+    notes = (f"bf16. sync ms: median of {iters} steps, each synchronized, taken in 4 rounds with "
+             f"a pipelined burst between; the ratio to {BASELINE} with the middle 95% of 2000 "
+             f"bootstrap resamples of both. pipelined ms: {PIPELINED} steps back to back, one "
+             f"synchronize. peak GiB: max allocated during one step above what was allocated "
+             f"before it. first step s: from a new process's empty fusecut, Inductor and Triton "
+             f"caches (Thunder's tracing and fusecut's planning and NVRTC compiles, or "
+             f"torch.compile's). GPU busy ms: torch.profiler over 3 steps. A training step is "
+             f"forward with the loss and backward (no optimizer). Each model and system runs in "
+             f"a process of its own. PyTorch {torch.__version__}.")
+    return table, notes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--steps", default=",".join(STEPS))
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--gpus", default=None, help="comma-separated devices to run processes "
+                        "on side by side (default: one process at a time on the visible GPU)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per process")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    models, systems = args.models.split(","), args.systems.split(",")
+    steps = args.steps.split(",")
+    for given, known, what in ((models, MODELS, "models"), (systems, SYSTEMS, "systems"),
+                               (steps, STEPS, "steps")):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise SystemExit(f"unknown {what} {unknown}; known: {', '.join(known)}")
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.thunder_models needs a CUDA GPU")
+    if args.child:
+        [model], [system] = models, systems
+        run_child(model, system, steps, args.iters,
+                  lambda row: print(ROW_MARK + json.dumps(row), flush=True))
+        return
+    device = torch.cuda.get_device_name()
+    gpus = args.gpus.split(",") if args.gpus else [None]
+    # every model's systems, the order rotating from model to model
+    jobs = [(m, systems[(i + k) % len(systems)]) for i, m in enumerate(models)
+            for k in range(len(systems))]
+    results: list[dict] = []
+
+    def save(final: bool = False) -> str:
+        table, notes = report(results, args.iters)
+        return str(write_result("thunder-models", device, "Whole-model Thunder benchmark", table,
+                                notes if final else notes + "\n\n(partial: still running)"))
+
+    free = list(gpus)
+
+    def run_job(job):
+        gpu = free.pop()
+        try:
+            return child_results(*job, steps, args.iters, gpu, args.timeout,
+                                 lambda line: print(line, flush=True))
+        finally:
+            free.append(gpu)
+
+    with ThreadPoolExecutor(len(gpus)) as pool:
+        for rows in pool.map(run_job, jobs):
+            results.extend(rows)
+            save()
+    path = save(final=True)
+    print(report(results, args.iters)[0])
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()

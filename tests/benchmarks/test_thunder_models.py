@@ -1,0 +1,103 @@
+"""The whole-model benchmark's pure parts, on the CPU: its table from the rows its processes
+report, how a process that ended badly is reported, and the models it builds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from benchmarks import thunder_models as bench
+from benchmarks.whole_models import IGNORE_INDEX, MODEL_NAMES, whole_model
+
+
+def measured(model, step, system, seconds, **extra):
+    return {"model": model, "step": step, "system": system, "batch": "8x1024",
+            "sync_s": seconds, "pipelined_ms": 1.5, "peak_gib": 2.0, "first_s": 30.0,
+            "busy_ms": 1.2, "top": "gemm 1 ms x1", "note": "", **extra}
+
+
+def test_rows_give_each_system_its_ratio_to_torch_compile_with_an_interval():
+    results = [measured("nanogpt", "train", "torch.compile", [0.020] * 8 + [0.021] * 8),
+               measured("nanogpt", "train", "thunder+fusecut", [0.018] * 8 + [0.019] * 8),
+               {"model": "nanogpt", "step": "train", "system": "thunder+nvfuser",
+                "error": "RuntimeError: an illegal memory access"}]
+    rows = bench.table_rows(results)
+    by_system = {row[2]: row for row in rows}
+    assert [row[2] for row in rows] == ["thunder+nvfuser", "thunder+fusecut", "torch.compile"]
+    ratio = by_system["thunder+fusecut"][4]
+    assert ratio.startswith("0.90") and "(" in ratio  # 18.5 / 20.5 ms, and its interval
+    assert by_system["torch.compile"][4] == "-"
+    assert by_system["thunder+nvfuser"][-1].startswith("RuntimeError")
+    assert all(len(row) == len(bench.HEADERS) for row in rows)
+    table, notes = bench.report(results, iters=16)
+    assert "Top GPU ops" in table and "gemm 1 ms" in table and "no optimizer" in notes
+
+
+def test_a_row_without_its_baseline_has_no_ratio():
+    rows = bench.table_rows([measured("llama3", "infer1", "eager", [0.01, 0.011])])
+    assert rows[0][4] == "-"
+
+
+def test_a_process_that_dies_leaves_a_row_for_every_step_it_did_not_report(monkeypatch):
+    reported = {"model": "nanogpt", "step": "train", "system": "thunder+nvfuser",
+                "error": "x"}
+
+    def dying(command, **kwargs):
+        out = bench.ROW_MARK + json.dumps(reported) + "\nCUDA error: an illegal memory access\n"
+        return subprocess.CompletedProcess(command, -6, stdout=out, stderr="")
+
+    monkeypatch.setattr(bench.subprocess, "run", dying)
+    rows = bench.child_results("nanogpt", "thunder+nvfuser", ["train", "infer1"], 4, None, 60,
+                               lambda line: None)
+    assert [r["step"] for r in rows] == ["train", "infer1"]
+    assert rows[1]["error"].startswith("not run: the process ended (-6)")
+    assert "illegal memory access" in rows[1]["error"]
+
+
+def test_batches_follow_the_issue_and_the_models_positions():
+    assert bench.batch_of("nanogpt", "train", 1024) == (8, 1024)
+    assert bench.batch_of("llama3", "train", 2048) == (2, 2048)
+    assert bench.batch_of("llama3", "infer1", 2048) == (1, 128)
+    assert bench.batch_of("nanogpt", "infer8", 1024) == (8, 1024)  # GPT-2 has 1024 positions
+    assert bench.batch_of("llama3", "infer8", 2048) == (8, 2048)
+
+
+def test_help_and_the_refusals():
+    run = [sys.executable, "-m", "benchmarks.thunder_models"]
+    assert "whole" in subprocess.run(run + ["--help"], capture_output=True, text=True,
+                                     timeout=120).stdout.lower()
+    bad = subprocess.run(run + ["--systems", "nvfuser"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode != 0 and "unknown systems ['nvfuser']" in bad.stderr
+    if not torch.cuda.is_available():
+        done = subprocess.run(run, capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0 and "needs a CUDA GPU" in done.stderr
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_whole_models_give_a_loss_that_skips_padding_and_tie_their_head(name):
+    model, make_batch = whole_model(name, "tiny")
+    tokens, targets = make_batch(2, 8)
+    assert (targets[:, -2:] == (IGNORE_INDEX if name == "llama3" else -1)).all()
+    loss = model(tokens, targets)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    if name == "llama3":
+        logits = model(tokens)
+    else:  # LossOf wraps Thunder's models, whose logits given targets cover every position
+        logits = model.model(tokens, targets)
+        logits = logits[0] if isinstance(logits, tuple) else logits
+    assert logits.shape == (2, 8, 200)
+    assert model(tokens).shape[-1] == 200  # inference: the logits (llama2: the last position's)
+    # the loss is the mean over the positions that are not padding
+    kept = logits[:, :-2].reshape(-1, 200).float()
+    torch.testing.assert_close(loss, F.cross_entropy(kept, targets[:, :-2].reshape(-1)))
+    embeddings = [p for n, p in model.named_parameters() if "emb" in n or "wte" in n]
+    heads = [m.weight for n, m in model.named_modules() if n.endswith(("head", "output"))]
+    assert heads and any(h is e for h in heads for e in embeddings), "the head is not tied"
+    again, _ = whole_model(name, "tiny")  # the same weights from the same seed
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
