@@ -95,7 +95,8 @@ def _host_source(sk: SegmentKernels, name: str | None):
     # inline PTX has no host meaning, unless the source gives a host branch beside it
     assert "asm(" not in re.sub(r"#ifdef __CUDA_ARCH__.*?#else", "", sk.source, flags=re.S), \
         "inline PTX"
-    assert not any("__shfl" in piece.text for piece in needed(code)) and "__shfl" not in code, \
+    calls = re.findall(r"[A-Za-z_]\w*", code)  # the names its code spells
+    assert not any("__shfl" in piece.text for piece in needed(calls)) and "__shfl" not in code, \
         "threads of a warp that exchange values"
     assert all(p.kind in ("in", "out") for p in kernel.params), "tensor parameters only"
     (grid, _, _), (block, _, _) = kernel.grid, kernel.block

@@ -361,13 +361,13 @@ def test_only_the_helpers_a_kernel_uses():
 
 @pytest.mark.parametrize("piece", PIECES, ids=[p.name for p in PIECES])
 def test_each_preamble_piece_compiles_with_its_dependencies(piece):
-    body = f"// uses {piece.triggers[0]}\n"
-    assert piece in needed(body)
-    compile_cubin(preamble(body) + 'extern "C" __global__ void k() {}\n', "sm_90", "k")
+    uses = {piece.triggers[0]}
+    assert piece in needed(uses)
+    compile_cubin(preamble(uses) + 'extern "C" __global__ void k() {}\n', "sm_90", "k")
 
 
 def test_preamble_keeps_declaration_order():
-    src = preamble("fc_block_reduce(acc0, fc_maxop(), x, smem0); fc_welford_f w;")
+    src = preamble({"fc_block_reduce", "acc0", "fc_maxop", "x", "smem0", "fc_welford_f", "w"})
     assert src.startswith(HEADER)
     marks = ["fc_max(float", "T fc_shfl(T v", "struct fc_welford_f", "struct fc_maxop",
              "T fc_shfl_any(T v", "T fc_warp_reduce(T v", "T fc_block_reduce(T v"]

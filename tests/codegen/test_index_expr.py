@@ -121,7 +121,7 @@ def test_queries_on_variables_and_data():
     gathered = Clamp(Cast(Data("vec_T1.v[_lane]", frozenset({"vec_T1", LANE})), "int"), 7, "int")
     e = Paren(Add(Mul(x0, Const(8)), gathered))
     assert variables(e) == {"x0"}
-    assert reads(e) == {"x0", "vec_T1", LANE}
+    assert reads(e) == {"x0", "vec_T1", LANE, "fc_clampi", "int"}  # the helper and type too
     assert uses(e, LANE) and uses(e, "x9", "x0") and not uses(e, "x1")
     assert contains(e, gathered) and not contains(e, x1)
     assert substitute(plus_lane(x1), {LANE_VAR: ZERO}) == parse_index("(x1 + 0)")

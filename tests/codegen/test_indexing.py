@@ -45,9 +45,9 @@ def test_contiguous_accesses_merge_and_the_kernel_is_written_once(monkeypatch):
     ix, launch = direct_indexing(plan.bound, seg.schedule, None)
     assert ix.runs == ((0, 1),) and ix.extents == [64 * 96] and launch.vector == 4
     written = []
-    monkeypatch.setattr(pointwise_module, "kernel_code",
-                        lambda body, code=pointwise_module.kernel_code: written.append(1) or
-                        code(body))
+    monkeypatch.setattr(pointwise_module, "segment_kernels",
+                        lambda *args, made=pointwise_module.segment_kernels: written.append(1) or
+                        made(*args))
     assert generate_segment(plan, seg).notes["indexed_as"] == [64 * 96]
     assert written == [1]
 

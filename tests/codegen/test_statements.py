@@ -17,10 +17,12 @@ from fusecut.codegen import pointwise as pointwise_module
 from fusecut.codegen.code import Code, Stmt, declare, derived, drop_unread, lines, named, stmt
 from fusecut.codegen.index import Var, variables
 from fusecut.codegen.persistent import IO_PREAMBLE
+from fusecut.codegen.preamble import needed
 from fusecut.optimizer.ir import parse_text
+from fusecut.optimizer.ir.inputs import tensor_meta
 from fusecut.optimizer.planner import PlanOptions, make_plan
 from tests.conftest import CORPUS
-from tests.helpers import small_metas
+from tests.helpers import fusion, small_metas
 
 # the text rule: a ``const`` declaration, and a read as a word outside comments
 _DECLARATION = re.compile(r"\s*const [\w<>, :]+? (\w+) = [^;]*;(\s*//.*)?")
@@ -93,5 +95,47 @@ def test_recorded_declarations_and_reads_match_the_text(case, monkeypatch):
         plan = make_plan(parsed.fusion, metas, PlanOptions(segmenter="greedy"))
         for seg in plan.segments:
             for vector in (None, 1):
-                generate_segment(plan, seg, vector)
+                _assert_links_what_it_spells(generate_segment(plan, seg, vector))
     assert seen and not [w for ws in seen for w in ws]
+
+
+def _assert_links_what_it_spells(sk) -> None:
+    """The preamble pieces a segment's recorded calls need are those its text names."""
+    assert needed(sk.uses) == needed(_WORD.findall(sk.code)), sk.code
+
+
+def _two(dtype: str, *lines_: str) -> str:
+    decl = f"fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.{dtype})"
+    return "\n".join([f"T0 = {decl}", f"T1 = {decl}", *lines_])
+
+
+# every helper codegen.cuda spells: integer division and powers, float remainders and clamps,
+# 8-bit float conversions
+HELPER_CASES = {
+    "integer": _two("Int32", "T2 = fd.ops.div(T0, T1)", "T3 = fd.ops.fmod(T0, T1)",
+                    "T4 = fd.ops.remainder(T0, T1)", "T5 = fd.ops.pow(T0, T1)",
+                    "T6 = fd.ops.logical_right_shift(T0, T1)",
+                    *[f"fd.add_output(T{k})" for k in range(2, 7)]),
+    "float": _two("Float", "T2 = fd.ops.remainder(T0, T1)", "T3 = fd.ops.maximum(T0, T1)",
+                  "T4 = fd.ops.clamp(T0, T1, T1)", "T5 = fd.ops.minimum(T0, T1)",
+                  *[f"fd.add_output(T{k})" for k in range(2, 6)]),
+    "fp8": _two("Float8_e4m3fn", "T2 = fd.ops.cast(T0, dtype=DataType.Float)",
+                "T3 = fd.ops.cast(T1, dtype=DataType.Float)", "T4 = fd.ops.add(T2, T3)",
+                "T5 = fd.ops.cast(T4, dtype=DataType.Float8_e5m2)",
+                "T6 = fd.ops.cast(T4, dtype=DataType.Float8_e4m3fn)",
+                "fd.add_output(T5)", "fd.add_output(T6)"),
+}
+HELPERS = {"integer": {"fc_div", "fc_div_rem", "fc_remainder_int", "fc_ipow", "fc_lshr"},
+           "float": {"fc_max", "fc_min", "fc_remainder"}, "fp8": {"fc_e4m3", "fc_e5m2"}}
+
+
+@pytest.mark.parametrize("case", sorted(HELPER_CASES))
+def test_the_preamble_links_the_helpers_the_statements_call(case):
+    f = fusion(HELPER_CASES[case])
+    metas = [tensor_meta((64, 128), f.tensors[t].dtype) for t in f.tensor_inputs()]
+    plan = make_plan(f, metas, PlanOptions(segmenter="greedy"))
+    for seg in plan.segments:
+        for vector in (None, 1):
+            sk = generate_segment(plan, seg, vector)
+            _assert_links_what_it_spells(sk)
+            assert HELPERS[case] <= {p.name for p in needed(sk.uses)}

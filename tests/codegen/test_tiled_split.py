@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from fusecut.codegen import generate_segment
-from fusecut.codegen.code import lines
-from fusecut.codegen.kernel import SegmentKernels, kernel_code
+from fusecut.codegen.code import lines, stmt
+from fusecut.codegen.kernel import SegmentKernels, segment_kernels
 from fusecut.codegen.pointwise import op_components
 from fusecut.codegen.preamble import HEADER, preamble
 from fusecut.optimizer.ir import parse_text
@@ -192,12 +192,13 @@ def test_a_transpose_of_one_component_is_unchanged():
     assert [k.name for k in sk.kernels] == [TILED] and "writes" not in sk.notes
 
 
-def test_a_source_is_the_preamble_its_code_uses_then_the_code():
-    body = ["typedef int index_t;", "// fc_vec<float, 4> names a preamble piece",
-            "__device__ float f(float x) { return fc_max(x, 0.f); }"]
-    sk = SegmentKernels(0, "pointwise", kernel_code(lines(*body)), [])
-    assert sk.code == "\n".join(body) + "\n"
-    assert sk.source == preamble(sk.code) + "\n" + sk.code and "fc_max(float a" in sk.source
+def test_a_source_is_the_preamble_its_code_calls_then_the_code():
+    body = [*lines("typedef int index_t;", "// fc_vec<float, 4> names a preamble piece"),
+            stmt("__device__ float f(float x) { return fc_max(x, 0.f); }", "fc_max")]
+    sk = segment_kernels(0, "pointwise", body, [], [], {}, {})
+    assert sk.code == "\n".join(s.text for s in body) + "\n" and sk.uses == {"fc_max"}
+    assert sk.source == preamble(sk.uses) + "\n" + sk.code and "fc_max(float a" in sk.source
+    assert "struct alignas" not in sk.source  # a comment calls nothing: no fc_vec
     assert SegmentKernels(0, "pointwise", "", []).source == ""  # no kernel, no source
 
 

@@ -13,15 +13,13 @@ the statements compute, whether a loop reads its lane, how a tile's code uses a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from fusecut.codegen import cuda
 from fusecut.codegen.index import IndexExpr
 from fusecut.codegen.index import reads as index_reads
-from fusecut.optimizer.ir.dtypes import DType
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Code:
     """A C value expression: its text, the declared names it reads, whether it is a plain (maybe
     indexed) name, and the index expressions its text spells."""
@@ -41,18 +39,15 @@ def named(n: str) -> Code:
 
 
 def derived(text: str | Code, *parts) -> Code:
-    """A value computed from ``parts`` (values, indices, names): it reads what they read."""
-    return Code(str(text), names(*parts), False, spelt(*parts))
+    """A value computed from ``parts`` (values, indices, names): it reads what they read (and,
+    spelt by ``codegen.cuda`` as a helper's call, what ``text`` reads)."""
+    if isinstance(text, Code):
+        parts = (text, *parts)
+    read, spelling = _records(parts)
+    return Code(str(text), read, False, spelling)
 
 
-def loaded(text: str, d: DType, *parts, simple: bool = False) -> Code:
-    """A value of storage type ``d`` read at ``text`` (a ``simple`` element: ``vec_T0.v[_lane]``),
-    as its compute type, reading what ``parts`` read."""
-    return Code(cuda.to_compute(text, d), names(*parts), simple and cuda.computed_as_stored(d),
-                spelt(*parts))
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Stmt:
     """One statement: its text (no indentation of its own), the name it declares if it is a
     ``const`` declaration (which ``drop_unread`` may remove), the declared names it reads and
@@ -64,50 +59,49 @@ class Stmt:
     indices: tuple[IndexExpr, ...] = ()
 
     def indented(self, n: int) -> Stmt:
-        return replace(self, text=" " * n + self.text) if self.text else self
+        if not self.text:
+            return self
+        return Stmt(" " * n + self.text, self.declares, self.reads, self.indices)
 
 
-def _flat(parts) -> list:
-    """``parts`` with iterables of parts spread out, Nones left out."""
-    out, pending = [], list(reversed(parts))
+def _records(parts) -> tuple[frozenset[str], tuple[IndexExpr, ...]]:
+    """What a statement built from ``parts`` reads and spells: for a value, its names and
+    indices; for an index, its names (variables, gathered data, helpers) and itself; a string
+    is a name; an iterable, those of its parts; None, nothing."""
+    read: set[str] = set()
+    spelling: list[IndexExpr] = []
+    pending = list(parts)
+    pending.reverse()
     while pending:
         p = pending.pop()
-        if isinstance(p, (Code, IndexExpr, str)):
-            out.append(p)
+        if isinstance(p, str):
+            read.add(p)
+        elif isinstance(p, Code):
+            read |= p.reads
+            spelling += p.indices
+        elif isinstance(p, IndexExpr):
+            read |= index_reads(p)
+            spelling.append(p)
         elif p is not None:
-            pending.extend(reversed(list(p)))
-    return out
+            more = list(p)
+            more.reverse()
+            pending += more
+    return frozenset(read), tuple(spelling)
 
 
 def names(*parts) -> frozenset[str]:
-    """The declared names a statement built from ``parts`` reads: a value's, an index's (its
-    variables and gathered data), a name itself, or those of an iterable of such parts."""
-    out: set[str] = set()
-    for p in _flat(parts):
-        if isinstance(p, Code):
-            out |= p.reads
-        elif isinstance(p, IndexExpr):
-            out |= index_reads(p)
-        else:
-            out.add(p)
-    return frozenset(out)
+    """The names a statement built from ``parts`` reads (see ``_records``)."""
+    return _records(parts)[0]
 
 
 def spelt(*parts) -> tuple[IndexExpr, ...]:
-    """The index expressions a statement built from ``parts`` spells: the indices among them
-    and those the values among them spell."""
-    out: list[IndexExpr] = []
-    for p in _flat(parts):
-        if isinstance(p, Code):
-            out += p.indices
-        elif isinstance(p, IndexExpr):
-            out.append(p)
-    return tuple(out)
+    """The index expressions a statement built from ``parts`` spells (see ``_records``)."""
+    return _records(parts)[1]
 
 
 def stmt(text: str, *parts) -> Stmt:
-    """A statement reading what ``parts`` read (see ``names``)."""
-    return Stmt(text, None, names(*parts), spelt(*parts))
+    """A statement reading what ``parts`` read (see ``_records``)."""
+    return Stmt(text, None, *_records(parts))
 
 
 def lines(*texts: str) -> list[Stmt]:
@@ -120,8 +114,7 @@ def declare(ctype: str, n: str, expr: Code | IndexExpr | str, comment: str = "",
     """``const ctype n = expr;  // comment``, reading what ``expr`` reads (text reads nothing)
     and ``reads``."""
     text = f"const {ctype} {n} = {expr};" + (f"  // {comment}" if comment else "")
-    parts = (None if isinstance(expr, str) else expr, reads)
-    return Stmt(text, n, names(*parts), spelt(*parts))
+    return Stmt(text, n, *_records((None if isinstance(expr, str) else expr, reads)))
 
 
 def indent(stmts: list[Stmt], n: int) -> list[Stmt]:

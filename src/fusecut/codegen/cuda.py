@@ -4,12 +4,18 @@ Values live in registers in their compute type (float for bf16/fp16, as nvFuser 
 whose result type is 16-bit rounds its result, so intermediate values match a framework that
 materialises every op. ``unary``/``binary``/``ternary`` return C expressions over operand
 expressions already converted to the op's compute type.
+
+A spelling that calls a device helper of ``codegen.preamble`` (``fc_max``, ``fc_f_to_e4m3``...)
+is a ``Code`` value that reads the helper's name (``call``): the statements that use it record
+it, and the kernel's preamble is linked from what its statements read.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
+from fusecut.codegen.code import Code, names, spelt
 from fusecut.optimizer.errors import PlanError
 from fusecut.optimizer.ir.dtypes import DType
 
@@ -58,15 +64,31 @@ def narrow(d: DType) -> bool:
     return d.is_half or d in _FP8_NAME
 
 
-def to_compute(expr: str, src: DType) -> str:
+def call(fn: str, *args: str | Code) -> Code:
+    """``fn(args, ...)``, a call of a device helper: reads the helper and what its arguments
+    read."""
+    values = [a for a in args if isinstance(a, Code)]
+    return Code(f"{fn}({', '.join(map(str, args))})", names(fn, values), False, spelt(values))
+
+
+def to_compute(expr: str | Code, src: DType) -> str | Code:
     """A loaded storage value as its compute type."""
     if src is DType.bfloat16:
         return f"__bfloat162float({expr})"
     if src is DType.float16:
         return f"__half2float({expr})"
     if src in _FP8_NAME:
-        return f"fc_{_FP8_NAME[src]}_to_f({expr})"
+        return call(f"fc_{_FP8_NAME[src]}_to_f", expr)
     return expr
+
+
+def loaded(text: str, d: DType, *parts, simple: bool = False) -> Code:
+    """A value of storage type ``d`` read at ``text`` (a ``simple`` element: ``vec_T0.v[_lane]``),
+    as its compute type, reading what ``parts`` read."""
+    value = to_compute(text, d)
+    helper = value if isinstance(value, Code) else None
+    return Code(str(value), names(helper, *parts), simple and computed_as_stored(d),
+                spelt(*parts))
 
 
 def computed_as_stored(d: DType) -> bool:
@@ -75,18 +97,18 @@ def computed_as_stored(d: DType) -> bool:
     return d not in (DType.bfloat16, DType.float16) and d not in _FP8_NAME
 
 
-def to_storage(expr: str, dst: DType) -> str:
+def to_storage(expr: str | Code, dst: DType) -> str | Code:
     """A compute value as storage type (round to nearest even for 16-bit and 8-bit floats)."""
     if dst is DType.bfloat16:
         return f"__float2bfloat16({expr})"
     if dst is DType.float16:
         return f"__float2half({expr})"
     if dst in _FP8_NAME:
-        return f"fc_f_to_{_FP8_NAME[dst]}({expr})"
+        return call(f"fc_f_to_{_FP8_NAME[dst]}", expr)
     return expr
 
 
-def convert(expr: str, src: DType, dst: DType) -> str:
+def convert(expr: str | Code, src: DType, dst: DType) -> str | Code:
     """Cast a compute value of type ``src`` to compute type of ``dst`` (with 16-bit and 8-bit
     rounding; a double reaches an 8-bit float through float, as in torch)."""
     if src == dst:
@@ -98,7 +120,7 @@ def convert(expr: str, src: DType, dst: DType) -> str:
     return f"({compute(dst)})({expr})"
 
 
-def round_half(expr: str, d: DType) -> str:
+def round_half(expr: str | Code, d: DType) -> str | Code:
     """Round a float to ``d``'s precision, staying in float (what storing and reloading does)."""
     return to_compute(to_storage(expr, d), d)
 
@@ -108,22 +130,22 @@ def _f(name: str, d: DType) -> str:
     return name if d is DType.float64 else f"{name}f"
 
 
-FAST_UNARY = {
-    "exp": "__expf({x})",
-    "tanh": "fc_tanh_fast({x})",
-    "erf": "fc_erf_fast({x})",
-    "log": "__logf({x})",
-    "sigmoid": "__fdividef(1.0f, 1.0f + __expf(-({x})))",
-    "silu": "__fdividef(({x}), 1.0f + __expf(-({x})))",
-    "reciprocal": "__fdividef(1.0f, ({x}))",
+FAST_UNARY: dict[str, Callable[[str | Code], str | Code]] = {
+    "exp": lambda x: f"__expf({x})",
+    "tanh": lambda x: call("fc_tanh_fast", x),
+    "erf": lambda x: call("fc_erf_fast", x),
+    "log": lambda x: f"__logf({x})",
+    "sigmoid": lambda x: f"__fdividef(1.0f, 1.0f + __expf(-({x})))",
+    "silu": lambda x: f"__fdividef(({x}), 1.0f + __expf(-({x})))",
+    "reciprocal": lambda x: f"__fdividef(1.0f, ({x}))",
 }
 
 
-def unary(op: str, x: str, d: DType, fast: bool = False) -> str:
+def unary(op: str, x: str | Code, d: DType, fast: bool = False) -> str | Code:
     """``op`` applied to ``x``, a value of compute type ``d`` (the op's compute type); ``fast``
     allows an approximate float32 version (see ``codegen.precision``)."""
     if fast and d is DType.float32 and op in FAST_UNARY:
-        return FAST_UNARY[op].format(x=x)
+        return FAST_UNARY[op](x)
     if d.is_float:
         simple = {"exp": "exp", "exp2": "exp2", "expm1": "expm1", "log": "log", "log2": "log2",
                   "log10": "log10", "log1p": "log1p", "sin": "sin", "cos": "cos", "tan": "tan",
@@ -183,14 +205,14 @@ def reads_operand(op: str, d: DType) -> bool:
 SMALL_POWERS = (2.0, 3.0, 0.5, -0.5, -1.0, -2.0, 1.0, 0.0)
 
 
-def small_power(a: str, exponent: float, d: DType) -> str:
+def small_power(a: str | Code, exponent: float, d: DType) -> str:
     one = literal(1.0, d)
     return {2.0: f"({a} * {a})", 3.0: f"({a} * {a} * {a})", 0.5: f"{_f('sqrt', d)}({a})",
             -0.5: f"{_f('rsqrt', d)}({a})", -1.0: f"({one} / {a})",
             -2.0: f"({one} / ({a} * {a}))", 1.0: f"({a})", 0.0: one}[exponent]
 
 
-def binary(op: str, a: str, b: str, d: DType, fast: bool = False) -> str:
+def binary(op: str, a: str | Code, b: str | Code, d: DType, fast: bool = False) -> str | Code:
     """``op`` over ``a`` and ``b`` of compute type ``d`` (the comparison's operand type for
     comparisons); ``fast`` allows an approximate float32 division."""
     if fast and d is DType.float32 and op in ("div", "truediv"):
@@ -204,26 +226,26 @@ def binary(op: str, a: str, b: str, d: DType, fast: bool = False) -> str:
         return common[op]
     if d.is_float:
         table = {"div": f"({a} / {b})", "truediv": f"({a} / {b})",
-                 "maximum": f"fc_max({a}, {b})", "minimum": f"fc_min({a}, {b})",
+                 "maximum": call("fc_max", a, b), "minimum": call("fc_min", a, b),
                  "fmod": f"{_f('fmod', d)}({a}, {b})", "mod": f"{_f('fmod', d)}({a}, {b})",
-                 "remainder": f"fc_remainder({a}, {b})", "pow": f"{_f('pow', d)}({a}, {b})",
+                 "remainder": call("fc_remainder", a, b), "pow": f"{_f('pow', d)}({a}, {b})",
                  "atan2": f"{_f('atan2', d)}({a}, {b})",
                  "nextafter": f"{_f('nextafter', d)}({a}, {b})"}
     else:
-        table = {"div": f"fc_div({a}, {b})", "maximum": f"(({a}) > ({b}) ? ({a}) : ({b}))",
-                 "minimum": f"(({a}) < ({b}) ? ({a}) : ({b}))", "fmod": f"fc_div_rem({a}, {b})",
-                 "mod": f"fc_div_rem({a}, {b})", "remainder": f"fc_remainder_int({a}, {b})",
-                 "pow": f"fc_ipow({a}, {b})", "bitwise_and": f"({a} & {b})",
+        table = {"div": call("fc_div", a, b), "maximum": f"(({a}) > ({b}) ? ({a}) : ({b}))",
+                 "minimum": f"(({a}) < ({b}) ? ({a}) : ({b}))", "fmod": call("fc_div_rem", a, b),
+                 "mod": call("fc_div_rem", a, b), "remainder": call("fc_remainder_int", a, b),
+                 "pow": call("fc_ipow", a, b), "bitwise_and": f"({a} & {b})",
                  "bitwise_or": f"({a} | {b})", "bitwise_xor": f"({a} ^ {b})",
                  "bitwise_left_shift": f"({a} << {b})",
                  "bitwise_right_shift": f"({a} >> {b})",
-                 "logical_right_shift": f"fc_lshr({a}, {b})"}
+                 "logical_right_shift": call("fc_lshr", a, b)}
     if op in table:
         return table[op]
     raise PlanError(f"no CUDA code for {op} on {d.value}")
 
 
-def ternary(op: str, a: str, b: str, c: str, d: DType) -> str:
+def ternary(op: str, a: str | Code, b: str | Code, c: str | Code, d: DType) -> str | Code:
     if op == "where":
         return f"(({a}) ? ({b}) : ({c}))"
     if op == "lerp":  # torch's formula: exact at both ends
@@ -233,7 +255,7 @@ def ternary(op: str, a: str, b: str, c: str, d: DType) -> str:
                 f"({b}) - (({b}) - ({a})) * ({one} - ({c})))")
     if op == "clamp":
         if d.is_float:
-            return f"fc_min(fc_max({a}, {b}), {c})"
+            return call("fc_min", call("fc_max", a, b), c)
         return f"(({a}) < ({b}) ? ({b}) : (({a}) > ({c}) ? ({c}) : ({a})))"
     if op == "threshold":
         return f"(({a}) > ({b}) ? ({a}) : ({c}))"

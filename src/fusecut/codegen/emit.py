@@ -697,8 +697,8 @@ class Emitter:
         a, b = (cuda.convert(x, self.dtype(n).compute, pt) for x, n in zip(bounds, op.inputs[:2]))
         fn = f"fc_{op.name}_{'d' if ct is DType.float64 else 'f'}"
         base, lane = self.linear_index(tensor, idx)
-        expr = derived(f"{fn}({seed}, {offset}, {base}, {lane}, {a}, {b})", key, base, lane,
-                       bounds)
+        expr = derived(f"{fn}({seed}, {offset}, {base}, {lane}, {a}, {b})", fn, key, base, lane,
+                       a, b)
         if d.is_half:
             return self._unrounded_let(tensor, expr)
         return self.let_value(tensor, expr)

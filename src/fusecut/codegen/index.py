@@ -30,7 +30,7 @@ class IndexExpr:
     """A node: its operands (``kids``) and what else makes it (``arg``: a name, a constant, a C
     type). Made by the subclasses' constructors."""
 
-    __slots__ = ("kids", "arg", "_hash", "_text")
+    __slots__ = ("kids", "arg", "_hash", "_text", "_reads")
 
     kids: tuple[IndexExpr, ...]
     arg: object
@@ -44,6 +44,7 @@ class IndexExpr:
         set_(self, "arg", arg)
         set_(self, "_hash", hash((type(self), arg, kids)))  # kids' hashes are stored: no descent
         set_(self, "_text", None)
+        set_(self, "_reads", None)
 
     def __setattr__(self, name, value):
         raise AttributeError(f"{type(self).__name__} is immutable")
@@ -277,14 +278,23 @@ def variables(e: IndexExpr) -> frozenset[str]:
 
 
 def reads(e: IndexExpr) -> frozenset[str]:
-    """Every declared name the spelling of ``e`` reads: its variables and what its data reads."""
+    """Every name the spelling of ``e`` reads: its variables, what its data reads, and the
+    helper and index type a clamp or cast spells (``fc_clampi``, ``int64``: the kernel's
+    preamble must define them)."""
+    if e._reads is not None:
+        return e._reads
     out: set[str] = set()
     for n in walk(e):
         if isinstance(n, Var):
             out.add(n.arg)
         elif isinstance(n, Data):
             out |= n.reads
-    return frozenset(out)
+        elif isinstance(n, Clamp):
+            out |= {"fc_clampi", n.arg}
+        elif isinstance(n, Cast):
+            out.add(n.arg)
+    object.__setattr__(e, "_reads", frozenset(out))
+    return e._reads
 
 
 def uses(e: IndexExpr, *names: str) -> bool:

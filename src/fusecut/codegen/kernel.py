@@ -41,7 +41,7 @@ class Workspace:
 @dataclass
 class SegmentKernels:
     """Everything the runtime needs to run one segment: one CUDA source (the helpers its kernels'
-    ``code`` uses, then that code), its kernels in launch order, scratch buffers, and which
+    code calls, then that code), its kernels in launch order, scratch buffers, and which
     tensors must be 16-byte-vector aligned."""
 
     segment: int
@@ -51,10 +51,11 @@ class SegmentKernels:
     workspaces: list[Workspace] = field(default_factory=list)
     vector_aligned: dict[str, int] = field(default_factory=dict)  # tensor -> alignment bytes
     notes: dict[str, object] = field(default_factory=dict)
+    uses: frozenset[str] = frozenset()  # every name the code's statements read (helpers too)
 
     @cached_property
     def source(self) -> str:
-        return preamble(self.code) + "\n" + self.code if self.code else ""
+        return preamble(self.uses) + "\n" + self.code if self.code else ""
 
 
 @dataclass
@@ -70,6 +71,7 @@ class Reducer:
     functor: str
     welford: bool
     value_dtype: DType  # the type values are accumulated in
+    calls: frozenset[str] = frozenset()  # the preamble helpers its type and functor spell
 
     def describe(self) -> str:
         """``T4, T5 = var_mean(T3, dims=[1])``: what the accumulator computes."""
@@ -77,8 +79,8 @@ class Reducer:
 
     def add(self, acc: Code, x: Code) -> Stmt:
         if self.welford:
-            return stmt(f"fc_welford_add({acc}, {x});", acc, x)
-        return stmt(f"{acc} = {self.functor}({acc}, {x});", acc, x)
+            return stmt(f"fc_welford_add({acc}, {x});", "fc_welford_add", acc, x)
+        return stmt(f"{acc} = {self.functor}({acc}, {x});", self.calls, acc, x)
 
     def results(self, bound: Bound, acc: Code) -> list[tuple[str, Code]]:
         """(output tensor, its value of its compute type) from a finished accumulator."""
@@ -92,9 +94,11 @@ class Reducer:
                 if k == 0:
                     corr = cuda.literal(self.op.attrs["correction"], self.value_dtype)
                     raw = f"(fc_welford_m2({acc}) / fc_max({acc}.n - {corr}, {zero}))"
+                    helpers = ("fc_welford_m2", "fc_max")
                 else:
                     raw = f"({acc}.n == {zero} ? {nan} : fc_welford_mean({acc}))"
-                expr = derived(cuda.convert(raw, self.value_dtype, d), acc)
+                    helpers = ("fc_welford_mean",)
+                expr = derived(cuda.convert(raw, self.value_dtype, d), acc, helpers)
             else:
                 expr = derived(cuda.convert(acc, self.value_dtype, d), acc)
             outs.append((name, expr))
@@ -111,7 +115,8 @@ def reducer(bound: Bound, op_index: int) -> Reducer:
         vt = DType.float64 if src_dtype is DType.float64 else DType.float32
         acc = "fc_welford_d" if vt is DType.float64 else "fc_welford_f"
         zeros = "0, 0, 0" if vt is DType.float64 else "0, 0, 0, 0"
-        return Reducer(op_index, op, src, acc, f"{acc}{{{zeros}}}", "fc_welfordop()", True, vt)
+        return Reducer(op_index, op, src, acc, f"{acc}{{{zeros}}}", "fc_welfordop()", True, vt,
+                       frozenset({acc, "fc_welfordop"}))
     if op.name in ("sum", "prod"):
         if out_dtype.is_float:
             vt = DType.float64 if DType.float64 in (out_dtype, src_dtype) else DType.float32
@@ -121,28 +126,40 @@ def reducer(bound: Bound, op_index: int) -> Reducer:
         vt = src_dtype.compute if src_dtype.is_float else src_dtype
     ct = cuda.compute(vt)
     if op.name == "sum":
-        identity, functor = cuda.literal(0, vt), "fc_add()"
+        identity, functor = cuda.literal(0, vt), "fc_add"
     elif op.name == "prod":
-        identity, functor = cuda.literal(1, vt), "fc_mul()"
+        identity, functor = cuda.literal(1, vt), "fc_mul"
     elif op.name == "max":
         identity = cuda.literal(float("-inf"), vt) if vt.is_float else \
             ("(-9223372036854775807LL - 1)" if vt is DType.int64 else "(-2147483647 - 1)")
         if vt.is_bool:
             identity = "false"
-        functor = "fc_maxop()"
+        functor = "fc_maxop"
     else:
         identity = cuda.literal(float("inf"), vt) if vt.is_float else \
             ("9223372036854775807LL" if vt is DType.int64 else "2147483647")
         if vt.is_bool:
             identity = "true"
-        functor = "fc_minop()"
-    return Reducer(op_index, op, src, ct, identity, functor, False, vt)
+        functor = "fc_minop"
+    return Reducer(op_index, op, src, ct, identity, f"{functor}()", False, vt,
+                   frozenset({functor}))
 
 
-def kernel_code(body: list[Stmt]) -> str:
-    """A segment's kernels' code from their statements, without the values nothing reads (its
-    source adds the helpers the code uses: ``SegmentKernels.source``)."""
-    return text_of(drop_unread(body)) + "\n"
+def kernel_code(body: list[Stmt]) -> Code:
+    """A segment's kernels' code from their statements, without the values nothing reads, and
+    every name it reads (its source adds the helpers among them: ``SegmentKernels.source``)."""
+    kept = drop_unread(body)
+    return Code(text_of(kept) + "\n", frozenset().union(*(s.reads for s in kept)))
+
+
+def segment_kernels(segment: int, kind: str, body: list[Stmt], kernels: list[Kernel],
+                    workspaces: list[Workspace], aligned: dict[str, int],
+                    notes: dict[str, object]) -> SegmentKernels:
+    """A segment's kernels from their statements: the code ``kernel_code`` keeps, and what it
+    reads (the preamble links the helpers among those names)."""
+    code = kernel_code(body)
+    return SegmentKernels(segment, kind, code.text, kernels, workspaces, aligned, notes,
+                          code.reads)
 
 
 def joined(parts: list[SegmentKernels], notes: dict[str, object]) -> SegmentKernels:
@@ -155,15 +172,19 @@ def joined(parts: list[SegmentKernels], notes: dict[str, object]) -> SegmentKern
             aligned[t] = max(aligned.get(t, 1), a)
     return SegmentKernels(parts[0].segment, parts[0].kind, "".join(p.code for p in parts),
                           [k for p in parts for k in p.kernels],
-                          [w for p in parts for w in p.workspaces], aligned, notes)
+                          [w for p in parts for w in p.workspaces], aligned, notes,
+                          frozenset().union(*(p.uses for p in parts)))
 
 
-def signature(name: str, params: list[KernelParam], threads: int, min_blocks: int = 0) -> str:
-    """The kernel's declaration; ``min_blocks`` (blocks per SM the registers must allow) lets
-    ptxas use up to its share of the register file instead of its own smaller default."""
+def signature(name: str, params: list[KernelParam], threads: int, min_blocks: int = 0,
+              calls: frozenset[str] = frozenset()) -> Stmt:
+    """The kernel's declaration, opening its body; ``min_blocks`` (blocks per SM the registers
+    must allow) lets ptxas use up to its share of the register file instead of its own smaller
+    default; ``calls``: the preamble types its parameters spell (a workspace's accumulator)."""
     args = ",\n    ".join(f"{p.ctype} {_param_name(p)}" for p in params)
     bounds = f"{threads}, {min_blocks}" if min_blocks else f"{threads}"
-    return f'extern "C" __global__ void __launch_bounds__({bounds}) {name}(\n    {args})'
+    return Stmt(f'extern "C" __global__ void __launch_bounds__({bounds}) {name}(\n    {args})'
+                " {", reads=frozenset(calls))
 
 
 def _param_name(p: KernelParam) -> str:

@@ -70,7 +70,7 @@ def index_typedefs(itype: str, unsigned: bool = False) -> Stmt:
     """A kernel's index type ``index_t``; with ``unsigned``, also its unsigned twin ``uindex_t``,
     for a kernel that ``decompose``s unsigned."""
     twin = f"\ntypedef {UNSIGNED[itype]} uindex_t;" if unsigned else ""
-    return Stmt(f"typedef {itype} index_t;{twin}")
+    return Stmt(f"typedef {itype} index_t;{twin}", reads=frozenset({itype}))
 
 
 def decompose(flat: IndexExpr, extents: list[int], names: list[str], itype: str,

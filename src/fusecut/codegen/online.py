@@ -28,14 +28,14 @@ class OnlineReducer(Reducer):
                 f"same axes, online in one pass")
 
     def add(self, acc: Code, x: Code) -> Stmt:
-        return stmt(f"fc_lse_add({acc}, {x});", acc, x)
+        return stmt(f"fc_lse_add({acc}, {x});", "fc_lse_add", acc, x)
 
     def results(self, bound: Bound, acc: Code) -> list[tuple[str, Code]]:
         tensors = bound.fusion.tensors
         m, s = self.op.outputs[0], self.sum_op.outputs[0]
         return [(m, derived(cuda.convert(f"{acc}.m", self.value_dtype, tensors[m].dtype), acc)),
                 (s, derived(cuda.convert(f"fc_lse_sum({acc})", self.value_dtype,
-                                         tensors[s].dtype), acc))]
+                                         tensors[s].dtype), acc, "fc_lse_sum"))]
 
 
 def online_reducer(bound: Bound, max_op: int, sum_op: int) -> OnlineReducer:
@@ -45,7 +45,8 @@ def online_reducer(bound: Bound, max_op: int, sum_op: int) -> OnlineReducer:
     acc = "fc_lse_d" if vt is DType.float64 else "fc_lse_f"
     inf = cuda.literal(float("-inf"), vt)
     return OnlineReducer(max_op, op, op.inputs[0], acc, f"{acc}{{{inf}, {cuda.literal(0, vt)}}}",
-                         "fc_lseop()", False, vt, fusion.ops[sum_op])
+                         "fc_lseop()", False, vt, frozenset({acc, "fc_lseop"}),
+                         sum_op=fusion.ops[sum_op])
 
 
 def segment_reducers(bound: Bound, schedule: Schedule) -> list[Reducer]:
@@ -70,7 +71,7 @@ def add_batched(region, r: Reducer, acc: Code, x: Code) -> bool:
     stash = region.em.names.fresh("lse_x")
     region.decls.append(Stmt(f"{cuda.compute(r.value_dtype)} {stash}[{region.vec}];"))
     region.em.lines.append(stmt(f"{stash}[{LANE}] = {x};", LANE, x))
-    region.post.append(stmt(f"fc_lse_add_n({acc}, {stash});", acc))
+    region.post.append(stmt(f"fc_lse_add_n({acc}, {stash});", "fc_lse_add_n", acc))
     return True
 
 

@@ -38,10 +38,10 @@ from fusecut.codegen.code import (
     derived,
     indent,
     lines,
-    loaded,
     named,
     stmt,
 )
+from fusecut.codegen.cuda import loaded
 from fusecut.codegen.emit import Names
 from fusecut.codegen.index import LANE, ZERO, Clamp, Var, at_lane_zero, uses, walk
 from fusecut.codegen.kernel import (
@@ -49,8 +49,8 @@ from fusecut.codegen.kernel import (
     KernelParam,
     SegmentKernels,
     Workspace,
-    kernel_code,
     reducer,
+    segment_kernels,
     signature,
     tensor_params,
 )
@@ -287,42 +287,80 @@ class _Persistent:
     def build(self) -> SegmentKernels:
         if self.rows == 0:
             return SegmentKernels(self.index, self.kind.value, "", [])
-        sched, pers = self.schedule, self.pers
-        vec, slots = self.vec, self.slots
-        tid = self.tid
-        row_region = self.region(self.rvars, None, False)
         prefetched = self.fetch.staged + self.fetch.fixed
-        persisted = [t for t in pers.persisted if t not in prefetched] + list(self.fetch.kept)
-        row_values = []  # per-row values, from their prefetch slots
+        persisted = [t for t in self.pers.persisted if t not in prefetched] + \
+            list(self.fetch.kept)
+        row_region = self.region(self.rvars, None, False)
+        row_values = self.row_values(row_region)
+        buffers = self.buffers(persisted)
+        stages = self.stages(row_region, persisted)
+        out_main = [t for t in self.schedule.outputs if self.pers.stage[t] < COLUMN]
+        ps = tensor_params(self.bound, self.schedule.inputs, out_main, self.params)
+        ps += [KernelParam("ws", f"c{k}", f"{r.acc_type}* __restrict__")
+               for k, r in enumerate(self.col_reducers)]
+        main = self.block_memory()
+        worker, step, setup, loop_top = self.row_order()
+        main += setup + [stmt(f"for (index_t row = {worker}; row < {self.rows}; "
+                              f"row += {step}) {{", worker, step)]
+        main += indent(self.per_row(loop_top + row_values + buffers + stages), 2) + lines("}")
+        main += self.column_partials()
+        code = self.head(ps, persisted) + indent(main, 2) + lines("}")
+        kernels = [Kernel(self.name, ps, (self.launch.blocks, 1, 1), (self.threads, 1, 1),
+                          self.fetch.dyn_smem)]
+        workspaces: list[Workspace] = []
+        if self.col_reducers:
+            parts = self.launch.blocks
+            fcode, fk = self.column_finish(parts)
+            code += lines("") + fcode
+            kernels.append(fk)
+            workspaces = [Workspace(f"c{k}", parts * self.row_len * accumulator_bytes(r))
+                          for k, r in enumerate(self.col_reducers)]
+        return segment_kernels(self.index, self.kind.value, code, kernels, workspaces,
+                               self.aligned, self.notes(persisted))
+
+    def row_values(self, row_region: Region) -> list[Stmt]:
+        """The per-row values prefetched into slots, read from them (and seeded in the row's
+        region)."""
+        out = []
         for t in self.fetch.row_scalars:
             d = self.fusion.tensors[t].dtype
             slot = self.slot_of(t, "buf")
-            row_values.append(declare(cuda.compute(d), f"r_{t}", loaded(f"*{slot}", d, slot)))
+            out.append(declare(cuda.compute(d), f"r_{t}", loaded(f"*{slot}", d, slot)))
             row_region.seed(t, named(f"r_{t}"))
-        buffers = []  # registers that keep values across stages
+        return out
+
+    def buffers(self, persisted: list[str]) -> list[Stmt]:
+        """The registers that keep values across stages: an input's vectors, a value's lanes."""
+        out = []
         for t in persisted:
             d = self.fusion.tensors[t].dtype
-            buffers.append(Stmt(f"fc_vec<{cuda.storage(d)}, {vec}> p_{t}[{slots}];"
-                                if t in sched.inputs else
-                                f"{cuda.compute(d)} p_{t}[{slots}][{vec}];"))
-        stage_code: list[Stmt] = []
-        for s in range(pers.n_stages):
-            stage_code += self.stage(s, row_region, persisted, tid)
-        # outputs that do not vary along the row: one thread stores them
+            if t in self.schedule.inputs:
+                out.append(stmt(f"fc_vec<{cuda.storage(d)}, {self.vec}> p_{t}[{self.slots}];",
+                                "fc_vec"))
+            else:
+                out.append(Stmt(f"{cuda.compute(d)} p_{t}[{self.slots}][{self.vec}];"))
+        return out
+
+    def stages(self, row_region: Region, persisted: list[str]) -> list[Stmt]:
+        """Every stage of a row, then the outputs that do not vary along the row (one thread
+        stores them)."""
+        code: list[Stmt] = []
+        for s in range(self.pers.n_stages):
+            code += self.stage(s, row_region, persisted, self.tid)
         mark, pre_mark = len(row_region.em.lines), len(row_region.pre)
-        for t in sched.outputs:
-            if not self.is_row(t) and pers.stage[t] < COLUMN:
-                row_region.store(t, row_region.raw(t), f"{tid} == 0")
-        stage_code += lines("// per-row outputs") + row_region.pre[pre_mark:] + \
+        for t in self.schedule.outputs:
+            if not self.is_row(t) and self.pers.stage[t] < COLUMN:
+                row_region.store(t, row_region.raw(t), f"{self.tid} == 0")
+        code += lines("// per-row outputs") + row_region.pre[pre_mark:] + \
             row_region.em.lines[mark:]
         for p in row_region.em.params:
             if p not in self.params:
                 self.params.append(p)
-        out_main = [t for t in sched.outputs if pers.stage[t] < COLUMN]
-        ps = tensor_params(self.bound, sched.inputs, out_main, self.params)
-        ps += [KernelParam("ws", f"c{k}", f"{r.acc_type}* __restrict__")
-               for k, r in enumerate(self.col_reducers)]
-        blocks = self.launch.blocks
+        return code
+
+    def head(self, ps: list[KernelParam], persisted: list[str]) -> list[Stmt]:
+        """The kernel's description, index type and signature (after the prefetch helpers of
+        row groups: they declare nothing the kernel may drop)."""
         how = "a warp" if self.warp_rows else f"{self.threads_per_row} threads"
         on_chip = ', '.join(persisted) or '-'
         if self.groups:
@@ -331,12 +369,19 @@ class _Persistent:
                 (", ".join(self.fetch.staged + self.fetch.row_scalars) or "-") + "; read once: " + \
                 (", ".join(self.fetch.fixed) or "-")
         head = lines(f"// segment {self.index}: {self.kind.value} over domain {self.domain}: "
-                     f"{self.rows} rows of {self.row_len}, {how} per row, {slots} x {vec} "
-                     f"elements per thread, {pers.n_stages} stage(s), on chip: {on_chip}")
+                     f"{self.rows} rows of {self.row_len}, {how} per row, {self.slots} x "
+                     f"{self.vec} elements per thread, {self.pers.n_stages} stage(s), on chip: "
+                     f"{on_chip}")
         head += [index_typedefs(self.itype),
-                 Stmt(signature(self.name, ps, self.threads, self.launch.min_blocks) + " {")]
-        if self.groups:  # (helpers of this scheme alone: they declare nothing it may drop)
+                 signature(self.name, ps, self.threads, self.launch.min_blocks,
+                           self.column_calls())]
+        if self.groups:
             head = lines(*IO_PREAMBLE.strip("\n").split("\n"), "") + head
+        return head
+
+    def block_memory(self) -> list[Stmt]:
+        """Shared memory (the stages' reduction buffers, the prefetch slots) and the column
+        accumulators, zeroed."""
         main = list(self.smem_decls)
         if self.fetch.dyn_smem:
             main += lines("extern __shared__ __align__(16) unsigned char fc_dyn[];")
@@ -344,31 +389,42 @@ class _Persistent:
             st = cuda.storage(self.fusion.tensors[t].dtype)
             main += lines(f"{st}* sm_{t} = reinterpret_cast<{st}*>(fc_dyn + {off});")
         if not self.warp_rows and not self.groups and not self.norm_group:
-            main += lines(*[f"__shared__ {r.acc_type} smem{k}[33];"
-                            for k, r in enumerate(self.row_reducers)])
+            main += [stmt(f"__shared__ {r.acc_type} smem{k}[33];", r.calls)
+                     for k, r in enumerate(self.row_reducers)]
         for k, r in enumerate(self.col_reducers):
-            main += [*lines(f"{r.acc_type} colacc{k}[{slots}][{vec}];  // {r.describe()}",
-                            f"for (int k = 0; k < {slots}; ++k)"),
-                     lane_for(vec, f"colacc{k}[k][{LANE}] = {r.identity};").indented(2)]
+            main += [stmt(f"{r.acc_type} colacc{k}[{self.slots}][{self.vec}];  "
+                          f"// {r.describe()}", r.calls),
+                     *lines(f"for (int k = 0; k < {self.slots}; ++k)"),
+                     lane_for(self.vec, f"colacc{k}[k][{LANE}] = {r.identity};",
+                              r.calls).indented(2)]
+        return main
+
+    def row_order(self) -> tuple[Code, Code, list[Stmt], list[Stmt]]:
+        """Which rows a warp, block or row group takes: (its first row, the step to its next,
+        the statements before the row loop, those at the top of each row). Row groups stride
+        over the grid; with a prefetch pipeline, the first rows are issued before the loop and
+        each row issues the copies of the row ``stages - 1`` ahead."""
         worker = Code(f"(index_t)blockIdx.x * {self.rows_per_block} + (threadIdx.x >> 5)"
                       if self.warp_rows else "(index_t)blockIdx.x")
         step = Code(f"(index_t)gridDim.x * {self.rows_per_block}" if self.warp_rows
                     else "(index_t)gridDim.x")
+        setup: list[Stmt] = []
         loop_top: list[Stmt] = []
         if self.groups or self.norm_group:  # rows strided by the grid
             worker = derived(f"(index_t)blockIdx.x * {self.rows_per_block} + g", "g")
             step = named("step")
-            main += [declare("int", "g", f"threadIdx.x / {self.threads_per_row}", "row group"),
-                     declare("index_t", "step", f"(index_t)gridDim.x * {self.rows_per_block}"),
-                     *lines("int parity = 0;  // which half of the row reductions' buffers")]
+            setup += [declare("int", "g", f"threadIdx.x / {self.threads_per_row}", "row group"),
+                      declare("index_t", "step", f"(index_t)gridDim.x * {self.rows_per_block}"),
+                      *lines("int parity = 0;  // which half of the row reductions' buffers")]
         if self.fetch.stages:
             ahead = self.fetch.stages - 1
-            main += self.bulk_setup()
-            main += lines(f"// prefetch: rows {ahead} ahead")
+            setup += self.bulk_setup()
+            setup += lines(f"// prefetch: rows {ahead} ahead")
             for k in range(ahead):
                 row = derived(f"{worker} + {k} * step", worker, "step") if k else worker
-                main += self.prefetch(row, str(k), k == 0)
-            main += lines("int buf = 0, it = 0;  // the stage buffer of the current row, its index")
+                setup += self.prefetch(row, str(k), k == 0)
+            setup += lines("int buf = 0, it = 0;  // the stage buffer of the current row, "
+                           "its index")
             loop_top = [declare("int", "nbuf", f"buf == 0 ? {ahead} : buf - 1",
                                 "free since the last row")]
             loop_top += self.prefetch(derived(f"row + {ahead} * step", "step"), "nbuf", False,
@@ -379,53 +435,50 @@ class _Persistent:
                              stmt(f"fc_mbar_wait(&fc_full[buf][g], (it / {self.fetch.stages}) "
                                   f"& 1);", "g"),
                              *lines("#endif")]
-        main += [stmt(f"for (index_t row = {worker}; row < {self.rows}; row += {step}) {{",
-                      worker, step)]
-        per_row = decompose(Var("row"), [self.domain[a] for a in self.rows_axes], self.rvars,
-                            "index_t") + loop_top + row_values + buffers + stage_code
+        return worker, step, setup, loop_top
+
+    def per_row(self, body: list[Stmt]) -> list[Stmt]:
+        """A row's work: its indices, ``body``, then the pipeline's and barriers' bookkeeping."""
+        out = decompose(Var("row"), [self.domain[a] for a in self.rows_axes], self.rvars,
+                        "index_t") + body
         if self.fetch.bulk:  # this thread is done with the row's buffer
-            per_row += [*lines("#if __CUDA_ARCH__ >= 900"),
-                        stmt("fc_mbar_arrive(&fc_empty[buf][g]);", "g"), *lines("#endif")]
+            out += [*lines("#if __CUDA_ARCH__ >= 900"),
+                    stmt("fc_mbar_arrive(&fc_empty[buf][g]);", "g"), *lines("#endif")]
         if self.fetch.stages:
-            per_row += lines(f"buf = buf + 1 == {self.fetch.stages} ? 0 : buf + 1;", "++it;")
+            out += lines(f"buf = buf + 1 == {self.fetch.stages} ? 0 : buf + 1;", "++it;")
         if self.groups or self.norm_group:
-            per_row += lines("parity ^= 1;")
-        main += indent(per_row, 2) + lines("}")
-        if self.col_reducers:
-            main += lines("// partial column sums of the rows this block took")
-            if self.rows_per_block > 1:
-                main += self.combine_groups(tid)
-            else:
-                for k in range(len(self.col_reducers)):
-                    main += [*lines(f"for (int k = 0; k < {slots}; ++k) {{"),
-                             self.slot_start().indented(2),
-                             stmt(f"  if (c < {self.row_len})", "c"),
-                             lane_for(vec, "").indented(4),
-                             stmt(f"      ws_c{k}[(index_t)blockIdx.x * {self.row_len} + c + "
-                                  f"{LANE}] = colacc{k}[k][{LANE}];", "c", LANE),
-                             *lines("}")]
-        code = head + indent(main, 2) + lines("}")
-        kernels = [Kernel(self.name, ps, (blocks, 1, 1), (self.threads, 1, 1),
-                          self.fetch.dyn_smem)]
-        workspaces: list[Workspace] = []
-        notes = {"vector": vec, "slots": slots, "threads": self.threads,
-                 "warp_rows": self.warp_rows, "stages": pers.n_stages, "persisted": persisted,
-                 "index_type": self.itype}
+            out += lines("parity ^= 1;")
+        return out
+
+    def column_partials(self) -> list[Stmt]:
+        """The block's partial column sums, written to the workspace (the groups' summed in
+        shared memory first)."""
+        if not self.col_reducers:
+            return []
+        out = lines("// partial column sums of the rows this block took")
+        if self.rows_per_block > 1:
+            return out + self.combine_groups(self.tid)
+        for k in range(len(self.col_reducers)):
+            out += [*lines(f"for (int k = 0; k < {self.slots}; ++k) {{"),
+                    self.slot_start().indented(2),
+                    stmt(f"  if (c < {self.row_len})", "c"),
+                    lane_for(self.vec, "").indented(4),
+                    stmt(f"      ws_c{k}[(index_t)blockIdx.x * {self.row_len} + c + "
+                         f"{LANE}] = colacc{k}[k][{LANE}];", "c", LANE),
+                    *lines("}")]
+        return out
+
+    def notes(self, persisted: list[str]) -> dict[str, object]:
+        notes = {"vector": self.vec, "slots": self.slots, "threads": self.threads,
+                 "warp_rows": self.warp_rows, "stages": self.pers.n_stages,
+                 "persisted": persisted, "index_type": self.itype}
         if self.groups:
             notes.update(rows_per_block=self.rows_per_block, threads_per_row=self.threads_per_row,
                          prefetch_stages=self.fetch.stages,
                          prefetched=list(self.fetch.staged + self.fetch.row_scalars),
                          read_once=list(self.fetch.fixed),
                          smem=self.fetch.dyn_smem)
-        if self.col_reducers:
-            parts = blocks
-            fcode, fk = self.column_finish(parts)
-            code += lines("") + fcode
-            kernels.append(fk)
-            workspaces = [Workspace(f"c{k}", parts * self.row_len * accumulator_bytes(r))
-                          for k, r in enumerate(self.col_reducers)]
-        return SegmentKernels(self.index, self.kind.value, kernel_code(code), kernels, workspaces,
-                              self.aligned, notes)
+        return notes
 
     def stage(self, s: int, row_region: Region, persisted: list[str], tid: str) -> list[Stmt]:
         """Stage s: evaluate what it needs at each of the thread's row positions, accumulate
@@ -483,15 +536,15 @@ class _Persistent:
         code = lines(f"// stage {s}: " + ("read the row" if s == 0 else
                                           f"with the results of stage {s - 1}"))
         code += row_region.pre[pre_mark:] + row_region.em.lines[mark:]
-        code += lines(*[f"{r.acc_type} acc{self.row_reducers.index(r)} = {r.identity};  "
-                        f"// {r.describe()}" for r in mine])
+        code += [stmt(f"{r.acc_type} acc{self.row_reducers.index(r)} = {r.identity};  "
+                      f"// {r.describe()}", r.calls) for r in mine]
         slot = decompose(Var("c"), [self.domain[a] for a in self.row_axes], self.cvars,
                          "index_t")
         for t in from_smem:
             st = f"fc_vec<{cuda.storage(self.fusion.tensors[t].dtype)}, {vec}>"
             at = self.slot_of(t, "buf")
             slot_pre.append(declare(st, f"q_{t}", f"*reinterpret_cast<const {st}*>{at}",
-                                    reads=at))
+                                    reads=(at, "fc_vec")))
         slot += slot_pre + reg.pre + reg.decls
         if vec > 1:
             slot += lines("#pragma unroll") + [lane_for(vec)]
@@ -507,39 +560,57 @@ class _Persistent:
                     lines("  }", "}")
             else:
                 code += indent(slot, 2) + lines("}")
+        code += self.combine_row_reductions(s, mine)
+        for r in mine:
+            for out, expr in r.results(self.bound, Code(f"acc{self.row_reducers.index(r)}")):
+                code.append(row_region.result(out, expr))
+        return code
+
+    def combine_row_reductions(self, s: int, mine: list) -> list[Stmt]:
+        """Combine stage s's row accumulators across the row's threads, those of one type and
+        operation together: on the row group's named barrier (groups of more than a warp, and
+        normalization blocks of several rows), by warp shuffles (a warp a row), or through
+        shared memory in one pass for the block."""
+        code: list[Stmt] = []
         groups: dict[tuple, list[int]] = {}  # reductions sharing type and operation
         for r in mine:
             groups.setdefault((r.acc_type, r.functor, r.identity), []).append(
                 self.row_reducers.index(r))
         for (acc_type, functor, identity), ks in groups.items():
+            calls = self.row_reducers[ks[0]].calls
             if (self.groups and self.threads_per_row > 32) or self.norm_group:
                 # the row group's named barrier
                 buf = f"smem_s{s}_{ks[0]}"
-                self.smem_decls += lines(f"__shared__ {acc_type} {buf}[{self.rows_per_block}]"
-                                         f"[{64 * len(ks)}];")
+                self.smem_decls.append(stmt(f"__shared__ {acc_type} {buf}[{self.rows_per_block}]"
+                                            f"[{64 * len(ks)}];", calls))
                 accs = ", ".join(f"acc{k}" for k in ks)
-                code += [*lines("{", f"  {acc_type} together[{len(ks)}] = {{{accs}}};"),
+                together = stmt(f"  {acc_type} together[{len(ks)}] = {{{accs}}};", calls)
+                code += [*lines("{"), together,
                          stmt(f"  fc_group_reduce_n<{len(ks)}, {self.threads_per_row}>("
                               f"together, {functor}, {identity}, {buf}[g], g + 1, parity);",
-                              "g")]
+                              "g", "fc_group_reduce_n", calls)]
                 code += lines(*[f"  acc{k} = together[{n}];" for n, k in enumerate(ks)], "}")
             elif self.warp_rows or self.groups:
-                code += lines(*[f"acc{k} = fc_warp_reduce(acc{k}, {functor});" for k in ks])
+                code += [stmt(f"acc{k} = fc_warp_reduce(acc{k}, {functor});", "fc_warp_reduce",
+                              calls) for k in ks]
             elif len(ks) == 1:
-                code += lines(f"acc{ks[0]} = fc_block_reduce(acc{ks[0]}, {functor}, {identity}, "
-                              f"smem{ks[0]});")
+                code.append(stmt(f"acc{ks[0]} = fc_block_reduce(acc{ks[0]}, {functor}, "
+                                 f"{identity}, smem{ks[0]});", "fc_block_reduce", calls))
             else:  # one pass for all of them
                 buf = f"smem_s{s}_{ks[0]}"
-                self.smem_decls += lines(f"__shared__ {acc_type} {buf}[{33 * len(ks)}];")
+                self.smem_decls.append(stmt(f"__shared__ {acc_type} {buf}[{33 * len(ks)}];",
+                                            calls))
                 accs = ", ".join(f"acc{k}" for k in ks)
-                code += lines("{", f"  {acc_type} together[{len(ks)}] = {{{accs}}};",
-                              f"  fc_block_reduce_n<{len(ks)}>(together, {functor}, {identity}, "
-                              f"{buf});")
+                together = stmt(f"  {acc_type} together[{len(ks)}] = {{{accs}}};", calls)
+                code += [*lines("{"), together,
+                         stmt(f"  fc_block_reduce_n<{len(ks)}>(together, {functor}, {identity}, "
+                              f"{buf});", "fc_block_reduce_n", calls)]
                 code += lines(*[f"  acc{k} = together[{n}];" for n, k in enumerate(ks)], "}")
-        for r in mine:
-            for out, expr in r.results(self.bound, Code(f"acc{self.row_reducers.index(r)}")):
-                code.append(row_region.result(out, expr))
         return code
+
+    def column_calls(self) -> frozenset[str]:
+        """The preamble helpers the column accumulators spell."""
+        return frozenset().union(*(r.calls for r in self.col_reducers))
 
     def buffer_load(self, t: str, reg: Region, slot_pre: list[Stmt], lane_first: list[Stmt]):
         """Read input t's row positions into its register buffer (a vector where possible)."""
@@ -554,7 +625,7 @@ class _Persistent:
             base = tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx))
             where = address(base, strides)
             slot_pre.append(stmt(f"p_{t}[k] = *reinterpret_cast<const fc_vec<{st}, "
-                                 f"{self.vec}>*>(in_{t} + {where});", where))
+                                 f"{self.vec}>*>(in_{t} + {where});", where, "fc_vec"))
             self.aligned[t] = self.vec * d.itemsize
         else:
             where = address(idx, strides)
@@ -567,9 +638,10 @@ class _Persistent:
         out = lines("fc_cp_async_wait<0>();") if self.fetch.stages else []
         for k, r in enumerate(self.col_reducers):
             buf = f"colsm{k}"
-            out += [*lines("__syncthreads();  // shared memory is free for the column sums", "{",
-                           f"  {r.acc_type}* {buf} = reinterpret_cast<{r.acc_type}*>(fc_dyn);",
-                           f"  for (int k = 0; k < {slots}; ++k) {{"),
+            out += [*lines("__syncthreads();  // shared memory is free for the column sums", "{"),
+                    stmt(f"  {r.acc_type}* {buf} = reinterpret_cast<{r.acc_type}*>(fc_dyn);",
+                         r.calls),
+                    *lines(f"  for (int k = 0; k < {slots}; ++k) {{"),
                     self.slot_start().indented(4),
                     stmt(f"    if (c < {self.row_len})", "c"),
                     lane_for(vec, "").indented(6),
@@ -578,9 +650,9 @@ class _Persistent:
                     *lines("  }", "  __syncthreads();"),
                     stmt(f"  for (index_t c = threadIdx.x; c < {self.row_len}; c += blockDim.x) {{",
                          "c"),
-                    stmt(f"    {r.acc_type} a = {buf}[c];", "c"),
+                    stmt(f"    {r.acc_type} a = {buf}[c];", "c", r.calls),
                     stmt(f"    for (int w = 1; w < {groups}; ++w) a = {r.functor}(a, "
-                         f"{buf}[w * {self.row_len} + c]);", "c"),
+                         f"{buf}[w * {self.row_len} + c]);", "c", r.calls),
                     stmt(f"    ws_c{k}[(index_t)blockIdx.x * {self.row_len} + c] = a;", "c"),
                     *lines("  }", "}")]
         return out
@@ -598,19 +670,19 @@ class _Persistent:
                                    [Var(n) for n in names], False), 1,
                         self.aligned, params, self.names)
         reducers = list(enumerate(self.col_reducers))
-        body = lines(*[f"__shared__ {r.acc_type} sm{k}[32][33];" for k, r in reducers])
+        body = [stmt(f"__shared__ {r.acc_type} sm{k}[32][33];", r.calls) for k, r in reducers]
         body += [declare("index_t", "col", "(index_t)blockIdx.x * 32 + threadIdx.x")]
-        body += lines(*[f"{r.acc_type} acc{k} = {r.identity};" for k, r in reducers])
+        body += [stmt(f"{r.acc_type} acc{k} = {r.identity};", r.calls) for k, r in reducers]
         body += [stmt(f"if (col < {self.row_len}) {{", "col"),
                  *lines(f"  for (int p = threadIdx.y; p < {parts}; p += 32) {{")]
         body += [stmt(f"    acc{k} = {r.functor}(acc{k}, ws_c{k}[(index_t)p * {self.row_len} + "
-                      f"col]);", "col") for k, r in reducers]
+                      f"col]);", "col", r.calls) for k, r in reducers]
         body += lines("  }", "}")
         body += lines(*[f"sm{k}[threadIdx.y][threadIdx.x] = acc{k};" for k, _ in reducers])
         body += [*lines("__syncthreads();"),
                  stmt(f"if (threadIdx.y == 0 && col < {self.row_len}) {{", "col")]
-        epilogue = lines(*[f"for (int y = 1; y < 32; ++y) acc{k} = {r.functor}(acc{k}, "
-                           f"sm{k}[y][threadIdx.x]);" for k, r in reducers])
+        epilogue = [stmt(f"for (int y = 1; y < 32; ++y) acc{k} = {r.functor}(acc{k}, "
+                         f"sm{k}[y][threadIdx.x]);", r.calls) for k, r in reducers]
         for k, r in reducers:
             for out, expr in r.results(self.bound, Code(f"acc{k}")):
                 region.em.lines.append(region.result(out, expr))
@@ -625,6 +697,6 @@ class _Persistent:
         ps = tensor_params(self.bound, sched.inputs, col_outputs, params)
         ps += [KernelParam("ws", f"c{k}", f"const {r.acc_type}* __restrict__") for k, r in reducers]
         blocks = max(1, -(-self.row_len // 32))
-        code = lines(f"// segment {self.index}: combine {parts} blocks' partial column sums",
-                     signature(kname, ps, 1024) + " {") + indent(body, 2) + lines("}")
+        code = lines(f"// segment {self.index}: combine {parts} blocks' partial column sums") + \
+            [signature(kname, ps, 1024, calls=self.column_calls())] + indent(body, 2) + lines("}")
         return code, Kernel(kname, ps, (blocks, 1, 1), (32, 32, 1))

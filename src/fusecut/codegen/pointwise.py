@@ -28,10 +28,10 @@ from fusecut.codegen.code import (
     drop_unread,
     indent,
     lines,
-    loaded,
     named,
     stmt,
 )
+from fusecut.codegen.cuda import loaded
 from fusecut.codegen.emit import Emitter, Names
 from fusecut.codegen.index import LANE, All, Index, IndexExpr, Var, at_lane_zero, lane_base, uses
 from fusecut.codegen.indexing import (
@@ -45,7 +45,7 @@ from fusecut.codegen.kernel import (
     Kernel,
     SegmentKernels,
     joined,
-    kernel_code,
+    segment_kernels,
     signature,
     tensor_params,
 )
@@ -183,7 +183,7 @@ def _direct(bound: Bound, schedule: Schedule, index: int, vector: int | None,
     body = _grid_stride_loop(index, kname, ix, launch, params, n_vec, step)
     notes = {"vector": ix.vec, "index_type": launch.index_type} | \
         ({"indexed_as": ix.extents} if ix.merged else {})
-    return SegmentKernels(index, "pointwise", kernel_code(body), [kernel], [], loads.aligned,
+    return segment_kernels(index, "pointwise", body, [kernel], [], loads.aligned,
                           notes)
 
 
@@ -290,18 +290,20 @@ def _store_outputs(bound: Bound, schedule: Schedule, ix: Indexing, em: Emitter,
         d = fusion.tensors[t].dtype
         val = em.raw(t, output_index(schedule, ix, t))
         if laid_out_like_the_domain(bound, schedule, t) and ix.vec > 1:
-            em.lines.append(stmt(f"o_{t}.v[{LANE}] = {cuda.to_storage(val, d)};", LANE, val))
+            stored = cuda.to_storage(val, d)
+            em.lines.append(stmt(f"o_{t}.v[{LANE}] = {stored};", LANE, val, stored))
             vec_outputs.append(t)
             where = address(*ix.addressed(tuple(ix.xs), compact_strides(bound, t)))
             stores_after.append(stmt(f"*reinterpret_cast<fc_vec<{cuda.storage(d)}, {ix.vec}>*>("
-                                     f"out_{t} + {where}) = o_{t};", where))
+                                     f"out_{t} + {where}) = o_{t};", where, "fc_vec"))
             aligned[t] = ix.vec * d.itemsize
             continue
         guards = store_guards(bound, schedule, ix, t)
         where = address(*ix.addressed(output_index(schedule, ix, t), compact_strides(bound, t)))
-        store = f"out_{t}[{where}] = {cuda.to_storage(val, d)};"
+        stored = cuda.to_storage(val, d)
+        store = f"out_{t}[{where}] = {stored};"
         em.lines.append(stmt(f"if ({All(*guards)}) {store}" if guards else store, guards, where,
-                             val))
+                             val, stored))
     return stores_after, vec_outputs
 
 
@@ -319,8 +321,8 @@ def _compute(bound: Bound, ix: Indexing, em: Emitter, loads: _Loads, stores_afte
     out = lines("// loads") + loads.pre if loads.pre else []
     out += lines("// compute and store")
     for t in vec_outputs:
-        out.append(Stmt(f"fc_vec<{cuda.storage(bound.fusion.tensors[t].dtype)}, {ix.vec}> "
-                        f"o_{t};"))
+        out.append(stmt(f"fc_vec<{cuda.storage(bound.fusion.tensors[t].dtype)}, {ix.vec}> "
+                        f"o_{t};", "fc_vec"))
     if ix.vec > 1:
         out += lines("#pragma unroll") + [lane_for(ix.vec)]
         out += lines("  // per element") + indent(em.lines, 2) + lines("}")
@@ -338,7 +340,7 @@ def _grid_stride_loop(index: int, kname: str, ix: Indexing, launch: LaunchDecisi
     body = lines(f"// segment {index}: pointwise over {list(ix.domain)} "
                  f"({numel(ix.domain)} elements{indexed}), {ix.vec} per vector")
     body += [index_typedefs(launch.index_type, unsigned=True),
-             Stmt(signature(kname, params, THREADS) + " {"),
+             signature(kname, params, THREADS),
              declare("index_t", "n_vec", str(n_vec)).indented(2),
              stmt("  for (index_t v = (index_t)blockIdx.x * blockDim.x + threadIdx.x; v < n_vec; "
                   "v += (index_t)gridDim.x * blockDim.x) {", "n_vec")]

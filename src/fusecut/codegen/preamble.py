@@ -1,18 +1,19 @@
 """The device helpers generated kernels call, as named pieces; a source carries only the pieces its
 kernels use.
 
-A piece is needed when the kernel body names one of its ``triggers`` (as a whole C token), and
-then so are its ``deps``, transitively. Pieces are emitted in the order of ``PIECES``, which
-defines everything before its first use. ``deps`` must list every piece a piece's text needs; a
-missing one is an NVRTC error, which the CPU tests catch (each piece is also compiled alone with
-its dependencies). Templates that call overloads (``fc_welfordop``, ``fc_warp_reduce`` on a Welford
-accumulator) resolve them where they are instantiated, and the accumulator type named in the body
-brings its overloads.
+A piece is needed when a statement of the kernels reads one of its ``triggers`` (the statements
+record the helpers and types they spell, as they record the values they read: ``codegen.code``),
+and then so are its ``deps``, transitively: the kernels declare what they call, the pieces what
+they need. Pieces are emitted in the order of ``PIECES``, which defines everything before its
+first use. ``deps`` must list every piece a piece's text needs; a missing one is an NVRTC error,
+which the CPU tests catch (each piece is also compiled alone with its dependencies). Templates
+that call overloads (``fc_welfordop``, ``fc_warp_reduce`` on a Welford accumulator) resolve them
+where they are instantiated, and the accumulator type the kernel names brings its overloads.
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fusecut.codegen.rng import CUDA_PHILOX, CUDA_RANDOM
@@ -26,7 +27,7 @@ HEADER = """
 @dataclass(frozen=True)
 class Piece:
     name: str
-    triggers: tuple[str, ...]  # tokens of a kernel body that need this piece
+    triggers: tuple[str, ...]  # names a kernel's statements read that need this piece
     text: str
     deps: tuple[str, ...] = ()
 
@@ -432,13 +433,13 @@ __device__ __forceinline__ void fc_group_reduce_n(T (&v)[N], Op op, T identity, 
 )
 
 BY_NAME = {p.name: p for p in PIECES}
-_TOKEN = re.compile(r"[A-Za-z_]\w*")
 
 
-def needed(body: str) -> list[Piece]:
-    """The pieces ``body`` uses, with their dependencies, in emission order."""
-    tokens = set(_TOKEN.findall(body))
-    todo = [p.name for p in PIECES if tokens.intersection(p.triggers)]
+def needed(uses: Iterable[str]) -> list[Piece]:
+    """The pieces kernels reading ``uses`` (names: the helpers and types among them count)
+    need, with their dependencies, in emission order."""
+    names = set(uses)
+    todo = [p.name for p in PIECES if names.intersection(p.triggers)]
     chosen: set[str] = set()
     while todo:
         name = todo.pop()
@@ -448,7 +449,7 @@ def needed(body: str) -> list[Piece]:
     return [p for p in PIECES if p.name in chosen]
 
 
-def preamble(body: str) -> str:
-    """The includes and the helpers ``body`` uses."""
-    pieces = needed(body)
+def preamble(uses: Iterable[str]) -> str:
+    """The includes and the helpers kernels reading ``uses`` call."""
+    pieces = needed(uses)
     return HEADER + "".join("\n" + p.text for p in pieces)

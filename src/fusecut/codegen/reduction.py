@@ -23,7 +23,7 @@ from fusecut.codegen.kernel import (
     KernelParam,
     SegmentKernels,
     Workspace,
-    kernel_code,
+    segment_kernels,
     signature,
     tensor_params,
 )
@@ -158,11 +158,11 @@ class _Builder:
         region = Region(self.bound, self.schedule, self.itype,
                         self.p_idx(names, None, None), 1,
                         self.aligned, params, self.names)
-        combine = lines(*[f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}"
-                          for k, r in enumerate(self.reducers)])
+        combine = [stmt(f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}", r.calls)
+                   for k, r in enumerate(self.reducers)]
         combine += lines(f"for (int p = 0; p < {parts}; ++p) {{")
-        combine += lines(*[f"  acc{k} = {r.functor}(acc{k}, {ws_of(r, k)}[(index_t)p * "
-                           f"{self.rows} + o]);" for k, r in enumerate(self.reducers)])
+        combine += [stmt(f"  acc{k} = {r.functor}(acc{k}, {ws_of(r, k)}[(index_t)p * "
+                         f"{self.rows} + o]);", r.calls) for k, r in enumerate(self.reducers)]
         combine += lines("}")
         ids = {id(r): k for k, r in enumerate(self.reducers)}
         self.epilogue(region, lambda r: Code(f"acc{ids[id(r)]}"))
@@ -171,10 +171,11 @@ class _Builder:
         ps = self.kernel_params(self.epilogue_outputs, params, "const ")
         threads = FINISH_THREADS
         blocks = finish_blocks(self.rows, self.profile)
-        code = lines(f"// segment {self.index}: combine {parts} partial results per output element",
-                     signature(kname, ps, threads) + " {",
-                     f"  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < "
-                     f"{self.rows}; o += (index_t)gridDim.x * blockDim.x) {{")
+        code = lines(f"// segment {self.index}: combine {parts} partial results per output "
+                     "element")
+        code += [signature(kname, ps, threads, calls=self.calls()),
+                 *lines(f"  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; "
+                        f"o < {self.rows}; o += (index_t)gridDim.x * blockDim.x) {{")]
         code += indent(body_lines, 4) + lines("  }", "}")
         return code, Kernel(kname, ps, (blocks, 1, 1), (threads, 1, 1))
 
@@ -187,6 +188,10 @@ class _Builder:
             ps += [KernelParam("ws", f"r{k}", f"{workspaces}{r.acc_type}* __restrict__")
                    for k, r in enumerate(self.reducers)]
         return ps
+
+    def calls(self) -> frozenset[str]:
+        """The preamble helpers the reductions' accumulators spell."""
+        return frozenset().union(*(r.calls for r in self.reducers))
 
     def workspaces(self, parts: int) -> list[Workspace]:
         return [Workspace(f"r{k}", parts * self.rows * accumulator_bytes(r))
@@ -204,8 +209,8 @@ class _Builder:
             vec, lambda r: Code(f"acc{self.reducers.index(r)}"), "c")
         tid = "(threadIdx.x & 31)" if warp_rows else "threadIdx.x"
         step = per_row * vec
-        body = lines(*[f"__shared__ {r.acc_type} smem{k}[33];"
-                       for k, r in enumerate(self.reducers)])
+        body = [stmt(f"__shared__ {r.acc_type} smem{k}[33];", r.calls)
+                for k, r in enumerate(self.reducers)]
         row_expr = (f"(index_t)blockIdx.x * {rows_per_block} + (threadIdx.x >> 5)" if warp_rows
                     else "(index_t)blockIdx.x")
         row_step = (f"(index_t)gridDim.x * {rows_per_block}" if warp_rows
@@ -213,8 +218,8 @@ class _Builder:
         body += lines(f"for (index_t row = {row_expr}; row < {self.rows}; row += {row_step}) {{")
         inner = decompose(Var("row"), [self.domain[a] for a in self.keep_axes], keep_names,
                           "index_t")
-        inner += lines(*[f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}"
-                         for k, r in enumerate(self.reducers)])
+        inner += [stmt(f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}", r.calls)
+                  for k, r in enumerate(self.reducers)]
         before_loop = len(inner)
         begin = f"(index_t)blockIdx.y * {chunk}" if split > 1 else "0"
         end = f"min((index_t){self.row_len}, {begin} + {chunk})" if split > 1 else \
@@ -226,10 +231,11 @@ class _Builder:
         inner += lines("// reduce across the threads of the row")
         for k, r in enumerate(self.reducers):
             if warp_rows:
-                inner += lines(f"acc{k} = fc_warp_reduce(acc{k}, {r.functor});")
+                inner += [stmt(f"acc{k} = fc_warp_reduce(acc{k}, {r.functor});",
+                               "fc_warp_reduce", r.calls)]
             else:
-                inner += lines(f"acc{k} = fc_block_reduce(acc{k}, {r.functor}, {r.identity}, "
-                               f"smem{k});")
+                inner += [stmt(f"acc{k} = fc_block_reduce(acc{k}, {r.functor}, {r.identity}, "
+                               f"smem{k});", "fc_block_reduce", r.calls)]
         kernels_code: list[Stmt] = []
         kernels: list[Kernel] = []
         workspaces: list[Workspace] = []
@@ -265,7 +271,8 @@ class _Builder:
         head = lines(f"// segment {self.index}: reduce {self.row_len} elements per row over "
                      f"{self.rows} rows (domain {self.domain}, reduced axes {self.red_axes}); "
                      f"{how} per row, {vec} per load{note}")
-        head += [index_typedefs(self.itype), Stmt(signature(self.name, ps, threads) + " {")]
+        head += [index_typedefs(self.itype),
+                 signature(self.name, ps, threads, calls=self.calls() if split > 1 else ())]
         kernels_code += head + body + lines("}")
         kernels.append(Kernel(self.name, ps, (blocks, split, 1), (threads, 1, 1)))
         if split > 1:
@@ -273,7 +280,7 @@ class _Builder:
             kernels_code += lines("") + code
             kernels.append(k)
             workspaces = self.workspaces(split)
-        return SegmentKernels(self.index, "reduction", kernel_code(kernels_code), kernels,
+        return segment_kernels(self.index, "reduction", kernels_code, kernels,
                               workspaces, self.aligned,
                               {"layout": "inner", "vector": vec, "split": split,
                                "index_type": self.itype})
@@ -327,15 +334,15 @@ class _Builder:
         # rows taken by several threads of a block meet in shared memory (and so do staged
         # results); a thread that summed its columns' rows alone needs none
         combine = by > 1 or staged
-        body = lines(*[f"__shared__ {r.acc_type} smem{k}[{by}][{bx * vec}];"
-                       for k, r in enumerate(self.reducers)]) if combine else []
+        body = [stmt(f"__shared__ {r.acc_type} smem{k}[{by}][{bx * vec}];", r.calls)
+                for k, r in enumerate(self.reducers)] if combine else []
         body += [declare("index_t", "col", f"((index_t)blockIdx.x * {bx} + threadIdx.x) * {vec}"),
                  declare("bool", "active", f"col < {cols}", reads="col")]
         body += decompose(Paren(Select(Var("active"), Var("col"), ZERO)), keep_ext, keep_names,
                           "index_t")
         for k, r in enumerate(self.reducers):
-            body += [Stmt(f"{r.acc_type} acc{k}[{vec}];  // {r.describe()}"),
-                     lane_for(vec, f"acc{k}[{LANE}] = {r.identity};")]
+            body += [stmt(f"{r.acc_type} acc{k}[{vec}];  // {r.describe()}", r.calls),
+                     lane_for(vec, f"acc{k}[{LANE}] = {r.identity};", r.calls)]
         body += [stmt("if (active) {", "active"), *lines("  #pragma unroll 4"),
                  *lines(f"  for (index_t r = (index_t)blockIdx.y * {by} + threadIdx.y; "
                         f"r < {rows_r}; r += (index_t)gridDim.y * {by}) {{")]
@@ -351,7 +358,8 @@ class _Builder:
             for k, r in enumerate(self.reducers):
                 comb += [*lines(f"for (int y = 1; y < {by}; ++y)"),
                          lane_for(vec, f"acc{k}[{LANE}] = {r.functor}(acc{k}[{LANE}], "
-                                       f"smem{k}[y][threadIdx.x * {vec} + {LANE}]);").indented(2)]
+                                       f"smem{k}[y][threadIdx.x * {vec} + {LANE}]);",
+                                  r.calls).indented(2)]
         else:
             body += [*lines("// each thread summed its columns' rows alone"),
                      stmt("if (active) {", "active")]
@@ -385,7 +393,8 @@ class _Builder:
                      f"(domain {self.domain}, reduced axes {self.red_axes}); {vec} columns per "
                      f"thread, {by} rows at a time per block" + (f", {split} blocks per column"
                                                                   if split > 1 else ""))
-        code += [index_typedefs(self.itype), Stmt(signature(self.name, ps, bx * by) + " {")]
+        code += [index_typedefs(self.itype),
+                 signature(self.name, ps, bx * by, calls=self.calls() if split > 1 else ())]
         code += indent(body, 2) + lines("}")
         kernels = [Kernel(self.name, ps, (grid_x, split, 1), (bx, by, 1))]
         workspaces: list[Workspace] = []
@@ -394,6 +403,6 @@ class _Builder:
             code += lines("") + fcode
             kernels.append(fk)
             workspaces = self.workspaces(split)
-        return SegmentKernels(self.index, "reduction", kernel_code(code), kernels, workspaces,
+        return segment_kernels(self.index, "reduction", code, kernels, workspaces,
                               self.aligned, {"layout": "outer", "vector": vec, "split": split,
                                              "index_type": self.itype})

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fusecut.codegen import cuda
-from fusecut.codegen.code import Code, Stmt, declare, lines, loaded, named, stmt
+from fusecut.codegen.code import Code, Stmt, declare, derived, lines, named, stmt
+from fusecut.codegen.cuda import loaded
 from fusecut.codegen.emit import Emitter, Names, join_index, value_name
 from fusecut.codegen.index import (
     LANE,
@@ -90,17 +91,18 @@ class Region:
             base = tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx))
             reg = f"o_{tensor}"
             st = cuda.storage(d)
-            self.decls.append(Stmt(f"fc_vec<{st}, {self.vec}> {reg};"))
-            self.em.lines.append(stmt(f"{reg}.v[{LANE}] = {cuda.to_storage(expr, d)};", LANE,
-                                      expr))
+            self.decls.append(stmt(f"fc_vec<{st}, {self.vec}> {reg};", "fc_vec"))
+            stored = cuda.to_storage(expr, d)
+            self.em.lines.append(stmt(f"{reg}.v[{LANE}] = {stored};", LANE, expr, stored))
             where = address(base, strides)
             self.post.append(stmt(f"*reinterpret_cast<fc_vec<{st}, {self.vec}>*>(out_{tensor} + "
-                                  f"{where}) = {reg};", where))
+                                  f"{where}) = {reg};", where, "fc_vec"))
             self.aligned[tensor] = self.vec * d.itemsize
             return
         where = address(idx, strides)
-        line = f"out_{tensor}[{where}] = {cuda.to_storage(expr, d)};"
-        self.em.lines.append(stmt(f"if ({guard}) {line}" if guard else line, where, expr))
+        stored = cuda.to_storage(expr, d)
+        line = f"out_{tensor}[{where}] = {stored};"
+        self.em.lines.append(stmt(f"if ({guard}) {line}" if guard else line, where, expr, stored))
 
     def lane_block(self, prefix: list[Stmt]) -> list[Stmt]:
         """``prefix``, the hoisted loads, then the per-lane statements in a lane loop, then the
@@ -178,13 +180,15 @@ def shorter_axes(bound: Bound, schedule: Schedule, t: str) -> list[tuple[int, in
             if m is not None and bound.shapes[t][a] < schedule.domain[m]]
 
 
-def vector_read(storage: str, vec: int, pointer: str, guard: IndexExpr | None = None) -> str:
+def vector_read(storage: str, vec: int, pointer: str, guard: IndexExpr | None = None) -> Code:
     """A vector of ``vec`` values of C type ``storage`` at ``pointer`` (aligned to the
     vector); where ``guard`` is given, read only under it (zeros otherwise: a piece of a cat or
     pad the vector does not lie in)."""
     vt = f"fc_vec<{storage}, {vec}>"
     read = f"*reinterpret_cast<const {vt}*>({pointer})"
-    return f"{guard} ? {read} : {vt}{{}}" if guard is not None else read
+    if guard is None:
+        return derived(read, "fc_vec")
+    return derived(f"{guard} ? {read} : {vt}{{}}", "fc_vec", guard)
 
 
 def vector_address(bound: Bound, t: str, idx: Index, vec: int) -> IndexExpr | None:

@@ -29,9 +29,9 @@ from fusecut.codegen.code import (
     derived,
     indent,
     lines,
-    loaded,
     stmt,
 )
+from fusecut.codegen.cuda import loaded
 from fusecut.codegen.emit import Emitter, Names
 from fusecut.codegen.index import (
     LANE,
@@ -49,7 +49,7 @@ from fusecut.codegen.index import (
     uses,
     walk,
 )
-from fusecut.codegen.kernel import Kernel, SegmentKernels, kernel_code, signature, tensor_params
+from fusecut.codegen.kernel import Kernel, SegmentKernels, segment_kernels, signature, tensor_params
 from fusecut.codegen.layout import (
     address,
     compact_strides,
@@ -154,7 +154,7 @@ class TiledKernel:
                  "vector": s.vec, "staged": self.staged_inputs(),
                  "written_through_tiles": list(plan.staged_writes), "index_type": s.itype,
                  "copies": {repeat.axis: repeat.copies} if repeat else {}}
-        return SegmentKernels(s.index, "pointwise", kernel_code(body), [kernel], [],
+        return segment_kernels(s.index, "pointwise", body, [kernel], [],
                               self.aligned, notes)
 
     def staged_inputs(self) -> list[str]:
@@ -217,9 +217,9 @@ class TiledKernel:
         where = address(tuple(s.unfold(c) for c in idx), tensor_strides(s.bound, t))
         reg = f"r{k}"
         if v > 1:
-            decl = Stmt(f"fc_vec<{st}, {v}> {reg}[{ph.iters}];")
+            decl = stmt(f"fc_vec<{st}, {v}> {reg}[{ph.iters}];", "fc_vec")
             load = stmt(f"{reg}[it] = *reinterpret_cast<const fc_vec<{st}, {v}>*>(in_{t} + "
-                        f"{where});", where)
+                        f"{where});", where, "fc_vec")
             put = lines("#pragma unroll") + [
                 stmt(f"for (int j = 0; j < {v}; ++j) {cell}[fa + j][sl] = {reg}[it].v[j];",
                      "fa", "sl")]
@@ -257,10 +257,11 @@ class TiledKernel:
         copies = [] if repeat is None else \
             lines("#pragma unroll", f"for (int rep = 0; rep < {repeat.copies}; ++rep)")
         if v > 1:
-            put = [Stmt(f"fc_vec<{st}, {v}> w;"), *lines("#pragma unroll"),
+            put = [stmt(f"fc_vec<{st}, {v}> w;", "fc_vec"), *lines("#pragma unroll"),
                    stmt(f"for (int j = 0; j < {v}; ++j) w.v[j] = {self.out_tile[t]}[fa + j][sl];",
                         "fa", "sl")] + copies + [
-                stmt(f"*reinterpret_cast<fc_vec<{st}, {v}>*>(out_{t} + {where}) = w;", where)]
+                stmt(f"*reinterpret_cast<fc_vec<{st}, {v}>*>(out_{t} + {where}) = w;", where,
+                     "fc_vec")]
             self.align(t, v * d.itemsize)
         else:
             put = [declare(st, "w", f"{self.out_tile[t]}[fa][sl]", reads=("fa", "sl"))] + \
@@ -335,7 +336,7 @@ class TiledKernel:
                      f"{plan.tile} x {plan.tile} tiles of axes ({self.b}, {self.a}){copies}, "
                      f"staged: {', '.join(self.staged_inputs()) or '-'}; written through "
                      f"tiles: {', '.join(plan.staged_writes) or '-'}")
-        return head + [index_typedefs(s.itype), Stmt(signature(name, params, THREADS) + " {")]
+        return head + [index_typedefs(s.itype), signature(name, params, THREADS)]
 
 
 @dataclass(frozen=True)
@@ -387,7 +388,8 @@ class _ComputePhase:
         if not any(uses(i, LANE) for i in idx):  # once per position, into an array
             fresh = self.em.names.fresh(f"ld_{t}")
             self.decls.append(Stmt(f"{cuda.compute(d)} {fresh}[{self.ph.iters}];"))
-            self.pre.append(stmt(f"{fresh}[it] = {loaded(f'in_{t}[{where}]', d)};", where))
+            value = loaded(f"in_{t}[{where}]", d, where)
+            self.pre.append(stmt(f"{fresh}[it] = {value};", value))
             return Code(f"{fresh}[it]", frozenset({fresh}), True)
         if s.whole_vector(t, idx):
             vname = self.vector(t, idx, strides)
@@ -402,10 +404,10 @@ class _ComputePhase:
             d = self.s.bound.fusion.tensors[t].dtype
             st, vec = cuda.storage(d), self.s.vec
             vname = self.em.names.fresh(f"vec_{t}")
-            self.decls.append(Stmt(f"fc_vec<{st}, {vec}> {vname}[{self.ph.iters}];"))
+            self.decls.append(stmt(f"fc_vec<{st}, {vec}> {vname}[{self.ph.iters}];", "fc_vec"))
             first, guard = address(base, strides), self.em.lane_guard(idx[lane])
             read = vector_read(st, vec, f"in_{t} + {first}", guard)
-            self.pre.append(stmt(f"{vname}[it] = {read};", first, guard))
+            self.pre.append(stmt(f"{vname}[it] = {read};", first, read))
             self.vectors[(t, base)] = vname
             self.k.align(t, vec * d.itemsize)
         return self.vectors[(t, base)]
@@ -423,28 +425,31 @@ class _ComputePhase:
             if t in self.k.out_tile:
                 cell = f"{self.k.out_tile[t]}[sl][fa + {LANE}]" if vec > 1 else \
                     f"{self.k.out_tile[t]}[sl][fa]"
-                em.lines.append(stmt(f"{cell} = {cuda.to_storage(val, d)};", "sl", "fa",
-                                     LANE if vec > 1 else None, val))
+                stored = cuda.to_storage(val, d)
+                em.lines.append(stmt(f"{cell} = {stored};", "sl", "fa",
+                                     LANE if vec > 1 else None, val, stored))
                 continue
             strides = compact_strides(s.bound, t)
             lanes = [k for k, i in enumerate(idx) if uses(i, LANE)]
             if (vec > 1 and s.full_cover(t) and len(lanes) == 1 and strides[lanes[0]] == 1
                     and all(x % vec == 0 for k, x in enumerate(strides) if k != lanes[0])):
                 st = cuda.storage(d)
-                out_decls.append(Stmt(f"fc_vec<{st}, {vec}> o_{t};"))
-                em.lines.append(stmt(f"o_{t}.v[{LANE}] = {cuda.to_storage(val, d)};", LANE, val))
+                out_decls.append(stmt(f"fc_vec<{st}, {vec}> o_{t};", "fc_vec"))
+                stored = cuda.to_storage(val, d)
+                em.lines.append(stmt(f"o_{t}.v[{LANE}] = {stored};", LANE, val, stored))
                 base = tuple(self.k.xa if k == lanes[0] else i for k, i in enumerate(idx))
                 where = address(base, strides)
                 stores_after.append(stmt(f"*reinterpret_cast<fc_vec<{st}, {vec}>*>(out_{t} + "
-                                         f"{where}) = o_{t};", where))
+                                         f"{where}) = o_{t};", where, "fc_vec"))
                 self.k.align(t, vec * d.itemsize)
                 continue
             guards = [Equal(s.domain_idx[k], ZERO) for k, e in enumerate(s.domain)
                       if e > 1 and k not in {m for m in s.schedule.axis_map[t] if m is not None}]
             where = address(idx, strides)
-            store = f"out_{t}[{where}] = {cuda.to_storage(val, d)};"
+            stored = cuda.to_storage(val, d)
+            store = f"out_{t}[{where}] = {stored};"
             em.lines.append(stmt(f"if ({All(*guards)}) {store}" if guards else store, guards,
-                                 where, val))
+                                 where, val, stored))
         return out_decls, stores_after
 
 
