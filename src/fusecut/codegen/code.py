@@ -1,14 +1,18 @@
 """Values and statements as the generators emit them, with what they read and declare.
 
-A value (``Code``) is a C expression of some compute type, with the declared names it reads, the
-index expressions its text spells, and whether it is a plain name (``simple``: ``T7``,
+A value (``Code``) is a C expression of some compute type, with the names it reads, the index
+expressions its text spells, and whether it is a plain name (``simple``: ``T7``,
 ``vec_T0.v[_lane]``, ``p_T3[k][_lane]``, which a second use costs nothing to repeat). A statement
 (``Stmt``) is a line of a kernel (a signature spans several) with the name it declares (``const``
-declarations only), the names it reads and the index expressions it spells.
+declarations only), the names it reads and the index expressions it spells. The names read are
+the declared values and indices, and the device helpers and types of ``codegen.preamble`` the
+text calls (``fc_max``, ``fc_vec``, ``int64``).
+
 The spelling is made once, by the generators and ``codegen.cuda``; what follows from it is then
 computed on these records, never by reading the text back: which declarations nothing reads
 (``drop_unread``), whether a cast or squeeze can hand its operand on, whether a load reads what
-the statements compute, whether a loop reads its lane, how a tile's code uses a batch index.
+the statements compute, whether a loop reads its lane, how a tile's code uses a batch index,
+which helpers the kernel's preamble defines.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from fusecut.codegen.index import reads as index_reads
 
 @dataclass(frozen=True, slots=True)
 class Code:
-    """A C value expression: its text, the declared names it reads, whether it is a plain (maybe
-    indexed) name, and the index expressions its text spells."""
+    """A C value expression: its text, the names it reads, whether it is a plain (maybe indexed)
+    name, and the index expressions its text spells."""
 
     text: str
     reads: frozenset[str] = frozenset()
@@ -50,8 +54,8 @@ def derived(text: str | Code, *parts) -> Code:
 @dataclass(frozen=True, slots=True)
 class Stmt:
     """One statement: its text (no indentation of its own), the name it declares if it is a
-    ``const`` declaration (which ``drop_unread`` may remove), the declared names it reads and
-    the index expressions it spells."""
+    ``const`` declaration (which ``drop_unread`` may remove), the names it reads and the index
+    expressions it spells."""
 
     text: str
     declares: str | None = None

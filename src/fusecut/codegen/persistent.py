@@ -346,7 +346,7 @@ class _Persistent:
         stores them)."""
         code: list[Stmt] = []
         for s in range(self.pers.n_stages):
-            code += self.stage(s, row_region, persisted, self.tid)
+            code += self.stage(s, row_region, persisted)
         mark, pre_mark = len(row_region.em.lines), len(row_region.pre)
         for t in self.schedule.outputs:
             if not self.is_row(t) and self.pers.stage[t] < COLUMN:
@@ -480,18 +480,34 @@ class _Persistent:
                          smem=self.fetch.dyn_smem)
         return notes
 
-    def stage(self, s: int, row_region: Region, persisted: list[str], tid: str) -> list[Stmt]:
+    def stage(self, s: int, row_region: Region, persisted: list[str]) -> list[Stmt]:
         """Stage s: evaluate what it needs at each of the thread's row positions, accumulate
         its row reductions, combine them across the row's threads."""
-        sched, pers = self.schedule, self.pers
-        vec, slots = self.vec, self.slots
         mark, pre_mark = len(row_region.em.lines), len(row_region.pre)
         reg = self.region(self.rvars, self.cvars, True)
         from_smem: list[str] = []  # prefetched inputs this stage reads, from their slots
+        reg.em.delegate_to(self.once_per_row(reg, row_region, from_smem))
+        mine = [r for r in self.row_reducers
+                if self.pers.eval_stages[r.op_index] == frozenset({s})]
+        slot_pre, lane_first = self.evaluate_stage(s, reg, persisted, mine)
+        code = lines(f"// stage {s}: " + ("read the row" if s == 0 else
+                                          f"with the results of stage {s - 1}"))
+        code += row_region.pre[pre_mark:] + row_region.em.lines[mark:]
+        code += [stmt(f"{r.acc_type} acc{self.row_reducers.index(r)} = {r.identity};  "
+                      f"// {r.describe()}", r.calls) for r in mine]
+        code += self.slot_loop(reg, slot_pre, lane_first, from_smem)
+        code += self.combine_row_reductions(s, mine)
+        for r in mine:
+            for out, expr in r.results(self.bound, Code(f"acc{self.row_reducers.index(r)}")):
+                code.append(row_region.result(out, expr))
+        return code
+
+    def once_per_row(self, reg: Region, row_region: Region, from_smem: list[str]):
+        """The delegate of a stage's region: values that do not vary along the row are computed
+        once per row (in ``row_region``); prefetched inputs are read from this thread's
+        shared-memory slots (``from_smem`` lists them)."""
 
         def per_row(tensor: str, idx) -> Code | None:
-            """Values that do not vary along the row are computed once per row; prefetched
-            inputs are read from this thread's shared-memory slots."""
             if tensor in self.fetch.staged or tensor in self.fetch.fixed:
                 if idx == reg.index_of(tensor):
                     from_smem.append(tensor)
@@ -503,7 +519,14 @@ class _Persistent:
                 return None
             return row_region.em.value(tensor, row_region.index_of(tensor))
 
-        reg.em.delegate_to(per_row)
+        return per_row
+
+    def evaluate_stage(self, s: int, reg: Region, persisted: list[str], mine: list
+                       ) -> tuple[list[Stmt], list[Stmt]]:
+        """Stage s's work at one row position, into ``reg``: its row and column accumulations,
+        the values later stages keep, the row outputs it stores. The persisted inputs are read
+        into their registers in stage 0: (their vector loads, their lane-by-lane loads)."""
+        sched, pers = self.schedule, self.pers
         slot_pre: list[Stmt] = []
         lane_first: list[Stmt] = []
         for t in persisted:
@@ -514,7 +537,6 @@ class _Persistent:
                 reg.seed(t, loaded(f"p_{t}[k].v[{LANE}]", d, LANE, simple=True))
             elif pers.stage[t] < s:
                 reg.seed(t, Code(f"p_{t}[k][{LANE}]", frozenset({LANE}), True))
-        mine = [r for r in self.row_reducers if pers.eval_stages[r.op_index] == frozenset({s})]
         for r in mine:
             v = reg.value(r.source)
             x = derived(cuda.convert(v, reg.em.dtype(r.source).compute, r.value_dtype), v)
@@ -532,12 +554,15 @@ class _Persistent:
             if self.is_row(t) and pers.stage[t] == s:
                 reg.store(t, reg.raw(t))
         reg.finish()
+        return slot_pre, lane_first
+
+    def slot_loop(self, reg: Region, slot_pre: list[Stmt], lane_first: list[Stmt],
+                  from_smem: list[str]) -> list[Stmt]:
+        """The loop over the thread's row positions (slots): the position's indices, its loads
+        (from shared memory where prefetched), then each lane's statements, then the vector
+        stores; nothing where the stage has no work per position."""
+        vec = self.vec
         lane_part = lane_first + reg.em.lines
-        code = lines(f"// stage {s}: " + ("read the row" if s == 0 else
-                                          f"with the results of stage {s - 1}"))
-        code += row_region.pre[pre_mark:] + row_region.em.lines[mark:]
-        code += [stmt(f"{r.acc_type} acc{self.row_reducers.index(r)} = {r.identity};  "
-                      f"// {r.describe()}", r.calls) for r in mine]
         slot = decompose(Var("c"), [self.domain[a] for a in self.row_axes], self.cvars,
                          "index_t")
         for t in from_smem:
@@ -552,19 +577,14 @@ class _Persistent:
         else:
             slot += lane_loop(1, lane_part)  # declares the lane only if it is read
         slot += reg.post
-        if lane_part or slot_pre or reg.pre or reg.post:
-            code += [*lines("#pragma unroll", f"for (int k = 0; k < {slots}; ++k) {{"),
-                     self.slot_start().indented(2)]
-            if self.guard:
-                code += [stmt(f"  if (c < {self.row_len}) {{", "c")] + indent(slot, 4) + \
-                    lines("  }", "}")
-            else:
-                code += indent(slot, 2) + lines("}")
-        code += self.combine_row_reductions(s, mine)
-        for r in mine:
-            for out, expr in r.results(self.bound, Code(f"acc{self.row_reducers.index(r)}")):
-                code.append(row_region.result(out, expr))
-        return code
+        if not (lane_part or slot_pre or reg.pre or reg.post):
+            return []
+        code = [*lines("#pragma unroll", f"for (int k = 0; k < {self.slots}; ++k) {{"),
+                self.slot_start().indented(2)]
+        if self.guard:
+            return code + [stmt(f"  if (c < {self.row_len}) {{", "c")] + indent(slot, 4) + \
+                lines("  }", "}")
+        return code + indent(slot, 2) + lines("}")
 
     def combine_row_reductions(self, s: int, mine: list) -> list[Stmt]:
         """Combine stage s's row accumulators across the row's threads, those of one type and

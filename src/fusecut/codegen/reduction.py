@@ -200,45 +200,17 @@ class _Builder:
     # ---- inner layout -------------------------------------------------------------------------
 
     def build_inner(self, launch: RowReductionLaunch) -> SegmentKernels:
-        sched = self.schedule
-        vec, warp_rows, per_row = launch.vector, launch.warp_rows, launch.per_row
-        rows_per_block, threads, split = launch.rows_per_block, launch.threads, launch.split
-        chunk = launch.chunk
-        keep_names = self.keep_names
+        vec, warp_rows, split = launch.vector, launch.warp_rows, launch.split
         loop_lines, params = self.accumulation_loop(
             vec, lambda r: Code(f"acc{self.reducers.index(r)}"), "c")
         tid = "(threadIdx.x & 31)" if warp_rows else "threadIdx.x"
-        step = per_row * vec
-        body = [stmt(f"__shared__ {r.acc_type} smem{k}[33];", r.calls)
-                for k, r in enumerate(self.reducers)]
-        row_expr = (f"(index_t)blockIdx.x * {rows_per_block} + (threadIdx.x >> 5)" if warp_rows
-                    else "(index_t)blockIdx.x")
-        row_step = (f"(index_t)gridDim.x * {rows_per_block}" if warp_rows
-                    else "(index_t)gridDim.x")
-        body += lines(f"for (index_t row = {row_expr}; row < {self.rows}; row += {row_step}) {{")
-        inner = decompose(Var("row"), [self.domain[a] for a in self.keep_axes], keep_names,
+        inner = decompose(Var("row"), [self.domain[a] for a in self.keep_axes], self.keep_names,
                           "index_t")
         inner += [stmt(f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}", r.calls)
                   for k, r in enumerate(self.reducers)]
         before_loop = len(inner)
-        begin = f"(index_t)blockIdx.y * {chunk}" if split > 1 else "0"
-        end = f"min((index_t){self.row_len}, {begin} + {chunk})" if split > 1 else \
-            f"(index_t){self.row_len}"
-        inner += [declare("index_t", "c_end", end), *lines("#pragma unroll 4"),
-                  stmt(f"for (index_t c = {begin} + {tid} * {vec}; c < c_end; c += {step}) {{",
-                       "c_end")]
-        inner += indent(loop_lines, 2) + lines("}")
-        inner += lines("// reduce across the threads of the row")
-        for k, r in enumerate(self.reducers):
-            if warp_rows:
-                inner += [stmt(f"acc{k} = fc_warp_reduce(acc{k}, {r.functor});",
-                               "fc_warp_reduce", r.calls)]
-            else:
-                inner += [stmt(f"acc{k} = fc_block_reduce(acc{k}, {r.functor}, {r.identity}, "
-                               f"smem{k});", "fc_block_reduce", r.calls)]
-        kernels_code: list[Stmt] = []
-        kernels: list[Kernel] = []
-        workspaces: list[Workspace] = []
+        inner += self.along_the_row(launch, tid, loop_lines)
+        inner += self.reduce_across_the_row(warp_rows)
         if split > 1:
             inner += lines(f"if ({tid} == 0) {{")
             inner += lines(*[f"  ws_r{k}[(index_t)blockIdx.y * {self.rows} + row] = acc{k};"
@@ -246,44 +218,84 @@ class _Builder:
             inner += lines("}")
             out_params = self.loop_outputs
         else:
-            epi_params: list[str] = params
-            epi = Region(self.bound, sched, self.itype,
-                         self.p_idx(keep_names, None, None), 1,
-                         self.aligned, epi_params, self.names)
-            self.epilogue(epi, lambda r: Code(f"acc{self.reducers.index(r)}"))
-            epi_lines = epi.finish()
-            if gathers_rows(self.bound, sched) and epi.pre:
-                # a row gather's loads (the index, then the element it picks) go out before
-                # the row streams in, instead of after its reduction; every thread issues them
-                # (one address per row: a broadcast)
-                early = lines("// the row's gathered elements, loaded while the row streams in")
-                inner[before_loop:before_loop] = early + epi.pre
-                epi_lines = epi_lines[len(epi.pre):]
-            inner += lines(f"if ({tid} == 0) {{")
-            inner += indent(epi_lines, 2)
-            inner += lines("}")
-            out_params = list(sched.outputs)
+            inner = self.row_epilogue(inner, before_loop, tid, params)
+            out_params = list(self.schedule.outputs)
+        row_expr = (f"(index_t)blockIdx.x * {launch.rows_per_block} + (threadIdx.x >> 5)"
+                    if warp_rows else "(index_t)blockIdx.x")
+        row_step = (f"(index_t)gridDim.x * {launch.rows_per_block}" if warp_rows
+                    else "(index_t)gridDim.x")
+        body = [stmt(f"__shared__ {r.acc_type} smem{k}[33];", r.calls)
+                for k, r in enumerate(self.reducers)]
+        body += lines(f"for (index_t row = {row_expr}; row < {self.rows}; row += {row_step}) {{")
         body += indent(inner, 2) + lines("}")
         ps = self.kernel_params(out_params, params, "" if split > 1 else None)
-        blocks = launch.blocks
-        how = "a warp" if warp_rows else f"{per_row} threads"
+        how = "a warp" if warp_rows else f"{launch.per_row} threads"
         note = f", split in {split} chunks" if split > 1 else ""
         head = lines(f"// segment {self.index}: reduce {self.row_len} elements per row over "
                      f"{self.rows} rows (domain {self.domain}, reduced axes {self.red_axes}); "
                      f"{how} per row, {vec} per load{note}")
-        head += [index_typedefs(self.itype),
-                 signature(self.name, ps, threads, calls=self.calls() if split > 1 else ())]
-        kernels_code += head + body + lines("}")
-        kernels.append(Kernel(self.name, ps, (blocks, split, 1), (threads, 1, 1)))
+        head += [index_typedefs(self.itype), signature(self.name, ps, launch.threads,
+                                                       calls=self.calls() if split > 1 else ())]
+        kernel = Kernel(self.name, ps, (launch.blocks, split, 1), (launch.threads, 1, 1))
+        return self.segment(head + body + lines("}"), kernel, split,
+                            {"layout": "inner", "vector": vec, "split": split,
+                             "index_type": self.itype})
+
+    def along_the_row(self, launch: RowReductionLaunch, tid: str, loop_lines: list[Stmt]
+                      ) -> list[Stmt]:
+        """The threads of a row stride over it, a vector each (over a chunk of it where the
+        row is split across blocks)."""
+        chunk, vec = launch.chunk, launch.vector
+        begin = f"(index_t)blockIdx.y * {chunk}" if launch.split > 1 else "0"
+        end = f"min((index_t){self.row_len}, {begin} + {chunk})" if launch.split > 1 else \
+            f"(index_t){self.row_len}"
+        out = [declare("index_t", "c_end", end), *lines("#pragma unroll 4"),
+               stmt(f"for (index_t c = {begin} + {tid} * {vec}; c < c_end; "
+                    f"c += {launch.per_row * vec}) {{", "c_end")]
+        return out + indent(loop_lines, 2) + lines("}")
+
+    def reduce_across_the_row(self, warp_rows: bool) -> list[Stmt]:
+        out = lines("// reduce across the threads of the row")
+        for k, r in enumerate(self.reducers):
+            if warp_rows:
+                out += [stmt(f"acc{k} = fc_warp_reduce(acc{k}, {r.functor});",
+                             "fc_warp_reduce", r.calls)]
+            else:
+                out += [stmt(f"acc{k} = fc_block_reduce(acc{k}, {r.functor}, {r.identity}, "
+                             f"smem{k});", "fc_block_reduce", r.calls)]
+        return out
+
+    def row_epilogue(self, inner: list[Stmt], before_loop: int, tid: str, params: list[str]
+                     ) -> list[Stmt]:
+        """``inner`` with the epilogue of a row, run by its first thread; a row gather's loads
+        (the index, then the element it picks) go out before the row streams in (at
+        ``before_loop``), instead of after its reduction: every thread issues them (one address
+        per row, a broadcast)."""
+        epi = Region(self.bound, self.schedule, self.itype,
+                     self.p_idx(self.keep_names, None, None), 1, self.aligned, params,
+                     self.names)
+        self.epilogue(epi, lambda r: Code(f"acc{self.reducers.index(r)}"))
+        epi_lines = epi.finish()
+        inner = list(inner)
+        if gathers_rows(self.bound, self.schedule) and epi.pre:
+            early = lines("// the row's gathered elements, loaded while the row streams in")
+            inner[before_loop:before_loop] = early + epi.pre
+            epi_lines = epi_lines[len(epi.pre):]
+        return inner + lines(f"if ({tid} == 0) {{") + indent(epi_lines, 2) + lines("}")
+
+    def segment(self, code: list[Stmt], kernel: Kernel, split: int, notes: dict[str, object]
+                ) -> SegmentKernels:
+        """The segment's kernels: ``kernel``, and where the reduced axes are split across
+        blocks, the kernel that combines their partial results (and the workspace they meet
+        in)."""
+        kernels, workspaces = [kernel], []
         if split > 1:
-            code, k = self.finish_kernel(split, lambda r, i: f"ws_r{i}")
-            kernels_code += lines("") + code
-            kernels.append(k)
+            fcode, fk = self.finish_kernel(split, lambda r, i: f"ws_r{i}")
+            code = code + lines("") + fcode
+            kernels.append(fk)
             workspaces = self.workspaces(split)
-        return segment_kernels(self.index, "reduction", kernels_code, kernels,
-                              workspaces, self.aligned,
-                              {"layout": "inner", "vector": vec, "split": split,
-                               "index_type": self.itype})
+        return segment_kernels(self.index, "reduction", code, kernels, workspaces, self.aligned,
+                               notes)
 
     def lane_acc(self, r) -> Code:
         """A reduction's accumulator of the current lane (the outer layout's, one per column)."""
@@ -324,85 +336,97 @@ class _Builder:
                     ) -> SegmentKernels:
         """``staged``: the epilogue reads results at other columns of the thread's row (RoPE's
         rotate-half of a group sum): the block stages them in shared memory first."""
-        sched = self.schedule
-        cols, rows_r = self.rows, self.row_len  # kept ("columns") and reduced extents
-        vec, bx, by, grid_x, split = launch.vector, launch.bx, launch.by, launch.grid_x, \
-            launch.split
-        keep_ext = [self.domain[a] for a in self.keep_axes]
-        keep_names = self.keep_names
+        vec, by, split = launch.vector, launch.by, launch.split
         loop_lines, params = self.accumulation_loop(vec, self.lane_acc, "r")
         # rows taken by several threads of a block meet in shared memory (and so do staged
         # results); a thread that summed its columns' rows alone needs none
         combine = by > 1 or staged
+        body = self.down_the_columns(launch, loop_lines, combine)
+        body_end, comb = self.combine_column_rows(launch, combine)
+        body += body_end
+        if split > 1:
+            for k in range(len(self.reducers)):
+                comb += [lane_for(vec, ""),
+                         stmt(f"  ws_r{k}[(index_t)blockIdx.y * {self.rows} + col + {LANE}] = "
+                              f"acc{k}[{LANE}];", "col", LANE)]
+            out_params = self.loop_outputs
+        else:
+            body_end, comb = self.column_epilogue(vec, params, staged, comb)
+            body += body_end
+            out_params = list(self.schedule.outputs)
+        body += indent(comb, 2) + lines("}")
+        ps = self.kernel_params(out_params, params, "" if split > 1 else None)
+        code = lines(f"// segment {self.index}: reduce {self.row_len} rows for each of "
+                     f"{self.rows} columns (domain {self.domain}, reduced axes "
+                     f"{self.red_axes}); {vec} columns per thread, {by} rows at a time per "
+                     f"block" + (f", {split} blocks per column" if split > 1 else ""))
+        code += [index_typedefs(self.itype), signature(self.name, ps, launch.bx * by,
+                                                       calls=self.calls() if split > 1 else ())]
+        code += indent(body, 2) + lines("}")
+        kernel = Kernel(self.name, ps, (launch.grid_x, split, 1), (launch.bx, by, 1))
+        return self.segment(code, kernel, split, {"layout": "outer", "vector": vec,
+                                                  "split": split, "index_type": self.itype})
+
+    def down_the_columns(self, launch: ColumnReductionLaunch, loop_lines: list[Stmt],
+                         combine: bool) -> list[Stmt]:
+        """A thread's columns (``vector`` of them) and their accumulators, and its walk down
+        their rows, ``by`` threads of a block apart (and ``split`` blocks)."""
+        vec, bx, by = launch.vector, launch.bx, launch.by
         body = [stmt(f"__shared__ {r.acc_type} smem{k}[{by}][{bx * vec}];", r.calls)
                 for k, r in enumerate(self.reducers)] if combine else []
         body += [declare("index_t", "col", f"((index_t)blockIdx.x * {bx} + threadIdx.x) * {vec}"),
-                 declare("bool", "active", f"col < {cols}", reads="col")]
-        body += decompose(Paren(Select(Var("active"), Var("col"), ZERO)), keep_ext, keep_names,
-                          "index_t")
+                 declare("bool", "active", f"col < {self.rows}", reads="col")]
+        body += decompose(Paren(Select(Var("active"), Var("col"), ZERO)),
+                          [self.domain[a] for a in self.keep_axes], self.keep_names, "index_t")
         for k, r in enumerate(self.reducers):
             body += [stmt(f"{r.acc_type} acc{k}[{vec}];  // {r.describe()}", r.calls),
                      lane_for(vec, f"acc{k}[{LANE}] = {r.identity};", r.calls)]
         body += [stmt("if (active) {", "active"), *lines("  #pragma unroll 4"),
                  *lines(f"  for (index_t r = (index_t)blockIdx.y * {by} + threadIdx.y; "
-                        f"r < {rows_r}; r += (index_t)gridDim.y * {by}) {{")]
-        body += indent(loop_lines, 4) + lines("  }", "}")
+                        f"r < {self.row_len}; r += (index_t)gridDim.y * {by}) {{")]
+        return body + indent(loop_lines, 4) + lines("  }", "}")
+
+    def combine_column_rows(self, launch: ColumnReductionLaunch, combine: bool
+                            ) -> tuple[list[Stmt], list[Stmt]]:
+        """(the statements that stage each thread's sums and open the combining thread's block,
+        that thread's combining statements): the rows the block's threads took meet in shared
+        memory, or each thread summed its columns' rows alone."""
+        vec, by = launch.vector, launch.by
+        if not combine:
+            return [*lines("// each thread summed its columns' rows alone"),
+                    stmt("if (active) {", "active")], []
+        body = lines("// combine the rows the threads of the block took")
+        for k in range(len(self.reducers)):
+            body += [lane_for(vec, f"smem{k}[threadIdx.y][threadIdx.x * {vec} + {LANE}] = "
+                                   f"acc{k}[{LANE}];")]
+        body += [*lines("__syncthreads();"), stmt("if (threadIdx.y == 0 && active) {", "active")]
         comb: list[Stmt] = []
-        if combine:
-            body += lines("// combine the rows the threads of the block took")
+        for k, r in enumerate(self.reducers):
+            comb += [*lines(f"for (int y = 1; y < {by}; ++y)"),
+                     lane_for(vec, f"acc{k}[{LANE}] = {r.functor}(acc{k}[{LANE}], "
+                                   f"smem{k}[y][threadIdx.x * {vec} + {LANE}]);",
+                              r.calls).indented(2)]
+        return body, comb
+
+    def column_epilogue(self, vec: int, params: list[str], staged: bool, comb: list[Stmt]
+                        ) -> tuple[list[Stmt], list[Stmt]]:
+        """The epilogue of a thread's columns after ``comb``: (statements that close the
+        combining block and stage the results, where the epilogue reads other columns', and
+        the combining thread's statements, the epilogue last)."""
+        epi = Region(self.bound, self.schedule, self.itype,
+                     self.p_idx(self.keep_names, None, len(self.domain) - 1 if vec > 1 else None),
+                     vec, self.aligned, params, self.names)
+        if staged:
+            epi.em.delegate_to(self.staged_results(epi, vec))
+        self.epilogue(epi, self.lane_acc)
+        body: list[Stmt] = []
+        if staged:  # row 0 of each combining buffer takes the block's results
             for k in range(len(self.reducers)):
-                body += [lane_for(vec, f"smem{k}[threadIdx.y][threadIdx.x * {vec} + {LANE}] = "
-                                       f"acc{k}[{LANE}];")]
-            body += [*lines("__syncthreads();"), stmt("if (threadIdx.y == 0 && active) {",
-                                                      "active")]
-            for k, r in enumerate(self.reducers):
-                comb += [*lines(f"for (int y = 1; y < {by}; ++y)"),
-                         lane_for(vec, f"acc{k}[{LANE}] = {r.functor}(acc{k}[{LANE}], "
-                                       f"smem{k}[y][threadIdx.x * {vec} + {LANE}]);",
-                                  r.calls).indented(2)]
-        else:
-            body += [*lines("// each thread summed its columns' rows alone"),
-                     stmt("if (active) {", "active")]
-        if split > 1:
-            for k in range(len(self.reducers)):
-                comb += [lane_for(vec, ""),
-                         stmt(f"  ws_r{k}[(index_t)blockIdx.y * {cols} + col + {LANE}] = "
-                              f"acc{k}[{LANE}];", "col", LANE)]
-            out_params = self.loop_outputs
-        else:
-            epi = Region(self.bound, sched, self.itype,
-                         self.p_idx(keep_names, None, len(self.domain) - 1 if vec > 1 else None),
-                         vec, self.aligned, params, self.names)
-            if staged:
-                epi.em.delegate_to(self.staged_results(epi, vec))
-            self.epilogue(epi, self.lane_acc)
-            if staged:  # row 0 of each combining buffer takes the block's results
-                for k in range(len(self.reducers)):
-                    comb.append(lane_for(vec, f"smem{k}[0][threadIdx.x * {vec} + {LANE}] = "
-                                              f"acc{k}[{LANE}];"))
-                body += indent(comb, 2) + lines("}", "__syncthreads();",
-                                                "// the epilogue: results of other columns "
-                                                "from there")
-                body += [stmt("if (threadIdx.y == 0 && active) {", "active")]
-                comb = []
-            comb += epi.lane_block([])
-            out_params = list(sched.outputs)
-        body += indent(comb, 2) + lines("}")
-        ps = self.kernel_params(out_params, params, "" if split > 1 else None)
-        code = lines(f"// segment {self.index}: reduce {rows_r} rows for each of {cols} columns "
-                     f"(domain {self.domain}, reduced axes {self.red_axes}); {vec} columns per "
-                     f"thread, {by} rows at a time per block" + (f", {split} blocks per column"
-                                                                  if split > 1 else ""))
-        code += [index_typedefs(self.itype),
-                 signature(self.name, ps, bx * by, calls=self.calls() if split > 1 else ())]
-        code += indent(body, 2) + lines("}")
-        kernels = [Kernel(self.name, ps, (grid_x, split, 1), (bx, by, 1))]
-        workspaces: list[Workspace] = []
-        if split > 1:
-            fcode, fk = self.finish_kernel(split, lambda r, i: f"ws_r{i}")
-            code += lines("") + fcode
-            kernels.append(fk)
-            workspaces = self.workspaces(split)
-        return segment_kernels(self.index, "reduction", code, kernels, workspaces,
-                              self.aligned, {"layout": "outer", "vector": vec, "split": split,
-                                             "index_type": self.itype})
+                comb.append(lane_for(vec, f"smem{k}[0][threadIdx.x * {vec} + {LANE}] = "
+                                          f"acc{k}[{LANE}];"))
+            body = indent(comb, 2) + lines("}", "__syncthreads();",
+                                           "// the epilogue: results of other columns "
+                                           "from there")
+            body += [stmt("if (threadIdx.y == 0 && active) {", "active")]
+            comb = []
+        return body, comb + epi.lane_block([])
