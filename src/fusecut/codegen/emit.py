@@ -13,15 +13,16 @@ own, and the pull starts again from where it was (all it computed is memoised), 
 any length (20,000 ops) never exhaust Python's stack.
 
 Indices are typed index expressions (``codegen.index``) of the kernel's index type, rendered
-where a value's code reads them; values are C expressions of the value's compute type (float for
-16-bit floats).
+where a value's code reads them; values are ``Code`` (``codegen.code``): C expressions of the
+value's compute type (float for 16-bit floats) with the names they read, and statements record
+what they declare and read, so that nothing here decides by reading text back.
 
 Generated code is meant to be read: the value of tensor T7 is declared as ``T7`` (``T7_1``... where
 T7 is evaluated again at another index, lane or stage of the same kernel), with a comment giving
 its op over IR names (``// T7 = sub(T3, T6)``), marked ``[recomputed]`` where the op also runs
 in another segment. A cast to the value's own compute type emits nothing (the value is reused);
 values nothing reads (a 16-bit result only stored, an unused reduction result) are dropped when
-the source is assembled (``kernel.drop_unread``).
+the source is assembled (``code.drop_unread``).
 """
 
 from __future__ import annotations
@@ -362,7 +363,7 @@ class Emitter:
             out = self._op(self.fusion.ops[i], tensor, idx)
             if isinstance(out, _Unrounded):
                 # Rounded right here even if only stores read it (they take the raw value): an
-                # unread rounding is dropped from the source at the end (kernel.drop_unread),
+                # unread rounding is dropped from the source at the end (code.drop_unread),
                 # while rounding at its first reader instead would move these conversions
                 # (inline asm) between guarded stores and change the compiled branches.
                 d = self.dtype(tensor)

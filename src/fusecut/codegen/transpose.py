@@ -25,10 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fusecut.codegen.code import (
-    Code,
-    named,
-)
+from fusecut.codegen.code import Code, named
 from fusecut.codegen.emit import Emitter, Names
 from fusecut.codegen.index import (
     LANE,
@@ -50,14 +47,9 @@ from fusecut.codegen.index import (
     variables,
     walk,
 )
-from fusecut.codegen.kernel import (
-    SegmentKernels,
-)
+from fusecut.codegen.kernel import SegmentKernels
 from fusecut.codegen.launch import segment_index_type, vector_width
-from fusecut.codegen.layout import (
-    compact_strides,
-    tensor_strides,
-)
+from fusecut.codegen.layout import compact_strides, tensor_strides
 from fusecut.codegen.regions import shorter_axes
 from fusecut.codegen.resize import NO_RESIZES, whole_vector_resizes
 from fusecut.codegen.tiles import TiledKernel, TilePlan
@@ -129,9 +121,7 @@ def plain_step(comp: IndexExpr, axis_of: dict[IndexExpr, int]) -> tuple[int, int
             return axis_of[e.kids[0]], e.kids[1].value
         return None
 
-    if isinstance(comp, Var):
-        return scaled(comp)
-    if isinstance(comp, Mul):
+    if isinstance(comp, (Var, Mul)):
         return scaled(comp)
     if isinstance(comp, Paren) and isinstance(comp.kids[0], Add):
         terms = comp.kids[0].kids
