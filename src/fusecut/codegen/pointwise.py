@@ -62,7 +62,7 @@ from fusecut.codegen.layout import (
 )
 from fusecut.codegen.precision import fast_math_tensors
 from fusecut.codegen.regions import lane_for, vector_read
-from fusecut.codegen.transpose import generate_transpose
+from fusecut.codegen.tiles import generate_transpose
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.kinds.rules import Schedule
 from fusecut.optimizer.profiles import DeviceProfile

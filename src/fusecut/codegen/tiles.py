@@ -1,5 +1,6 @@
-"""The tiled transpose kernel (``codegen.transpose`` decides the scheme): a block steps over
-T x T tiles of axes (B, A), each step in three phases.
+"""The tiled transpose kernel (``codegen.transpose`` decides the scheme; ``generate_transpose``
+here takes its choice and writes the kernel): a block steps over T x T tiles of axes (B, A), each
+step in three phases.
 
 1. stage: each input read along B is read along B (16-byte vectors where its layout allows)
    into a shared-memory tile ``s_k[b][a]``;
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from fusecut.codegen import cuda
 from fusecut.codegen.code import (
@@ -59,10 +59,11 @@ from fusecut.codegen.layout import (
     tensor_strides,
 )
 from fusecut.codegen.precision import fast_math_tensors
-from fusecut.codegen.regions import lane_loop, vector_read
-
-if TYPE_CHECKING:
-    from fusecut.codegen.transpose import TransposeScheme
+from fusecut.codegen.regions import lane_loop, shorter_axes, vector_read
+from fusecut.codegen.transpose import TilePlan, TransposeScheme
+from fusecut.optimizer.analysis.shapes import Bound
+from fusecut.optimizer.kinds.rules import Schedule
+from fusecut.optimizer.profiles import DeviceProfile
 
 THREADS = 256
 TILES_PER_BLOCK = 8  # consecutive tiles a block takes where the domain has batch axes
@@ -97,15 +98,6 @@ class TilePhase:
         return f"(int)(threadIdx.x / {self.per_row}) + {it} * {self.rows}"
 
 
-@dataclass(frozen=True)
-class TilePlan:
-    """The scheme's choice: ``tile`` x ``tile`` tiles of axes (``b``, A); ``staged_reads``: the
-    reads (input, index) staged along B; ``staged_writes``: the outputs written through tiles."""
-
-    b: int
-    staged_reads: tuple[tuple[str, Index], ...]
-    staged_writes: tuple[str, ...]
-    tile: int
 
 
 @dataclass(frozen=True)
@@ -504,3 +496,20 @@ def _tile_position(ph: TilePhase, slow: tuple[Var, str, int], fast: tuple[Var, s
             declare("int", "fa", ph.fast(), f"along axis {f_axis}"),
             declare("index_t", xs.name, f"{s0} + sl", reads=(s0, "sl")),
             declare("index_t", xf.name, f"{f0} + fa", reads=(f0, "fa"))]
+
+def generate_transpose(bound: Bound, schedule: Schedule, profile: DeviceProfile, index: int,
+                       vector: int | None = None,
+                       recomputed: frozenset[int] = frozenset()) -> SegmentKernels | None:
+    """The tiled kernel of a pointwise segment, or None when every tensor it reads and writes
+    follows the domain's innermost axis (or the tiles would be mostly empty), or when an output
+    is shorter than the domain (k's heads beside q's): the direct kernel keeps the loads that
+    feed such an output inside their tensors (``codegen.pointwise``), the tiles do not."""
+    if len(schedule.domain) < 2 or math.prod(schedule.domain) == 0:
+        return None
+    if sum(e > 1 for e in schedule.domain) < 2:
+        return None
+    if any(shorter_axes(bound, schedule, t) for t in schedule.outputs):
+        return None
+    scheme = TransposeScheme(bound, schedule, index, vector, recomputed)
+    plan = scheme.choose()
+    return None if plan is None else TiledKernel(scheme, plan).build()

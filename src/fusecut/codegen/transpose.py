@@ -22,7 +22,6 @@ compute phase reads at each position.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from fusecut.codegen.code import Code, named
@@ -47,15 +46,11 @@ from fusecut.codegen.index import (
     variables,
     walk,
 )
-from fusecut.codegen.kernel import SegmentKernels
 from fusecut.codegen.launch import segment_index_type, vector_width
 from fusecut.codegen.layout import compact_strides, tensor_strides
-from fusecut.codegen.regions import shorter_axes
 from fusecut.codegen.resize import NO_RESIZES, whole_vector_resizes
-from fusecut.codegen.tiles import TiledKernel, TilePlan
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.kinds.rules import Schedule
-from fusecut.optimizer.profiles import DeviceProfile
 
 MIN_EXTENT = 16  # both tile axes at least this long, or tiles would be mostly empty
 SMEM_LIMIT = 48 * 1024  # static shared memory of one block
@@ -135,6 +130,17 @@ def plain_step(comp: IndexExpr, axis_of: dict[IndexExpr, int]) -> tuple[int, int
             x = x.kids[0].kids[0]
         return (axis_of[x], 1) if isinstance(x, Var) and x in axis_of else None
     return None
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    """The scheme's choice: ``tile`` x ``tile`` tiles of axes (``b``, A); ``staged_reads``: the
+    reads (input, index) staged along B; ``staged_writes``: the outputs written through tiles."""
+
+    b: int
+    staged_reads: tuple[tuple[str, Index], ...]
+    staged_writes: tuple[str, ...]
+    tile: int
 
 
 class TransposeScheme:
@@ -287,21 +293,3 @@ class TransposeScheme:
                 return v
             v //= 2
         return 1
-
-
-def generate_transpose(bound: Bound, schedule: Schedule, profile: DeviceProfile, index: int,
-                       vector: int | None = None,
-                       recomputed: frozenset[int] = frozenset()) -> SegmentKernels | None:
-    """The tiled kernel of a pointwise segment, or None when every tensor it reads and writes
-    follows the domain's innermost axis (or the tiles would be mostly empty), or when an output
-    is shorter than the domain (k's heads beside q's): the direct kernel keeps the loads that
-    feed such an output inside their tensors (``codegen.pointwise``), the tiles do not."""
-    if len(schedule.domain) < 2 or math.prod(schedule.domain) == 0:
-        return None
-    if sum(e > 1 for e in schedule.domain) < 2:
-        return None
-    if any(shorter_axes(bound, schedule, t) for t in schedule.outputs):
-        return None
-    scheme = TransposeScheme(bound, schedule, index, vector, recomputed)
-    plan = scheme.choose()
-    return None if plan is None else TiledKernel(scheme, plan).build()
