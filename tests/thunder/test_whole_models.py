@@ -1,0 +1,88 @@
+"""Whole language models through Thunder with fusecut in nvFuser's place: nanoGPT's ``GPT``,
+Thunder's llama2 ``Transformer`` and a Llama-3-style LM (``benchmarks.whole_models``), training
+(loss and backward) and inference (logits under no_grad), in fp32 and bf16.
+
+For each: the step equals Thunder's torch executor's (loss and every gradient, or the logits);
+no region fell back to torch; and every region Thunder handed fusecut plans, and every generated
+segment's CUDA (vectorised and scalar) compiles with NVRTC, which needs no GPU. On the CPU the
+regions run fusecut's torch reference; on the GPU (the device) the same steps run its kernels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fusecut.thunder
+from benchmarks.whole_models import MODEL_NAMES, whole_model
+from fusecut.codegen import generate_segment
+from fusecut.optimizer.kinds.rules import Kind
+from fusecut.optimizer.planner import make_plan
+from fusecut.runtime.compile import compile_cubin
+from fusecut.thunder.executor import fusecut_regions, region_reports, thunder
+from tests.thunder.thunder_steps import assert_same_lm_step
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+BATCH, SEQ = 2, 24  # shorter than the models' 32 positions: slices of the rotary tables
+NOT_GENERATED = (Kind.LIBRARY, Kind.FALLBACK)
+
+
+def regions_of(jitted) -> dict[str, tuple]:
+    """Each distinct region of the last forward (and backward) trace: its name, definition and
+    the metadata of the inputs it first ran with."""
+    traces = [thunder.last_traces(jitted)[-1]]
+    try:
+        traces.append(thunder.last_backward_traces(jitted)[-1])
+    except Exception:  # inference: no backward was traced
+        pass
+    found = {}
+    for trace in traces:
+        for bsym, fn in fusecut_regions(trace):
+            if getattr(fn, "first_args", None) is not None:
+                found.setdefault(repr(fn.first_definition),
+                                 (bsym.sym.name, fn.first_definition, fn.first_args))
+    return found
+
+
+def compile_failures(regions: dict[str, tuple]) -> list[str]:
+    """Every generated segment of every region, compiled for sm_90 as the GPU would compile it
+    (vectorised, and the scalar variant taken for unaligned arguments)."""
+    failures = []
+    for name, definition, metas in regions.values():
+        plan = make_plan(definition.fusion, metas)
+        for segment in plan.segments:
+            if segment.kind in NOT_GENERATED:
+                continue
+            for vector in (None, 1):
+                try:
+                    kernels = generate_segment(plan, segment, vector)
+                    if kernels.kernels:
+                        compile_cubin(kernels.source, "sm_90", kernels.kernels[0].name)
+                except Exception as e:  # collect them all: one failure hides no other
+                    first = (str(e).strip().splitlines() or [""])[0]
+                    log = [line for line in str(e).splitlines() if "error" in line][:2]
+                    failures.append(f"{name} segment {segment.index} ({segment.kind.value}, "
+                                    f"vector={vector}): {type(e).__name__}: {first} {log}")
+    return failures
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("mode", ["train", "infer"])
+@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_whole_model_steps_like_torch_and_every_region_compiles(device, name, mode, dtype):
+    model, make_batch = whole_model(name, "tiny")
+    model = model.to(device=device, dtype=dtype)
+    tokens, targets = make_batch(BATCH, SEQ, device)
+    ours = thunder.jit(model, executors=fusecut.thunder.executors())
+    assert_same_lm_step(ours, model, tokens, targets if mode == "train" else None)
+
+    reports = region_reports(ours)
+    assert reports, "Thunder handed fusecut no region"
+    fell_back = [r.summary() for r in reports if r.fallback is not None]
+    assert not fell_back, fell_back
+    regions = regions_of(ours)
+    assert regions
+    if device == "cpu":  # on the GPU the step itself compiled and ran every region
+        failures = compile_failures(regions)
+        assert not failures, "\n".join(failures)
