@@ -29,6 +29,7 @@ from fusecut.codegen.code import (
     indent,
     lines,
     named,
+    names,
     stmt,
 )
 from fusecut.codegen.cuda import loaded
@@ -217,22 +218,28 @@ class _Loads:
             return derived(f"({inside} ? {value} : ({cuda.compute(d)})0)", inside, value)
 
         if not any(uses(i, LANE) for i in idx):  # once per vector
-            fresh = em.names.fresh(f"ld_{t}")
-            value = scalar(loaded(f"in_{t}[{where}]", d, where))
-            self.pre.append(declare(cuda.compute(d), fresh, value))
-            return named(fresh)
+            if self._ready_before_compute(where, inside):
+                fresh = em.names.fresh(f"ld_{t}")
+                value = scalar(loaded(f"in_{t}[{where}]", d, where))
+                self.pre.append(declare(cuda.compute(d), fresh, value))
+                return named(fresh)
+            return em.let_load(t, scalar(loaded(f"in_{t}[{where}]", d, where)))
         if inside is not None and uses(inside, LANE):  # a read per lane
             return em.let_load(t, scalar(loaded(f"in_{t}[{where}]", d, where)))
         lanes = [a for a, i in enumerate(idx) if uses(i, LANE)]
         # the innermost index, or a whole vector of a slice, pad or cat piece (codegen.resize)
         first = lane_base(idx[lanes[0]]) if vec > 1 and len(lanes) == 1 else None
+        base = tuple(at_lane_zero(i) if a == lanes[0] else i for a, i in enumerate(idx))
         if (first is not None and strides[lanes[0]] == 1
                 and all(s % vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
-            base = tuple(at_lane_zero(i) if a == lanes[0] else i for a, i in enumerate(idx))
             guards = [g for g in (inside, em.lane_guard(idx[lanes[0]])) if g is not None]
-            vname = self._vector(t, base, strides, All(*guards) if guards else None)
-            return loaded(f"{vname}.v[{LANE}]", d, vname, LANE, simple=True)
+            if self._ready_before_compute(base, guards):
+                vname = self._vector(t, base, strides, All(*guards) if guards else None)
+                return loaded(f"{vname}.v[{LANE}]", d, vname, LANE, simple=True)
+            return em.let_load(t, scalar(loaded(f"in_{t}[{where}]", d, where)))
         permuted = self._permuted_lanes(t, idx, strides, lanes)
+        if permuted is not None and not self._ready_before_compute(permuted[0], inside):
+            permuted = None
         if permuted is not None:  # lanes that take other elements of their own vector
             base, offsets = permuted
             if offsets not in self._lane_maps:
@@ -242,6 +249,30 @@ class _Loads:
             vname, lanes_of = self._vector(t, base, strides, inside), self._lane_maps[offsets]
             return loaded(f"{vname}.v[{lanes_of}[{LANE}]]", d, vname, lanes_of, LANE)
         return em.let_load(t, scalar(loaded(f"in_{t}[{where}]", d, where)))
+
+    def _ready_before_compute(self, *parts) -> bool:
+        """Whether a load whose address and guard spell ``parts`` can be issued before the
+        compute. Its address may read values the per-element code computed: a gather's index
+        (an iota, a where over a loaded label). Where all of them are the same for every lane
+        they move up with the statements they need, and the load is issued after them (a
+        vector load keeps its one 16-byte read); where one of them reads the lane, the load
+        stays a read per lane after the code that computes its address."""
+        em = self.em
+        computed = {s.declares: k for k, s in enumerate(em.lines) if s.declares is not None}
+        pending = [n for n in names(*parts) if n in computed]
+        moving: set[int] = set()
+        while pending:
+            k = computed[pending.pop()]
+            if k in moving:
+                continue
+            if LANE in em.lines[k].reads:
+                return False
+            moving.add(k)
+            pending += [n for n in em.lines[k].reads if n in computed]
+        if moving:
+            self.pre += [em.lines[k] for k in sorted(moving)]
+            em.lines[:] = [line for k, line in enumerate(em.lines) if k not in moving]
+        return True
 
     def _vector(self, t: str, base: Index, strides: tuple[int, ...],
                 guard: IndexExpr | None) -> str:

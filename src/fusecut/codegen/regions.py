@@ -130,7 +130,8 @@ class Region:
         lanes = [a for a, i in enumerate(idx) if uses(i, LANE)]
         if (self.vec > 1 and len(lanes) == 1 and lane_base(idx[lanes[0]]) is not None
                 and strides[lanes[0]] == 1
-                and all(s % self.vec == 0 for a, s in enumerate(strides) if a != lanes[0])):
+                and all(s % self.vec == 0 for a, s in enumerate(strides) if a != lanes[0])
+                and not self._reads_computed(idx)):  # a vector is read before the lane loop
             a = lanes[0]
             base = tuple(at_lane_zero(i) if k == a else i for k, i in enumerate(idx))
             key = (t, base)
