@@ -153,10 +153,10 @@ def measure(run: Callable[[], None], iters: int, rounds: int = 4) -> Measured:
         torch.cuda.synchronize()
         pipelined = (time.perf_counter() - t0) / PIPELINED
     torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
     run()
     torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+    # all the step holds at its peak, weights and a CUDA graph's pool included: what it needs
+    peak = torch.cuda.max_memory_allocated() / 2**30
     busy, top = profile(run)
     return Measured(sync, pipelined * 1e3, peak, first, busy, top)
 
@@ -283,15 +283,15 @@ def report(results: list[dict], iters: int) -> tuple[str, str]:
     table = (markdown_table(HEADERS, table_rows(results)) + "\n\n## Top GPU ops per step\n\n"
              + markdown_table(["model", "step", "system", "top GPU ops (ms / step, calls)"],
                               tops))
-    notes = (f"bf16. sync ms: median of {iters} steps, each synchronized, taken in 4 rounds with "
-             f"a pipelined burst between; the ratio to {BASELINE} with the middle 95% of 2000 "
+    notes = (f"bf16. sync ms: median of {iters} steps, each synchronized, taken in 4 rounds with a "
+             f"pipelined burst between; the ratio to {BASELINE} with the middle 95% of 2000 "
              f"bootstrap resamples of both. pipelined ms: {PIPELINED} steps back to back, one "
-             f"synchronize. peak GiB: max allocated during one step above what was allocated "
-             f"before it. first step s: from a new process's empty fusecut, Inductor and Triton "
-             f"caches (Thunder's tracing and fusecut's planning and NVRTC compiles, or "
+             f"synchronize. peak GiB: the most allocated during one step, weights and CUDA graph "
+             f"pools included. first step s: from a new process's empty fusecut, Inductor and "
+             f"Triton caches (Thunder's tracing and fusecut's planning and NVRTC compiles, or "
              f"torch.compile's). GPU busy ms: torch.profiler over 3 steps. A training step is "
-             f"forward with the loss and backward (no optimizer). Each model and system runs in "
-             f"a process of its own. PyTorch {torch.__version__}.")
+             f"forward with the loss and backward (no optimizer). Each model and system runs in a "
+             f"process of its own. PyTorch {torch.__version__}.")
     return table, notes
 
 
@@ -322,9 +322,9 @@ def main() -> None:
         return
     device = torch.cuda.get_device_name()
     gpus = args.gpus.split(",") if args.gpus else [None]
-    # every model's systems, the order rotating from model to model
-    jobs = [(m, systems[(i + k) % len(systems)]) for i, m in enumerate(models)
-            for k in range(len(systems))]
+    # system by system, in the order given (each system's models side by side on --gpus): a run
+    # cut short keeps whole systems
+    jobs = [(m, s) for s in systems for m in models]
     results: list[dict] = []
 
     def save(final: bool = False) -> str:

@@ -715,15 +715,27 @@ fusecut_ex = FusecutExecutor()
 register_executor(fusecut_ex)
 
 
-def executors(executor: FusecutExecutor | None = None) -> list[Any]:
+# Thunder 0.2.6's cudnn executor computes wrong attention gradients in 16-bit: measured on the
+# H100 (cuDNN 9.19, frontend 1.16), a bf16 nanoGPT step's gradients were 1.27-1.52 of their own
+# size off the fp32 step where SDPA's were 0.012 (head size 32 and 64, sequences 24 to 128).
+# Its forward is right, but a step that trains on it does not train: left out unless asked for.
+CUDNN_ATTENTION_WRONG = ("Thunder's cudnn executor computes wrong bf16 attention gradients "
+                         "(measured on the H100, cuDNN 9.19, frontend 1.16)")
+
+
+def executors(executor: FusecutExecutor | None = None, *, cudnn: bool = False) -> list[Any]:
     """Thunder's default executors with fusecut (``executor``, ``fusecut_ex`` by default) in
     nvFuser's place, or last where nvFuser is absent: just before the executors Thunder always
-    appends (torch, python). Attention stays with cuDNN or SDPA, which Thunder lists first.
+    appends (torch, python). Attention stays with SDPA, which Thunder lists first.
+
+    Thunder lists its cudnn executor first where the cuDNN frontend is installed; it is left out
+    (``CUDNN_ATTENTION_WRONG``) unless ``cudnn=True``.
 
         jitted = thunder.jit(model, executors=fusecut.thunder.executors())
     """
     fusecut = executor if executor is not None else fusecut_ex
-    chosen = [e for e in thunder.get_default_executors() if e is not fusecut]
+    chosen = [e for e in thunder.get_default_executors()
+              if e is not fusecut and (cudnn or e.name != "cudnn")]
     names = [e.name for e in chosen]
     if "nvfuser" in names:
         chosen[names.index("nvfuser")] = fusecut
