@@ -11,6 +11,7 @@ executor's own error, plus 1/256 of the tensor's largest value (a bf16 rounding 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 
@@ -93,12 +94,26 @@ def lm_step(jitted, model: torch.nn.Module, tokens: torch.Tensor, targets: torch
     return loss.detach(), [p.grad for p in model.parameters()]
 
 
+def torch_executor_lm_step(model: torch.nn.Module, tokens: torch.Tensor,
+                           targets: torch.Tensor | None, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The step of a copy of ``model`` in ``dtype`` through Thunder's torch executor: the loss
+    and gradients (or the logits)."""
+    copy_ = copy.deepcopy(model).to(dtype)
+    y, grads = lm_step(thunder.jit(copy_, executors=[thunder.pytorch_executor]), copy_, tokens,
+                       targets)
+    return [y] + grads
+
+
 def assert_same_lm_step(ours, model: torch.nn.Module, tokens: torch.Tensor,
-                        targets: torch.Tensor | None) -> torch.Tensor:
+                        targets: torch.Tensor | None,
+                        reference: Callable[[torch.dtype], list[torch.Tensor]] | None = None
+                        ) -> torch.Tensor:
     """``ours`` (``model`` jitted with the executor under test) gives the loss and gradients (or
     the logits) of Thunder's torch executor on a copy of ``model``: to 2e-5 relative in fp32
     (1e-4 for the loss and gradients of a whole model, summed over many more terms); in 16-bit
-    as close to the fp32 step as ``assert_as_close_to_fp32`` asks."""
+    as close to the fp32 step as ``assert_as_close_to_fp32`` asks. ``reference(dtype)``: the
+    torch executor's step in ``dtype`` (``torch_executor_lm_step`` by default; a caller may
+    keep the fp32 one, which every dtype's check takes)."""
     dtype = next(model.parameters()).dtype
     what = "loss" if targets is not None else "logits"
     names = [what] + ([f"{n}'s gradient" for n, _ in model.named_parameters()]
@@ -107,11 +122,9 @@ def assert_same_lm_step(ours, model: torch.nn.Module, tokens: torch.Tensor,
     got = [got_y] + got_grads
     assert all(g is not None for g in got), [n for n, g in zip(names, got) if g is None]
 
-    def reference(dt: torch.dtype) -> list[torch.Tensor]:
-        copy_ = copy.deepcopy(model).to(dt)
-        y, grads = lm_step(thunder.jit(copy_, executors=[thunder.pytorch_executor]), copy_,
-                           tokens, targets)
-        return [y] + grads
+    if reference is None:
+        def reference(dt: torch.dtype) -> list[torch.Tensor]:
+            return torch_executor_lm_step(model, tokens, targets, dt)
 
     low = reference(dtype)
     if dtype == torch.float32:
