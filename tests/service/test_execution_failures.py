@@ -4,7 +4,8 @@ executor replica behind a planner replica.
 
 The real workers' failures are run elsewhere against the real ``fusecut serve``: inputs that do
 not match (test_dtypes, test_service), results over the limits (test_limits), an unknown plan
-(test_service), a worker killed mid-request (test_service); a timeout is run here.
+(test_service), a worker killed mid-request (test_service); a timeout is run here, and so are
+ops that torch refuses as a plan runs (issue 32, defect 6: a 422 naming the op, never a 500).
 """
 
 from __future__ import annotations
@@ -177,3 +178,77 @@ def test_an_execution_past_its_timeout_is_a_504_and_the_worker_restarts(tmp_path
         after = httpx.get(f"{server.url}/readyz", timeout=30).json()["worker_restarts"]
         assert after == before + 1
 
+
+
+# ---- issue 32 (defect 6): what torch refuses as a plan runs is a 422 naming the op -------------
+
+ONE_OP = "def f(fd):\n{defs}    T9 = fd.ops.{call}\n    fd.add_output(T9)\n"
+INT = "    T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.{dtype})\n"
+
+
+def one_op(call: str, dtype: str = "Int", second: str | None = None) -> str:
+    defs = INT.format(dtype=dtype)
+    if second:
+        defs += INT.format(dtype=second).replace("T0", "T1")
+    return ONE_OP.format(defs=defs, call=call)
+
+
+EMBEDDING = ("def f(fd):\n" + INT.format(dtype="Int") +
+             "    T1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], "
+             "dtype=DataType.Float)\n"
+             "    T9 = fd.ops.embedding_fwd(T0, T1, None, None, None, None, None)\n"
+             "    fd.add_output(T9)\n")
+
+
+def json_tensor(name: str, datatype: str, data: list, shape: list | None = None) -> dict:
+    return {"name": name, "datatype": datatype, "data": data,
+            "shape": shape if shape is not None else [len(data)]}
+
+
+@pytest.mark.parametrize("definition, tensors, op", [
+    # the values decide: no planner can refuse these
+    (EMBEDDING, [json_tensor("T0", "INT64", [0, 99]),
+                 json_tensor("T1", "FP32", [0.0] * 12, [4, 3])], "embedding_fwd"),
+    (one_op("fmod(T0, T1)", "Int", "Int"), [json_tensor("T0", "INT64", [1, 2]),
+                                            json_tensor("T1", "INT64", [1, 0])], "fmod"),
+    # the dtypes decide (a 422 at planning names the op as well)
+    (one_op("neg(T0)", "Bool"), [json_tensor("T0", "BOOL", [True, False])], "neg"),
+    (one_op("bitwise_left_shift(T0, T0)", "Bool"), [json_tensor("T0", "BOOL", [True])],
+     "bitwise_left_shift"),
+    (one_op("nextafter(T0, T0)"), [json_tensor("T0", "INT64", [1, 2])], "nextafter"),
+    ("def f(fd):\n    T9 = fd.ops.full(shape=[4], fill_value=1e300, dtype=DataType.Half)\n"
+     "    fd.add_output(T9)\n", [], "full"),
+], ids=["embedding-index", "fmod-by-zero", "neg-bool", "shift-bool", "nextafter-int",
+        "full-overflow"])
+def test_ops_torch_refuses_are_a_422_naming_the_op(http, definition, tensors, op):
+    before = http.get("/readyz").json()["worker_restarts"]
+    response = http.post("/v1/execute", json={"definition": definition, "inputs": tensors})
+    body = assert_problem(response, 422, op)
+    assert "Traceback" not in body["detail"]
+    assert http.get("/readyz").json()["worker_restarts"] == before
+
+
+def test_an_op_torch_refuses_on_an_extended_dtype_is_a_422(http):
+    uint64 = torch.tensor([1, 2], dtype=torch.uint64)
+    response = http.post("/v1/execute", data={"definition": one_op("add(T0, T0)", "UInt64")},
+                         files={"tensors": ("t", dump_safetensors({"T0": uint64}))})
+    assert_problem(response, 422, "add", "uint64")
+
+
+def test_op_failures_name_the_op_and_its_segment():
+    from fusecut.optimizer.ir.nvtext import parse_text
+    from fusecut.optimizer.planner import PlanOptions, make_plan
+    from fusecut.runtime.errors import OpFailed
+    from fusecut.runtime.run import run_plan
+    from fusecut.runtime.tensors import meta_of
+
+    args = [torch.tensor([0, 99]), torch.randn(4, 3)]
+    plan = make_plan(parse_text(EMBEDDING).fusion, [meta_of(a) for a in args],
+                     PlanOptions(segmenter="greedy"))
+    with pytest.raises(OpFailed) as refused:
+        run_plan(plan, args, timed=True)
+    message = str(refused.value)
+    assert message.startswith("op 0 embedding_fwd(T0: int64, T1: float32) -> T9: float32, in "
+                              "segment 0"), message
+    assert "index out of range" in message
+    assert refusal(refused.value).kind is FailureKind.CANNOT_EXECUTE

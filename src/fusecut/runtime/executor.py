@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from fusecut.optimizer.analysis.shapes import Bound, bind
-from fusecut.optimizer.errors import InputError
+from fusecut.optimizer.errors import FusecutError, InputError
 from fusecut.optimizer.ir.inputs import TensorMeta
 from fusecut.optimizer.plan.plan import Plan, Segment
+from fusecut.runtime.errors import OpFailed, OutOfMemory
 from fusecut.runtime.lru import BoundedCache
 from fusecut.runtime.reference import run_reference
 from fusecut.runtime.tensors import TORCH_DTYPE, meta_of, unshare
@@ -48,6 +49,52 @@ class Execution:
     @property
     def seconds(self) -> float:
         return sum(t.seconds for t in self.timings)
+
+
+# What torch raises when it refuses an op (NotImplementedError is a RuntimeError; an integer
+# division by zero is a RuntimeError("ZeroDivisionError"), a float overflow an OverflowError)
+TORCH_ERRORS = (RuntimeError, IndexError, ValueError, TypeError, ArithmeticError)
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def op_failure(plan: Plan, segment: Segment, args: list[Any], error: BaseException
+               ) -> OpFailed:
+    """``error``, raised running ``segment`` on ``args``, as an OpFailed naming the op: the
+    segment is run again through the torch reference, op by op and recording what each made
+    (the failure path only), and the first op that made nothing is the one. When the reference
+    runs it (the error came from a generated kernel), the segment and its ops are named."""
+    fusion, sub = plan.fusion, segment.sub.fusion
+    made: dict[str, Any] = {}
+    try:
+        run_reference(sub, args, segment_bound(plan, segment), trace=made)
+        failing = None
+    except Exception:  # the same error, or another one on the way to it
+        failing = next((op for op in sub.ops if not all(o in sub.scalars for o in op.outputs)
+                        and not all(o in made for o in op.outputs)), None)
+    del made
+    where = f"segment {segment.index} ({segment.kind.value})"
+    if failing is not None:
+        index = next((i for i in segment.schedule.ops
+                      if set(fusion.ops[i].outputs) & set(failing.outputs)), None)
+        op = fusion.ops[index] if index is not None else failing
+
+        def typed(names: tuple[str, ...]) -> str:
+            return ", ".join(f"{n}: {fusion.value_dtype(n).value}"
+                             if n in fusion.tensors or n in fusion.scalars else n for n in names)
+
+        label = f"op {index} {op.name}" if index is not None else op.name
+        where = f"{label}({typed(op.inputs)}) -> {typed(op.outputs)}, in {where},"
+    else:
+        names = ", ".join(f"{i} {fusion.ops[i].name}" for i in segment.schedule.ops[:8])
+        more = ", ..." if len(segment.schedule.ops) > 8 else ""
+        where = f"{where} (ops {names}{more})"
+    if isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in str(error):
+        return OutOfMemory(f"{where} ran out of memory: {first_line(error)}")
+    return OpFailed(f"{where} failed: torch refused it: {first_line(error)}")
 
 
 MAX_SEGMENT_BOUNDS = 1024
@@ -168,12 +215,17 @@ def execute_plan(plan: Plan, args: list[Any], runner: SegmentRunner = reference_
     cuda = timed and any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     for seg, sources, returned, frees in steps.segments:
         seg_args = [env[name] if is_tensor else scalars[name] for name, is_tensor in sources]
-        if timed:
-            outs, seconds = time_call(partial(runner, plan, seg, seg_args, scalars), cuda)
-            timings.append(SegmentTiming(seg.index, seg.kind.value, seconds,
-                                         seg.read_bytes + seg.write_bytes, backend))
-        else:
-            outs = runner(plan, seg, seg_args, scalars)
+        try:
+            if timed:
+                outs, seconds = time_call(partial(runner, plan, seg, seg_args, scalars), cuda)
+                timings.append(SegmentTiming(seg.index, seg.kind.value, seconds,
+                                             seg.read_bytes + seg.write_bytes, backend))
+            else:
+                outs = runner(plan, seg, seg_args, scalars)
+        except FusecutError:
+            raise
+        except TORCH_ERRORS as e:  # torch refused an op: say which, not a traceback
+            raise op_failure(plan, seg, seg_args, e) from None
         for name, value in zip(returned, outs):
             env[name] = value
         for t in frees:  # boundary tensors die after their last reader

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fusecut.optimizer.errors import DefinitionError, FusecutError, InputError, PlanError
+from fusecut.runtime.errors import OpFailed, OutOfMemory
 from fusecut.service.processes.limits import ResultTooLarge
 
 
@@ -80,6 +81,8 @@ Outcome = ExecutionResult | ExecutionFailure  # what an execution comes to
 # fusecut's refusals of an execution, most specific first (ResultTooLarge is a FusecutError)
 REFUSALS: list[tuple[type[FusecutError], FailureKind]] = [
     (ResultTooLarge, FailureKind.RESULT_TOO_LARGE),
+    (OutOfMemory, FailureKind.RESULT_TOO_LARGE),
+    (OpFailed, FailureKind.CANNOT_EXECUTE),  # torch refused an op: the message names it
     (InputError, FailureKind.INPUTS_MISMATCH),
     (DefinitionError, FailureKind.INVALID_DEFINITION),
     (PlanError, FailureKind.CANNOT_EXECUTE),
