@@ -2,15 +2,18 @@
 impossible sizes (planned from metadata), results over the output and intermediate limits, and
 bodies nested too deeply to parse. Run against the real ``fusecut serve``.
 
-From the hostile-input reviews: issue 12 (defect 8) and issue 19 (defects 5 and 6).
+From the hostile-input reviews: issue 12 (defect 8), issue 19 (defects 5 and 6) and issue 32
+(defect 9: the intermediate limit bounds the computed tensors alive at once, not each one).
 """
 
 from __future__ import annotations
 
+import httpx
 import pytest
 import torch
 
 from fusecut.wire.tensors import dump_safetensors
+from tests.server import Server
 from tests.service.test_service import SMALL, assert_problem, small_metas
 from tests.service.workloads import NEG
 
@@ -73,3 +76,53 @@ def test_deeply_nested_bodies_are_a_422(http):
     for route in ("/v1/plan", "/v1/execute"):
         assert_problem(http.post(route, content=deep,
                                  headers={"content-type": "application/json"}), 422)
+
+
+def many_alive(n: int = 20, chain: bool = False) -> str:
+    """``n`` tensors of 512 KiB made from one 4-byte input: all alive at once until a chain of
+    adds reads them (or, with ``chain``, each made from the one before: two alive at once)."""
+    lines = ["def many(fd):",
+             "    T0 = fd.define_tensor(shape=[1, 1], contiguity=[None, None], "
+             "dtype=DataType.Float)",
+             "    T1 = fd.ops.broadcast_in_dim(T0, shape=[256, 512], broadcast_dims=[0, 1])",
+             "    S2 = fd.define_scalar(1.5, dtype=DataType.Double)"]
+    names: list[str] = []
+    for i in range(n):
+        lines.append(f"    T{10 + i} = fd.ops.mul({names[-1] if chain and names else 'T1'}, S2)")
+        names.append(f"T{10 + i}")
+    total = names[-1]
+    if not chain:
+        total = names[0]
+        for i, name in enumerate(names[1:]):
+            lines.append(f"    A{i} = fd.ops.add({total}, {name})")
+            total = f"A{i}"
+    lines += [f"    R = fd.ops.sum({total}, dims=[0, 1], keepdim=False)", "    fd.add_output(R)"]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("segmenter", ["greedy", "cpsat"])
+def test_the_intermediate_limit_bounds_the_tensors_alive_at_once(segmenter):
+    from fusecut.optimizer.ir.nvtext import parse_text
+    from fusecut.optimizer.planner import PlanOptions, make_plan
+    from fusecut.runtime.tensors import meta_of
+    from fusecut.service.processes.limits import ResultTooLarge, check_result_sizes
+
+    def planned(text: str):
+        return make_plan(parse_text(text).fusion, [meta_of(torch.ones(1, 1))],
+                         PlanOptions(segmenter=segmenter))
+
+    with pytest.raises(ResultTooLarge, match="alive at once") as refused:
+        check_result_sizes(planned(many_alive()), 1 << 30, 4_000_000)
+    assert "4000000" in str(refused.value) and "[256, 512] float32" in str(refused.value)
+    check_result_sizes(planned(many_alive(chain=True)), 1 << 30, 4_000_000)  # 20, in turn
+
+
+def test_tensors_alive_at_once_over_the_limit_are_a_413(tmp_path):
+    with Server(tmp_path / "plans.sqlite", max_intermediate_bytes=4_000_000) as server, \
+            httpx.Client(base_url=server.url, timeout=60) as http:
+        one = {"name": "T0", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}
+        refused = http.post("/v1/execute", json={"definition": many_alive(), "inputs": [one]})
+        assert_problem(refused, 413, "alive at once", "4000000")
+        ran = http.post("/v1/execute", json={"definition": many_alive(chain=True),
+                                             "inputs": [one]})
+        assert ran.status_code == 200, ran.text

@@ -45,7 +45,7 @@ class Settings:
     plan_grace_s: float = 10.0  # a planning job is cancelled this long past its time limit
     execute_timeout_s: float = 120.0
     max_output_bytes: int = 256 * 1024 * 1024  # what one execution returns, outputs together
-    max_intermediate_bytes: int = 8 * 1024**3  # any one tensor an execution computes
+    max_intermediate_bytes: int = 8 * 1024**3  # computed tensors alive at once, together
     read_timeout_s: float = 15.0  # a request that sends nothing for this long is dropped
     api_key: str | None = None  # when set, every /v1 route needs "Authorization: Bearer <key>"
     metrics_need_key: bool = False  # and with this, /metrics too
