@@ -45,8 +45,9 @@ def to_array(tensor: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def load_safetensors(blob: bytes | bytearray | memoryview) -> dict[str, torch.Tensor]:
-    return safetensors.load(blob)
+def load_safetensors(blob: bytes | bytearray | memoryview,
+                     max_tensors: int | None = None) -> dict[str, torch.Tensor]:
+    return safetensors.load(blob, max_tensors)
 
 
 def dump_safetensors(tensors: dict[str, torch.Tensor]) -> bytes:
