@@ -30,7 +30,6 @@ from tests.server import Server, ThreadServer
 from tests.service.test_service import assert_problem
 from tests.service.workloads import NEG, heavy_request
 
-PLAN_ID = "0" * 32  # a worker that fails answers before it looks for the plan
 SAFETENSORS = {"content-type": "application/octet-stream"}
 
 
@@ -81,19 +80,23 @@ class FailingWorker:
 
 @pytest.fixture(scope="module")
 def failing(tmp_path_factory):
-    """(a served app whose executions fail as its worker's ``kind``, that worker)."""
+    """(a served app whose executions fail as its worker's ``kind``, that worker, the id of a
+    plan it made: an unknown id is a 404 before any tensor is read)."""
     worker = FailingWorker()
     app = create_app(Settings(db_path=str(tmp_path_factory.mktemp("failing") / "p.sqlite")),
                      worker=worker)
     with ThreadServer(app) as server:
-        yield server, worker
+        plan = httpx.post(f"{server.url}/v1/plan", timeout=60, json={
+            "definition": NEG, "inputs": [{"shape": [4], "dtype": "float32"}]})
+        assert plan.status_code == 200, plan.text
+        yield server, worker, plan.json()["plan_id"]
 
 
 @pytest.mark.parametrize("kind", list(FailureKind))
 def test_each_failure_reaches_the_client_with_its_status(failing, kind):
-    server, worker = failing
+    server, worker, plan_id = failing
     worker.kind = kind
-    response = httpx.post(f"{server.url}/v1/plans/{PLAN_ID}/execute", headers=SAFETENSORS,
+    response = httpx.post(f"{server.url}/v1/plans/{plan_id}/execute", headers=SAFETENSORS,
                           content=dump_safetensors({"T0": torch.ones(4)}), timeout=60)
     answered = EXECUTION_FAILURES[kind]
     body = assert_problem(response, answered.status)

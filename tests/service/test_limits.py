@@ -3,10 +3,15 @@ impossible sizes (planned from metadata), results over the output and intermedia
 bodies nested too deeply to parse. Run against the real ``fusecut serve``.
 
 From the hostile-input reviews: issue 12 (defect 8), issue 19 (defects 5 and 6) and issue 32
-(defect 9: the intermediate limit bounds the computed tensors alive at once, not each one).
+(defect 3: safetensors headers capped at the plan's input count, KServe JSON bodies at their own
+limit; defect 7: integers and sizes no header may hold; defect 9: the intermediate limit bounds
+the computed tensors alive at once, not each one).
 """
 
 from __future__ import annotations
+
+import json
+import socket
 
 import httpx
 import pytest
@@ -126,3 +131,84 @@ def test_tensors_alive_at_once_over_the_limit_are_a_413(tmp_path):
         ran = http.post("/v1/execute", json={"definition": many_alive(chain=True),
                                              "inputs": [one]})
         assert ran.status_code == 200, ran.text
+
+
+def safetensors_body(header: bytes | dict, data: bytes = b"") -> bytes:
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return len(text).to_bytes(8, "little") + text + data
+
+
+def neg_plan(http) -> str:
+    made = http.post("/v1/plan", json={"definition": NEG, "inputs": [
+        {"shape": [4], "dtype": "float32"}]})
+    assert made.status_code == 200, made.text
+    return made.json()["plan_id"]
+
+
+def test_headers_with_integers_or_sizes_past_int64_are_a_422(http):
+    # issue 32, defect 7: both were 500s (ValueError past 4,300 digits, TypeError at 2**63)
+    plan_id = neg_plan(http)
+    route = f"/v1/plans/{plan_id}/execute"
+    octets = {"content-type": "application/octet-stream"}
+    t0 = {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}
+    digits = b'{"__metadata__": {"n": ' + b"9" * 5000 + b'}, "T0": ' + \
+        json.dumps(t0).encode() + b"}"
+    assert_problem(http.post(route, content=safetensors_body(digits, bytes(16)),
+                             headers=octets), 422, "5000 digits")
+    for shape in ([0, 2**63], [2**62, 2**62, 0]):
+        header = {"T0": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}}
+        assert_problem(http.post(route, content=safetensors_body(header), headers=octets), 422,
+                       "T0", "2**63 - 1")
+    form = {"files": {"tensors": ("t", safetensors_body(digits, bytes(16)))},
+            "data": {"definition": NEG}}
+    assert_problem(http.post("/v1/execute", **form), 422, "digits")
+
+
+def test_tensor_counts_past_the_plans_inputs_are_refused_before_decoding(http):
+    # issue 32, defect 3: a 68 MB header of 1.2M zero-size tensors took the service to 6.2 GB
+    plan_id = neg_plan(http)
+    octets = {"content-type": "application/octet-stream"}
+    many = {f"x{k}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}
+            for k in range(40_000)}
+    body = safetensors_body({"T0": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]},
+                             **many})
+    assert len(body) > 2_000_000
+    assert_problem(http.post(f"/v1/plans/{plan_id}/execute", content=body, headers=octets),
+                   422, "header of", "at most 1 tensor")
+    small = safetensors_body({"T0": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]},
+                              **dict(list(many.items())[:3])})
+    assert_problem(http.post(f"/v1/plans/{plan_id}/execute", content=small, headers=octets),
+                   422, "4 tensors", "the plan takes 1 input")
+    assert_problem(http.post(f"/v1/plans/{'f' * 32}/execute", content=body, headers=octets),
+                   404, "f" * 32)
+    fine = http.post(f"/v1/plans/{plan_id}/execute", headers=octets,
+                     content=dump_safetensors({"T0": torch.arange(4.0)}))
+    assert fine.status_code == 200, fine.text
+
+
+def test_kserve_json_bodies_have_their_own_limit(server):
+    # issue 32, defect 3: a 40 MB KServe body grew a planner process by 914 MB
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(b"POST /v1/execute HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                  b"content-type: application/json\r\ncontent-length: 40000000\r\n\r\n{")
+        status, body = read_response(s)
+    assert status.startswith(b"HTTP/1.1 413"), status
+    assert b"33554432" in body and b"safetensors" in body
+
+
+def read_response(s: socket.socket) -> tuple[bytes, bytes]:
+    """(the status line and headers, the body) of one response read from a raw socket."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = s.recv(65536)
+        assert chunk, answer
+        answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        chunk = s.recv(65536)
+        assert chunk, body
+        body += chunk
+    return head, body

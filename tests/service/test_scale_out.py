@@ -1,4 +1,5 @@
-"""Scaling out (issue 20) and the cache's failures (issue 19, items 7, 9 and 12), run for real:
+"""Scaling out (issue 20) and the cache's failures (issue 19, items 7, 9 and 12; issue 32,
+defect 1: executions never fail because the cache cannot hand a plan back), run for real:
 several ``fusecut serve`` replicas sharing one PostgreSQL (Debian's package, started here), a
 server whose SQLite file fills its disk or is corrupt, and workers per device (``--gpus``) on
 the CPU path: routing, a killed worker, bounded queues."""
@@ -14,17 +15,46 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from fusecut.service.processes.worker_pool import parse_gpus, slot_names
 from fusecut.wire.tensors import dump_safetensors
 from tests.postgres import Postgres, require_binaries
 from tests.server import Server
-from tests.service.test_service import SMALL, count, metric_samples, small_args, small_metas
+from tests.service.test_service import (
+    SMALL,
+    SMALL_FUSION,
+    count,
+    metric_samples,
+    small_args,
+    small_metas,
+)
+from tests.service.workloads import kserve_body
+
+OCTETS = {"content-type": "application/octet-stream"}
 
 
 def plan_body(rows: int, cols: int = 8, **options) -> dict:
     return {"definition": SMALL, "inputs": small_metas(rows, cols),
             **({"options": options} if options else {})}
+
+
+def small_tensors(rows: int, cols: int = 8) -> bytes:
+    """The safetensors body of SMALL's inputs (the plan of ``plan_body(rows, cols)``)."""
+    a, b, c = small_args(rows, cols)
+    return dump_safetensors(dict(zip(SMALL_FUSION.inputs,
+                                     [a, b, torch.tensor(c, dtype=torch.float64)])))
+
+
+def assert_executes(url: str, plan_id: str | None = None, rows: int = 4) -> None:
+    """An execution by definition (KServe JSON) and, given a plan id, one by id."""
+    ran = httpx.post(f"{url}/v1/execute", json=kserve_body([rows, 1, 2]), timeout=60)
+    assert ran.status_code == 200, ran.text
+    assert ran.json()["outputs"][0]["data"] == [-rows, -1, -2]
+    if plan_id is not None:
+        ran = httpx.post(f"{url}/v1/plans/{plan_id}/execute", content=small_tensors(rows),
+                         headers=OCTETS, timeout=60)
+        assert ran.status_code == 200, ran.text
 
 
 def start_all(servers: list[Server]) -> list[Server]:
@@ -121,6 +151,11 @@ def test_postgresql_stopped_mid_run_and_restarted(tmp_path):
                 assert made.status_code == 200 and made.headers["x-fusecut-cache"] == "miss"
             hit = httpx.post(f"{a.url}/v1/plan", json=plan_body(2), timeout=60)
             assert hit.status_code == 200 and hit.json() == first  # from memory
+            # issue 32, defect 1: executions were 404s (6/6) while /v1/plan worked
+            for i, replica in enumerate((a, b)):
+                made = httpx.post(f"{replica.url}/v1/plan", json=plan_body(30 + i), timeout=60)
+                for _ in range(3):
+                    assert_executes(replica.url, made.json()["plan_id"], rows=30 + i)
             state = ready(a.url)
             assert state["status"] == "degraded" and state["cache"]["state"] == "degraded"
             assert state["cache"]["error"]
@@ -206,6 +241,39 @@ def test_the_cache_bound_holds_through_the_service(tmp_path):
         samples = metric_samples(httpx.get(f"{s.url}/metrics").text)
     assert state["bytes"] <= bound and state["evicted"] >= 1
     assert state["plans"] < 30 and samples[("fusecut_cache_evictions_total", ())] >= 1
+
+
+def test_executions_need_no_cache_to_hand_plans_back(tmp_path):
+    # issue 32, defect 1: a plan the cache did not keep (here: larger than half its bound,
+    # served, never stored) could not be executed, by id or by definition: 404 "unknown plan"
+    with Server(tmp_path / "kept.sqlite", cache_max_bytes=2000, worker=0) as s:
+        made = httpx.post(f"{s.url}/v1/plan", json=plan_body(4), timeout=60)
+        assert made.status_code == 200 and ready(s.url)["cache"]["plans"] == 0
+        for _ in range(2):
+            assert_executes(s.url, made.json()["plan_id"])
+    # nothing in memory either: a definition is planned again, an id is unknown
+    with Server(tmp_path / "none.sqlite", cache_max_bytes=2000, cache_memory_items=0,
+                worker=0) as s:
+        for _ in range(2):
+            assert_executes(s.url)
+        made = httpx.post(f"{s.url}/v1/plan", json=plan_body(4), timeout=60).json()
+        gone = httpx.post(f"{s.url}/v1/plans/{made['plan_id']}/execute", headers=OCTETS,
+                          content=small_tensors(4), timeout=60)
+        assert gone.status_code == 404 and made["plan_id"] in gone.json()["detail"]
+
+
+def test_a_worker_remembers_only_the_plans_it_holds():
+    # issue 32, defect 1: the service's record of the plans a worker holds was never pruned
+    from fusecut.service.processes.worker import PLANS_HELD, Worker
+
+    worker = Worker()
+    for k in range(PLANS_HELD * 3):
+        worker._remember(f"{k:032x}")
+    assert len(worker._known) == PLANS_HELD
+    assert worker.knows(f"{PLANS_HELD * 3 - 1:032x}") and not worker.knows(f"{0:032x}")
+    worker._remember(f"{PLANS_HELD * 2:032x}")  # used again: kept longest
+    worker._remember("f" * 32)
+    assert worker.knows(f"{PLANS_HELD * 2:032x}")
 
 
 # ---- a worker per device ----------------------------------------------------------------------

@@ -38,7 +38,8 @@ def create_app(settings: Settings | None = None, worker=None) -> FastAPI:
     problems.install(app)
     app.add_middleware(problems.BodyLimit, limit=settings.max_body_bytes,
                        per_path={"/v1/plan": min(settings.max_plan_body_bytes,
-                                                    settings.max_body_bytes)})
+                                                    settings.max_body_bytes)},
+                       per_media={"application/json": settings.max_json_body_bytes})
     # (each middleware added wraps the ones before it)
     if settings.cors_origins:  # preflights and response headers for the allowed origins
         from starlette.middleware.cors import CORSMiddleware

@@ -2,7 +2,11 @@
 
 Plans are keyed by (fusion id, input metadata, options, device profile); a stored plan is served
 without solving. An execution names its plan by id: a worker that does not hold the plan
-rebuilds it from the stored JSON (not solved again). Everything heavy runs in a planner process
+rebuilds it from the JSON texts of its request and of the plan (not solved again), kept in
+memory beside the plan when this process made it (``Sources``), else read from the cache. The
+cache never fails a request (issue 32: with PostgreSQL down, a full disk or an evicted plan,
+executions were 404s): a plan the cache cannot hand back is planned again when the request
+carries its definition. Everything heavy runs in a planner process
 (parsing, planning, serializing) or a worker process (rebuilding plans, running them): the
 service's own process moves bytes and small summaries.
 """
@@ -15,6 +19,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -37,12 +42,63 @@ from fusecut.service.processes.worker import Job, PlanSource
 from fusecut.service.processes.worker_pool import WorkerPool, parse_gpus
 from fusecut.service.settings import Settings
 from fusecut.service.singleflight import SingleFlight
+from fusecut.wire.tensors import load_safetensors
 
 log = logging.getLogger("fusecut.service")
 KNOWN_EXECUTIONS = 4096  # execution requests remembered with the plan that serves them
+SOURCE_ITEMS = 256  # plans whose sources (request and plan texts) are kept in memory, at most
+SOURCE_BYTES = 128 * 1024 * 1024  # and their texts' bytes together, at most
 Disconnected = Callable[[], Awaitable[bool]]  # whether a request's client has gone
 # failures after which the worker that ran the execution was restarted
 RESTARTED = (FailureKind.WORKER_CRASHED, FailureKind.WORKER_TIMED_OUT)
+
+
+class Sources:
+    """What an execution needs of the plans this process made or read, kept in memory beside
+    the plan cache (bounded, least recently used first out): the texts a worker rebuilds a
+    plan from, and the plan's input count (a body's tensors are capped at it)."""
+
+    def __init__(self, items: int = SOURCE_ITEMS, max_bytes: int = SOURCE_BYTES):
+        self.items, self.max_bytes = items, max_bytes
+        self._texts: OrderedDict[str, tuple[PlanSource, int | None]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def put(self, plan_id: str, source: PlanSource, inputs: int | None = None) -> None:
+        """Keep ``source``, and the input count if known (else it is counted when asked)."""
+        size = len(source[0]) + len(source[1])
+        if size > self.max_bytes // 2:  # one plan would push out all the others
+            return
+        with self._lock:
+            old = self._texts.pop(plan_id, None)
+            if old is not None:
+                self._bytes -= len(old[0][0]) + len(old[0][1])
+            self._texts[plan_id] = (source, inputs)
+            self._bytes += size
+            while len(self._texts) > self.items or self._bytes > self.max_bytes:
+                _, (dropped, _) = self._texts.popitem(last=False)
+                self._bytes -= len(dropped[0]) + len(dropped[1])
+
+    def get(self, plan_id: str) -> tuple[PlanSource, int | None] | None:
+        with self._lock:
+            found = self._texts.get(plan_id)
+            if found is not None:
+                self._texts.move_to_end(plan_id)
+            return found
+
+    def forget(self, plan_id: str) -> None:
+        with self._lock:
+            old = self._texts.pop(plan_id, None)
+            if old is not None:
+                self._bytes -= len(old[0][0]) + len(old[0][1])
+
+
+def input_count(request: str) -> int:
+    """How many inputs the request that made a plan gives (its JSON text)."""
+    return len(json.loads(request)["inputs"])
 
 
 class Service:
@@ -64,6 +120,9 @@ class Service:
         # goes straight to a worker
         self.known: OrderedDict[str, tuple[str, str]] = OrderedDict()  # (plan id, segmenter)
         self.known_lock = threading.Lock()
+        # what executions need of plans, beside the cache (its memory layer's size, at most
+        # SOURCE_ITEMS: 0 keeps none)
+        self.sources = Sources(min(s.cache_memory_items, SOURCE_ITEMS))
 
     def start(self) -> None:
         """Start the workers, and (without waiting for it) one planner process."""
@@ -82,13 +141,14 @@ class Service:
     # ---- planning ------------------------------------------------------------------------------
 
     async def off_loop(self, fn, *args, in_process: bool = True, client: str = "",
-                       disconnected: Disconnected | None = None):
-        """``fn(*args)`` in a planner process (or, for a small job, a thread): CPU work on
-        untrusted input never runs on the event loop. Its refusals are raised as Problems; it
-        is cancelled if ``disconnected()`` says its client left, or if it runs past its
-        deadline."""
+                       disconnected: Disconnected | None = None, gate: Gate | None = None):
+        """``fn(*args)`` in a planner process (or, for a small job, a thread, under ``gate``
+        if given): CPU work on untrusted input never runs on the event loop. Its refusals are
+        raised as Problems; it is cancelled if ``disconnected()`` says its client left, or if
+        it runs past its deadline."""
         if not in_process:
-            result = await run_in_threadpool(refusing, fn, *args)
+            async with gate.slot(client) if gate is not None else nullcontext():
+                result = await run_in_threadpool(refusing, fn, *args)
         else:
             s = self.settings
             async with self.plan_gate.slot(client):
@@ -148,15 +208,16 @@ class Service:
             return self.off_loop(plan_body, raw, self.settings, use_cache, client=client,
                                  disconnected=disconnected)
 
-        stored, outcome = await self._stored(await plan(), lambda: plan(False))
+        stored, outcome, _ = await self._stored(await plan(), lambda: plan(False))
         await run_in_threadpool(self.store.link, raw_key, stored.plan_id)
         return stored, outcome
 
     async def _stored(self, result: Planned, replan: Callable[[], Awaitable[Planned]]
-                      ) -> tuple[StoredPlan, str]:
-        """The plan a planner answered with, stored if new: (the stored plan, "hit"/"miss").
-        A "hit" the cache no longer has (damaged, evicted or unreachable since) is planned
-        after all, by ``replan()``."""
+                      ) -> tuple[StoredPlan, str, PlanSource | None]:
+        """The plan a planner answered with, stored if new: (the stored plan, "hit"/"miss",
+        and for a "miss" the texts a worker rebuilds it from, also kept in ``sources``). A
+        "hit" the cache no longer has (damaged, evicted or unreachable since) is planned after
+        all, by ``replan()``."""
         stored = None
         if result.cache == "hit":
             stored = await run_in_threadpool(self.store.get, result.plan_id)
@@ -166,39 +227,53 @@ class Service:
             stored = await run_in_threadpool(
                 self.store.put_bytes, result.plan_id, result.fusion_id, result.segmenter,
                 result.body, result.request, result.request_key or None)
+            # what an execution needs, whether or not the cache took it
+            source = (result.request, await run_in_threadpool(stored.body.decode))
+            self.sources.put(result.plan_id, source, result.inputs)
             metrics.record_plan(result.metrics, "miss")
-            return stored, "miss"
+            return stored, "miss", source
         if result.request_key:
             await run_in_threadpool(self.store.link, result.request_key, stored.plan_id)
         metrics.PLANS.labels(stored.segmenter, "hit").inc()
-        return stored, "hit"
+        return stored, "hit", None
 
     async def plan_for_tensors(self, definition: str, options_json: str,
                                tensors: dict[str, Any], client: str = "",
                                disconnected: Disconnected | None = None) -> str:
         """The id of the plan of a definition (nvFuser text or wire JSON text) for these
         tensors, planned now (in a planner process) unless stored."""
+        plan_id, _ = await self._plan_for_tensors(definition, options_json, tensors, client,
+                                                  disconnected)
+        return plan_id
+
+    async def _plan_for_tensors(self, definition: str, options_json: str,
+                                tensors: dict[str, Any], client: str = "",
+                                disconnected: Disconnected | None = None,
+                                fresh: bool = False) -> tuple[str, PlanSource | None]:
+        """As ``plan_for_tensors``; with ``fresh``, planned now whatever is stored. With the
+        id, the texts a worker rebuilds the plan from when it was planned now (None when it
+        was found)."""
         given = {name: describe(name, t) for name, t in tensors.items()}
         key = hashlib.sha256(json.dumps([definition, options_json, given],
                                         sort_keys=True).encode()).hexdigest()
         with self.known_lock:
-            known = self.known.get(key)
+            known = None if fresh else self.known.get(key)
         if known is not None:
             plan_id, segmenter = known
             metrics.PLANS.labels(segmenter, "hit").inc()
-            return plan_id
+            return plan_id, None
 
         def plan(use_cache: bool = True) -> Awaitable[Planned]:
             return self.off_loop(plan_for_tensors, definition, given, options_json,
                                  self.settings, use_cache, client=client,
                                  disconnected=disconnected)
 
-        stored, _ = await self._stored(await plan(), lambda: plan(False))
+        stored, _, source = await self._stored(await plan(not fresh), lambda: plan(False))
         with self.known_lock:
             self.known[key] = (stored.plan_id, stored.segmenter)
             while len(self.known) > KNOWN_EXECUTIONS:
                 self.known.popitem(last=False)
-        return stored.plan_id
+        return stored.plan_id, source
 
     # ---- executions ----------------------------------------------------------------------------
 
@@ -209,26 +284,83 @@ class Service:
                                                     f"is {self.settings.max_tensor_bytes}")
 
     def plan_source(self, plan_id: str) -> PlanSource | None:
-        """The texts a worker rebuilds plan ``plan_id`` from (read in a worker's thread); None
-        if no plan has that id."""
+        """The texts a worker rebuilds plan ``plan_id`` from (read in a worker's thread): from
+        memory, else from the cache; None if neither has it."""
+        kept = self.sources.get(plan_id)
+        if kept is not None:
+            return kept[0]
         found = read_plan(self.settings.cache_location, plan_id)
-        if found is not None:
-            return found
-        request, stored = self.store.request(plan_id), self.store.get(plan_id)  # ":memory:"
-        if request is None or stored is None:
+        if found is None:
+            request, stored = self.store.request(plan_id), self.store.get(plan_id)  # ":memory:"
+            if request is None or stored is None:
+                return None
+            found = json.dumps(request), stored.body.decode()
+        self.sources.put(plan_id, found)
+        return found
+
+    def plan_inputs(self, plan_id: str) -> int | None:
+        """How many inputs plan ``plan_id`` takes (call it in a thread); None if no plan has
+        that id."""
+        kept = self.sources.get(plan_id)
+        if kept is not None and kept[1] is not None:
+            return kept[1]
+        source = kept[0] if kept is not None else self.plan_source(plan_id)
+        if source is None:
             return None
-        return json.dumps(request), stored.body.decode()
+        count = input_count(source[0])
+        self.sources.put(plan_id, source, count)
+        return count
+
+    async def decode_tensors(self, raw: memoryview | bytes, max_tensors: int,
+                             client: str = "") -> dict[str, torch.Tensor]:
+        """A safetensors body's tensors, at most ``max_tensors`` of them, decoded in a thread
+        under the execution gate (the admission of the work it is for): a hostile header
+        costs no more than ``max_tensors`` allow, and no more such decodes run at once than
+        executions do."""
+        async with self.exec_gate.slot(client):
+            return await run_in_threadpool(load_safetensors, raw, max_tensors)
 
     async def execute(self, plan_id: str, tensors: dict[str, torch.Tensor], wire: str,
                       client: str = "") -> ExecutionResult:
         """Run plan ``plan_id`` on a worker: named outputs, backend, per-segment timings. A
         failure is raised as its Problem (service.problems.EXECUTION_FAILURES)."""
+        answer = await self._run(plan_id, tensors, wire, client)
+        return self._answered(answer, plan_id)
+
+    async def execute_definition(self, definition: str, options_json: str,
+                                 tensors: dict[str, torch.Tensor], wire: str,
+                                 client: str = "",
+                                 disconnected: Disconnected | None = None
+                                 ) -> tuple[str, ExecutionResult]:
+        """Plan (unless known) and run a definition on tensors: (the plan id, the result). A
+        plan the cache cannot hand back to the worker (evicted, damaged, or the cache is down)
+        is planned again, not a 404: the request carries all it needs."""
+        plan_id, source = await self._plan_for_tensors(definition, options_json, tensors,
+                                                      client, disconnected)
+        answer = await self._run(plan_id, tensors, wire, client, source)
+        if isinstance(answer, ExecutionFailure) and answer.kind is FailureKind.UNKNOWN_PLAN:
+            log.warning("plan %s could not be read back from the cache; planning it again",
+                        plan_id)
+            plan_id, source = await self._plan_for_tensors(definition, options_json, tensors,
+                                                          client, disconnected, fresh=True)
+            answer = await self._run(plan_id, tensors, wire, client, source)
+        return plan_id, self._answered(answer, plan_id)
+
+    async def _run(self, plan_id: str, tensors: dict[str, torch.Tensor], wire: str,
+                   client: str, source: PlanSource | None = None
+                   ) -> ExecutionResult | ExecutionFailure:
+        """Run plan ``plan_id`` on a worker; a worker that does not hold it is sent
+        ``source`` if given, else what ``plan_source`` finds."""
         s = self.settings
         job = Job(plan_id, tensors, wire, s.max_output_bytes, s.max_intermediate_bytes)
         async with self.exec_gate.slot(client):
             # the least-loaded worker, one holding the plan among equals
-            answer = await self.worker.execute(job, lambda: self.plan_source(plan_id),
-                                               s.execute_timeout_s)
+            return await self.worker.execute(
+                job, (lambda: source) if source is not None else
+                (lambda: self.plan_source(plan_id)), s.execute_timeout_s)
+
+    def _answered(self, answer: ExecutionResult | ExecutionFailure, plan_id: str
+                  ) -> ExecutionResult:
         if isinstance(answer, ExecutionFailure):
             if answer.kind in RESTARTED:
                 metrics.WORKER_RESTARTS.inc()

@@ -49,6 +49,9 @@ def decode_execute(raw: bytes, settings: Settings) -> ExecuteInputs:
     except ValidationError as e:
         raise validation_problem(list(e.errors())) from None
     names = [t.name for t in body.inputs]
+    if len(names) > settings.max_ops:  # a definition has no more inputs than ops it may have
+        raise Problem(422, "inputs do not match", f"{len(names)} input tensors; a definition "
+                                                  f"takes at most {settings.max_ops}")
     if len(set(names)) != len(names):
         raise Problem(422, "inputs do not match", f"input names repeat: {names}")
     items = [{"name": t.name, "shape": t.shape, "datatype": t.datatype, "data": t.data}

@@ -59,6 +59,7 @@ class Planned:
     request_key: str  # the hash of a POST /v1/plan body ("" for an execution's plan)
     cache: str  # "hit" (stored before: body is empty) or "miss"
     metrics: dict[str, Any]
+    inputs: int = 0  # how many inputs the plan takes (0 on a "hit")
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ def _plan_parsed(fusion: Fusion, metas: list[InputMeta], options: PlanOptions, n
     plan.fusion_id = fid  # known: not converted again
     data, body_bytes, request = serialize(plan, metas_json, name, definition)
     return Planned(data["plan_id"], data["fusion_id"], data["segmenter"], body_bytes, request,
-                   request_key or "", "miss", plan_summary(data))
+                   request_key or "", "miss", plan_summary(data), len(metas))
 
 
 def serialize(plan: Plan, metas_json: list[dict[str, Any]], name: str | None = None,

@@ -130,18 +130,28 @@ def install(app: FastAPI) -> None:
 
 
 class BodyLimit:
-    """Pure ASGI middleware: refuse bodies over ``limit`` bytes (or the path's own limit), by
-    the Content-Length header before reading, or as they stream."""
+    """Pure ASGI middleware: refuse bodies over ``limit`` bytes (or the path's own limit, or
+    the media type's, whichever is lower), by the Content-Length header before reading, or as
+    they stream."""
 
-    def __init__(self, app, limit: int, per_path: dict[str, int] | None = None):
+    def __init__(self, app, limit: int, per_path: dict[str, int] | None = None,
+                 per_media: dict[str, int] | None = None):
         self.app, self.default, self.per_path = app, limit, per_path or {}
+        self.per_media = {k.encode(): v for k, v in (per_media or {}).items()}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
         limit = self.per_path.get(scope.get("path", ""), self.default)
+        media = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        if media in self.per_media and self.per_media[media] < limit:
+            limit = self.per_media[media]
         detail = f"the body is over the limit of {limit} bytes"
-        length = dict(scope.get("headers") or []).get(b"content-length")
+        if media == b"application/json" and media in self.per_media and \
+                limit == self.per_media[media]:
+            detail += " for JSON (send large tensors as safetensors)"
+        length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             return await problem_response(413, "request too large", detail,
                                           scope.get("path"))(scope, receive, send)

@@ -22,6 +22,9 @@ class Settings:
     cache_memory_items: int = 1024  # plans (and request keys) also kept in memory
     max_body_bytes: int = 256 * 1024 * 1024
     max_plan_body_bytes: int = 16 * 1024 * 1024  # POST /v1/plan carries no tensors
+    # a KServe-v2 JSON body: its values become Python objects as it is read (a 40 MB body grew
+    # a planner process by 914 MB); larger tensors travel as safetensors
+    max_json_body_bytes: int = 32 * 1024 * 1024
     max_ops: int = 20_000
     max_tensor_bytes: int = 2 * 1024**3  # per execute request, inputs together
     max_plan_tensor_bytes: int = 2**40  # per input of a plan, its logical extent (1 TiB)

@@ -35,6 +35,8 @@ from fusecut.service.processes.results import (
     unknown_plan,
 )
 
+PLANS_HELD = 64  # plans a worker keeps rebuilt, least recently used out first
+
 
 def _describe_device() -> str:
     import torch
@@ -106,7 +108,7 @@ class _Runner:
                 if source is None:
                     return PlanNeeded(job.plan_id)
                 plan = self.plans[job.plan_id] = restore_stored(source)
-                while len(self.plans) > 64:
+                while len(self.plans) > PLANS_HELD:
                     self.plans.popitem(last=False)
             self.plans.move_to_end(job.plan_id)
             args = arguments(plan.fusion, job.tensors)
@@ -208,7 +210,9 @@ class Worker:
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._inline: _Runner | None = None
-        self._known: set[str] = set()  # plan ids the current worker holds
+        # plan ids the current worker holds, in the order it used them: its runner keeps the
+        # PLANS_HELD it used last, and so does this (it was never pruned)
+        self._known: OrderedDict[str, None] = OrderedDict()
         self._settled = threading.Event()  # set once a start has succeeded or failed
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -241,7 +245,7 @@ class Worker:
             reap(proc, conn)
             self.device = f"failed to start: {hello.error}"
             return
-        self._proc, self._conn, self._known = proc, conn, set()
+        self._proc, self._conn, self._known = proc, conn, OrderedDict()
         self.device = hello.device
 
     def wait_ready(self, timeout: float) -> bool:
@@ -300,6 +304,13 @@ class Worker:
                                                               f"{job.plan_id} as it was sent")
             return answer
 
+    def _remember(self, plan_id: str) -> None:
+        """The worker was sent a job of ``plan_id``: it holds the plan now, as the last used."""
+        self._known[plan_id] = None
+        self._known.move_to_end(plan_id)
+        while len(self._known) > PLANS_HELD:
+            self._known.popitem(last=False)
+
     def knows(self, plan_id: str) -> bool:
         """Whether this worker was sent the plan (and so likely holds it)."""
         return plan_id in self._known
@@ -314,7 +325,7 @@ class Worker:
             return self._inline.execute(job, source)
         try:
             _send(self._conn, Request(job, source))
-            self._known.add(job.plan_id)
+            self._remember(job.plan_id)
             deadline = time.monotonic() + timeout
             while not self._conn.poll(0.05):
                 if self._proc.poll() is not None:

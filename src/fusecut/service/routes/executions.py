@@ -22,11 +22,12 @@ from fusecut.service.execute_bodies import (
 )
 from fusecut.service.models import ExecuteRequest, PlanOptionsModel
 from fusecut.service.problems import Problem, validation_problem
+from fusecut.service.processes.results import ExecutionResult
 from fusecut.service.routes.dependencies import ServiceDep, client_of, require_api_key
 from fusecut.service.routes.media import JSON, SAFETENSORS, media_type, require_media_type
 from fusecut.service.routes.plans import PlanId
 from fusecut.wire import safetensors
-from fusecut.wire.tensors import NAMES, from_array, load_safetensors, to_array
+from fusecut.wire.tensors import NAMES, from_array, to_array
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -67,16 +68,17 @@ async def post_plan_execute(request: Request, plan_id: PlanId, service: ServiceD
 
 async def execute_json(request: Request, service: Service) -> Response:
     # Validated and decoded off the event loop (see execute_bodies), in a planner process when
-    # big; the loop only turns numpy arrays into tensors and back.
+    # big, else in a thread under the execution gate; the loop only turns numpy arrays into
+    # tensors and back. The body limit bounds it (FUSECUT_MAX_JSON_BODY_BYTES).
     raw = await request.body()
     client = client_of(request)
     body = await service.off_loop(decode_execute, raw, service.settings, client=client,
-                                  in_process=len(raw) > INLINE_BODY_BYTES)
+                                  in_process=len(raw) > INLINE_BODY_BYTES,
+                                  gate=service.exec_gate)
     tensors = await run_in_threadpool(lambda: {
         name: from_array(values, datatype) for name, (values, datatype) in body.arrays.items()})
-    plan_id = await resolve(request, service, body.definition_text or body.definition_json,
-                            body.plan_id, body.options_json, tensors)
-    result = await service.execute(plan_id, tensors, "json", client)
+    plan_id, result = await run(request, service, body.definition_text or body.definition_json,
+                                body.plan_id, body.options_json, tensors, "json")
     outputs = await run_in_threadpool(lambda: [
         (name, to_array(t), NAMES[t.dtype]) for name, t in result.outputs])
     values = sum(v.size for _, v, _ in outputs)
@@ -109,29 +111,43 @@ async def execute_safetensors(request: Request, service: Service, content_type: 
         definition = text_part(form, "definition")
         if text_part(form, "options"):
             options = parse_model(PlanOptionsModel, text_part(form, "options"))
-    tensors = await run_in_threadpool(load_safetensors, raw)
+    what_to_run(definition, plan_id)
+    if definition is None:  # the plan's input count caps the tensors, before any is read
+        max_tensors = await run_in_threadpool(service.plan_inputs, plan_id)
+        if max_tensors is None:
+            raise Problem(404, "unknown plan", f"no plan has id {plan_id!r}")
+    else:  # a definition's inputs are known once it is parsed: its op limit bounds them
+        max_tensors = service.settings.max_ops
     client = client_of(request)
-    plan_id = await resolve(request, service, definition, plan_id, options.model_dump_json(),
-                            tensors)
-    result = await service.execute(plan_id, tensors, "safetensors", client)
+    tensors = await service.decode_tensors(raw, max_tensors, client)
+    del raw  # the body: the tensors are copies
+    plan_id, result = await run(request, service, definition, plan_id,
+                                options.model_dump_json(), tensors, "safetensors")
     content = await run_in_threadpool(safetensors.dump, dict(result.outputs))  # a view, no copy
     return Response(content, media_type=SAFETENSORS,
                     headers={"X-Fusecut-Plan-Id": plan_id, "X-Fusecut-Backend": result.backend,
                              "X-Fusecut-Segments": json.dumps(result.timings)})
 
 
-async def resolve(request: Request, service: Service, definition: str | None,
-                  plan_id: str | None, options_json: str, tensors: dict[str, Any]) -> str:
-    """The id of the plan to run: given, or made (or found) for a definition."""
-    service.check_size(tensors)
+def what_to_run(definition: str | None, plan_id: str | None) -> None:
     if plan_id is not None and definition is not None:
         raise Problem(422, "ambiguous request", "give a definition or a plan_id, not both")
-    if plan_id is not None:
-        return plan_id
-    if definition is None:
+    if plan_id is None and definition is None:
         raise Problem(422, "no definition", "give a definition or a plan_id")
-    return await service.plan_for_tensors(definition, options_json, tensors, client_of(request),
-                                          request.is_disconnected)
+
+
+async def run(request: Request, service: Service, definition: str | None,
+              plan_id: str | None, options_json: str, tensors: dict[str, Any], wire: str
+              ) -> tuple[str, ExecutionResult]:
+    """Run the plan given, or the plan made (or found) for a definition: (its id, the
+    result)."""
+    service.check_size(tensors)
+    what_to_run(definition, plan_id)
+    client = client_of(request)
+    if plan_id is not None:
+        return plan_id, await service.execute(plan_id, tensors, wire, client)
+    return await service.execute_definition(definition, options_json, tensors, wire, client,
+                                            request.is_disconnected)
 
 
 def parse_model(model: type[M], raw: bytes | str) -> M:
