@@ -503,7 +503,7 @@ def serve(host: str = typer.Option("127.0.0.1", metavar="HOST",
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="fusecut-metrics-")
     uvicorn.run("fusecut.service.app:create_app", factory=True, host=host, port=port,
                 workers=workers, log_level=log_level, access_log=access_log,
-                http="fusecut.service.http:ReadTimeoutProtocol",  # drops half-sent requests
+                http="fusecut.service.http:ReadTimeoutProtocol",  # deadlines and caps
                 ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
                 ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None)
 

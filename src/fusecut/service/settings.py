@@ -50,6 +50,11 @@ class Settings:
     max_output_bytes: int = 256 * 1024 * 1024  # what one execution returns, outputs together
     max_intermediate_bytes: int = 8 * 1024**3  # computed tensors alive at once, together
     read_timeout_s: float = 15.0  # a request that sends nothing for this long is dropped
+    header_timeout_s: float = 20.0  # a request line and headers must all arrive within this
+    min_body_rate: int = 500  # bytes a second a body must average, past read_timeout_s
+    max_header_count: int = 100  # headers a request may have
+    max_header_bytes: int = 65_536  # what its request line and headers may take together
+    max_connections: int = 1000  # connections open at once (kept under the open files limit)
     api_key: str | None = None  # when set, every /v1 route needs "Authorization: Bearer <key>"
     metrics_need_key: bool = False  # and with this, /metrics too
     cors_origins: str = ""  # browser origins allowed to call the API, comma-separated
