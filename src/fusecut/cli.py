@@ -498,6 +498,11 @@ def serve(host: str = typer.Option("127.0.0.1", metavar="HOST",
     for path in (ssl_certfile, ssl_keyfile):
         if path is not None and not path.is_file():
             fail(f"cannot read {path}")
+    settings = Settings.from_env()
+    if host not in ("127.0.0.1", "localhost", "::1") and not settings.allowed_hosts:
+        err.print(f"note: the service answers requests that name it localhost, 127.0.0.1 or "
+                  f"[::1] only; set FUSECUT_ALLOWED_HOSTS to the names clients reach "
+                  f"{host} by (or '*')", soft_wrap=True)
     if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Each process writes its samples here; /metrics adds them up.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="fusecut-metrics-")

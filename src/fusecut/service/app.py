@@ -19,7 +19,13 @@ from fusecut.service import metrics, openapi, problems
 from fusecut.service.core import Service
 from fusecut.service.routes import dashboard, docs, executions, operations, plans
 from fusecut.service.routes.dependencies import require_api_key
-from fusecut.service.security import CrossOrigin, SecurityHeaders, allowed_origins
+from fusecut.service.security import (
+    AllowedHosts,
+    CrossOrigin,
+    SecurityHeaders,
+    allowed_hosts,
+    allowed_origins,
+)
 from fusecut.service.settings import Settings
 
 EXPOSED_HEADERS = ["X-Fusecut-Plan-Id", "X-Fusecut-Backend", "X-Fusecut-Segments",
@@ -48,6 +54,7 @@ def create_app(settings: Settings | None = None, worker=None) -> FastAPI:
                            allow_methods=["GET", "POST"], allow_headers=["*"],
                            expose_headers=EXPOSED_HEADERS)
     app.add_middleware(CrossOrigin, allowed=allowed_origins(settings.cors_origins))
+    app.add_middleware(AllowedHosts, allowed=allowed_hosts(settings.allowed_hosts))
     app.add_middleware(problems.RequestIds)  # outside BodyLimit: its 413s carry an id too
     app.add_middleware(SecurityHeaders)  # on every answer, 500s included
     app.add_middleware(metrics.CountRequests)

@@ -58,6 +58,9 @@ class Settings:
     api_key: str | None = None  # when set, every /v1 route needs "Authorization: Bearer <key>"
     metrics_need_key: bool = False  # and with this, /metrics too
     cors_origins: str = ""  # browser origins allowed to call the API, comma-separated
+    # Host names requests may use besides loopback ones (localhost, 127.0.0.1, ::1), comma-
+    # separated; "*": any. Others are refused (a page rebinding its name to this address).
+    allowed_hosts: str = ""
     worker: bool = True  # run executions in separate worker processes
     recent_plans: int = 20  # shown on the dashboard
 
