@@ -2,7 +2,8 @@
 worker is free, a full queue is a 503 and a client over its share a 429, both with
 ``Retry-After``.
 
-From the hostile-input review of issue 19 (defect 15).
+From the hostile-input reviews of issue 19 (defect 15) and issue 32 (defect 11: without an API
+key, a client is its address, whatever Authorization header it makes up).
 """
 
 from __future__ import annotations
@@ -54,5 +55,9 @@ def test_queues_are_bounded_and_say_when_to_retry(tmp_path):
         refused = heavy_request(server.url)
         assert_problem(refused, 429, "this client")
         assert int(refused.headers["retry-after"]) >= 1
+        for k in range(3):  # no key is configured: a made-up one names no new client
+            refused = heavy_request(server.url, {"authorization": f"Bearer made-up-{k}"})
+            assert_problem(refused, 429, "this client")
+        assert thread.is_alive()  # (all of it while the first one ran)
         thread.join(120)
         assert answer["r"].status_code == 200

@@ -32,9 +32,9 @@ def fusion(fd):
             "inputs": [{"name": "T0", "shape": [len(data)], "datatype": datatype, "data": data}]}
 
 
-def heavy_request(url: str) -> httpx.Response:
+def heavy_request(url: str, headers: dict[str, str] | None = None) -> httpx.Response:
     """An execution of seconds on the CPU path (a plan made quickly: greedy)."""
-    return httpx.post(f"{url}/v1/execute", timeout=120,
+    return httpx.post(f"{url}/v1/execute", timeout=120, headers=headers,
                       files={"tensors": ("t", dump_safetensors({"T0": torch.rand(4_000_000)}))},
                       data={"definition": heavy_definition(),
                             "options": json.dumps({"segmenter": "greedy"})})

@@ -33,8 +33,10 @@ def require_api_key(request: Request, service: ServiceDep) -> None:
 
 
 def client_of(request: Request) -> str:
-    """Who a request is from, for the per-client limits: its API key, else its address."""
+    """Who a request is from, for the per-client limits: its API key when the service has one
+    (the key is checked first), else its address. Without a key to check, a client could name
+    itself anew with each made-up Authorization header (issue 32)."""
     key = request.headers.get("authorization")
-    if key:
+    if key and service_of(request).settings.api_key is not None:
         return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
     return "addr:" + (request.client.host if request.client else "?")
