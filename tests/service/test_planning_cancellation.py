@@ -1,12 +1,17 @@
 """A planning job is cancelled (its planner process killed and replaced) when its client leaves
-or when it runs past its deadline, and the cancellations are counted.
+or when it runs past its deadline, and the cancellations are counted; a planner that dies idle
+is reaped and replaced, never handed a job.
 
-From the hostile-input review of issue 19 (defect 3, the service's side).
+From the hostile-input reviews of issue 19 (defect 3, the service's side) and issue 32 (defect
+12).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -49,3 +54,25 @@ def test_a_planning_job_past_its_deadline_is_cancelled(tmp_path):
         assert samples[("fusecut_plans_cancelled_total", (("reason", "deadline"),))] == 1
         small = {"definition": NEG, "inputs": [{"shape": [4], "dtype": "float32"}]}
         assert httpx.post(f"{server.url}/v1/plan", json=small, timeout=60).status_code == 200
+
+
+def test_planners_that_died_idle_are_reaped_and_replaced(tmp_path):
+    # issue 32, defect 12: each dead idle planner was handed a job (a 503 "planner crashed")
+    # and stayed a zombie
+    def small(n: int) -> dict:
+        return {"definition": NEG, "inputs": [{"shape": [n], "dtype": "float32"}]}
+
+    with Server(tmp_path / "plans.sqlite") as server:
+        wait_for(lambda: readyz(server.url)["planner_pids"], 60, "no planner started")
+        assert httpx.post(f"{server.url}/v1/plan", json=small(1), timeout=60).status_code == 200
+        dead = readyz(server.url)["planner_pids"]
+        for pid in dead:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not any(alive(pid) for pid in dead), 5, "the planners lived")
+        for n in range(2, 6):
+            made = httpx.post(f"{server.url}/v1/plan", json=small(n), timeout=60)
+            assert made.status_code == 200, made.text
+        wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in dead), 5,
+                 "the dead planners were left zombies")
+        assert readyz(server.url)["planner_pids"] and \
+            not set(dead) & set(readyz(server.url)["planner_pids"])

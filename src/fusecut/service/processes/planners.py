@@ -66,8 +66,25 @@ class PlannerPool:
 
     @property
     def pids(self) -> list[int]:
+        self._prune()
         with self._lock:
             return sorted(self._all)
+
+    def _prune(self) -> int:
+        """Reap the idle planners that died (killed, out of memory) and start one in place of
+        each: a dead one must not be handed a job (each was a 503 "planner crashed", and it
+        stayed a zombie). Returns how many were dead."""
+        with self._lock:
+            dead = [p for p in self._idle if p.proc.poll() is not None]  # poll() reaps
+            self._idle = [p for p in self._idle if p not in dead]
+            for planner in dead:
+                self._all.discard(planner.proc.pid)
+        for planner in dead:
+            log.warning("planner process %d died idle (exit code %s); replaced",
+                        planner.proc.pid, planner.proc.returncode)
+            planner.conn.close()
+            self.start()
+        return len(dead)
 
     def start(self) -> None:
         """Start one planner in the background: the first job need not wait for its imports."""
@@ -87,10 +104,9 @@ class PlannerPool:
         """``fn(*args)`` in a planner: its result, or JobCancelled, PlannerCrashed or
         PlannerFailed. The job is cancelled ``deadline_s`` from now, or ``grace_s`` past the
         time limit it announces, or when ``cancelled()`` says its client went away."""
-        planner = await self._take()
+        planner = await self._handed(fn, args)
         finished = False
         try:
-            await run_in_threadpool(planner.conn.send, (fn, args))  # pickling a body: a thread
             deadline = time.monotonic() + deadline_s
             while True:
                 if await run_in_threadpool(planner.conn.poll, CHECK_S):
@@ -121,7 +137,30 @@ class PlannerPool:
                                  name="fusecut-planner-reap").start()
                 self.start()  # a replacement, ready for the next job
 
+    async def _handed(self, fn: Callable[..., Any], args: tuple) -> _Planner:
+        """A planner that took the job ``(fn, args)``: one that died idle since it was looked
+        at refuses it (a broken pipe) and the next one takes it."""
+        for _ in range(3):
+            planner = await self._take()
+            try:
+                await run_in_threadpool(planner.conn.send, (fn, args))  # pickling: a thread
+                return planner
+            except (EOFError, OSError):
+                self._forget(planner)
+                threading.Thread(target=reap, args=(planner.proc, planner.conn), daemon=True,
+                                 name="fusecut-planner-reap").start()
+            except BaseException:  # the job did not pickle (or this task was cancelled)
+                planner.proc.kill()  # (part of it may have been sent)
+                self._forget(planner)
+                threading.Thread(target=reap, args=(planner.proc, planner.conn), daemon=True,
+                                 name="fusecut-planner-reap").start()
+                self.start()
+                raise
+        raise PlannerCrashed("planner processes die as they start (out of memory?)")
+
     async def _take(self) -> _Planner:
+        """An idle planner that runs (the dead are reaped and replaced), else a new one."""
+        self._prune()
         with self._lock:
             if self._idle:
                 return self._idle.pop()
