@@ -416,11 +416,41 @@ def test_limits_and_api_key(tmp_path):
                                         **kwargs)
                 assert_problem(refused, 401, "Bearer")
                 assert refused.headers["www-authenticate"] == "Bearer"
-        for route in ("/healthz", "/readyz", "/metrics", "/dashboard", "/openapi.json"):
+        for route in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
             assert httpx.get(f"{limited.url}{route}").status_code == 200, route
+        # issue 32 (defect 13 of the probe): the dashboard shows plan ids, names and ops
+        assert_problem(httpx.get(f"{limited.url}/dashboard"), 401, "Bearer")
+        assert http.get("/dashboard").status_code == 200
         doc = httpx.get(f"{limited.url}/openapi.json").json()
         assert doc["paths"]["/v1/plan"]["post"]["security"] == [{"apiKey": []}]
+        assert doc["paths"]["/dashboard"]["get"]["security"] == [{"apiKey": []}]
         assert "security" not in doc["paths"]["/healthz"]["get"]
+
+
+def test_a_burst_of_dashboards_never_blocks_planning(tmp_path):
+    # issue 32, defect 2: /dashboard drew in the plan gate; a burst of it turned 10/10
+    # authenticated plans into 503s
+    key = {"authorization": "Bearer k"}
+
+    async def burst(url: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=url, timeout=120, headers=key) as client:
+            pages = [client.get("/dashboard") for _ in range(24)]
+            plans = [client.post("/v1/plan", json={"definition": SMALL,
+                                                   "inputs": small_metas(3, 3 + k)})
+                     for k in range(3)]
+            return await asyncio.gather(*pages, *plans)
+
+    with Server(tmp_path / "plans.sqlite", api_key="k", max_concurrent_plans=1,
+                max_queued_plans=2) as server:
+        for k in range(4):  # something to draw
+            assert httpx.post(f"{server.url}/v1/plan", headers=key, timeout=60, json={
+                "definition": SMALL, "inputs": small_metas(4, 4 + k)}).status_code == 200
+        answers = asyncio.run(burst(server.url))
+        pages, plans = answers[:24], answers[24:]
+        assert [r.status_code for r in plans] == [200] * 3, [r.text for r in plans]
+        assert [r.status_code for r in pages] == [200] * 24, [r.text for r in pages]
+        newest = httpx.get(f"{server.url}/dashboard", headers=key).text
+        assert all(r.json()["plan_id"] in newest for r in plans)  # a new plan, a new page
 
 
 # ---- robustness ---------------------------------------------------------------------------------

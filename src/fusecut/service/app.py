@@ -40,7 +40,10 @@ def create_app(settings: Settings | None = None, worker=None) -> FastAPI:
                   redoc_url=None,
                   summary="Segmentation and rematerialization optimizer for GPU fusions")
     app.state.service = Service(settings, worker)
-    openapi.install(app, secured=settings.api_key is not None)
+    # what needs the API key, when there is one: the /v1 routes, the dashboard (it shows plan
+    # ids, names and ops), and /metrics if so set
+    keyed = ("/v1/", "/dashboard", *(["/metrics"] if settings.metrics_need_key else []))
+    openapi.install(app, keyed if settings.api_key is not None else ())
     problems.install(app)
     app.add_middleware(problems.BodyLimit, limit=settings.max_body_bytes,
                        per_path={"/v1/plan": min(settings.max_plan_body_bytes,
@@ -62,7 +65,7 @@ def create_app(settings: Settings | None = None, worker=None) -> FastAPI:
     app.include_router(docs.router)
     app.include_router(plans.router)  # (the /v1 routers need the API key, if there is one)
     app.include_router(executions.router)
-    metrics_key = [Depends(require_api_key)] if settings.metrics_need_key else []
+    metrics_key = [Depends(require_api_key)] if settings.metrics_need_key else []  # (keyed)
     app.include_router(operations.metrics, dependencies=metrics_key,
                        responses=openapi.problems(401) if metrics_key else None)
     app.include_router(operations.router)

@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
@@ -29,6 +30,7 @@ from fusecut.runtime.tensors import from_torch_dtype
 from fusecut.service import metrics
 from fusecut.service.admission import Gate
 from fusecut.service.cache.store import PlanStore, StoredPlan, read_plan
+from fusecut.service.dashboard import render, render_recent
 from fusecut.service.planning import Planned, Refusal, plan_body, plan_for_tensors, refusing
 from fusecut.service.problems import Problem, execution_problem
 from fusecut.service.processes.planners import (
@@ -49,6 +51,11 @@ KNOWN_EXECUTIONS = 4096  # execution requests remembered with the plan that serv
 SOURCE_ITEMS = 256  # plans whose sources (request and plan texts) are kept in memory, at most
 SOURCE_BYTES = 128 * 1024 * 1024  # and their texts' bytes together, at most
 Disconnected = Callable[[], Awaitable[bool]]  # whether a request's client has gone
+# The dashboard: one page rendered at a time, behind its own gate (never the plans'), and
+# DASHBOARD_QUEUED more renders waiting; the page is cached until this replica stores a plan,
+# or for DASHBOARD_MAX_AGE_S (plans other replicas store in a shared cache)
+DASHBOARD_QUEUED = 8
+DASHBOARD_MAX_AGE_S = 10.0
 # failures after which the worker that ran the execution was restarted
 RESTARTED = (FailureKind.WORKER_CRASHED, FailureKind.WORKER_TIMED_OUT)
 
@@ -116,6 +123,13 @@ class Service:
                               s.max_requests_per_client)
         self.exec_gate = Gate("execution", len(self.worker), s.max_queued_executions,
                               s.queue_wait_s, s.max_requests_per_client)
+        # the dashboard (issue 32: rendered behind the plan gate, a burst of it turned plans
+        # into 503s): its own gate, one render shared by concurrent requests, a cached page
+        self.page_gate = Gate("dashboard render", 1, DASHBOARD_QUEUED, s.queue_wait_s,
+                              s.max_requests_per_client)
+        self.pages: SingleFlight[str] = SingleFlight()
+        self.plans_stored = 0  # plans this replica stored: a new one, a new page
+        self._page: tuple[tuple[Any, ...], float, str] | None = None
         # (definition, options, input metadata) of executions -> plan id: a repeated execution
         # goes straight to a worker
         self.known: OrderedDict[str, tuple[str, str]] = OrderedDict()  # (plan id, segmenter)
@@ -141,17 +155,19 @@ class Service:
     # ---- planning ------------------------------------------------------------------------------
 
     async def off_loop(self, fn, *args, in_process: bool = True, client: str = "",
-                       disconnected: Disconnected | None = None, gate: Gate | None = None):
-        """``fn(*args)`` in a planner process (or, for a small job, a thread, under ``gate``
-        if given): CPU work on untrusted input never runs on the event loop. Its refusals are
-        raised as Problems; it is cancelled if ``disconnected()`` says its client left, or if
-        it runs past its deadline."""
+                       disconnected: Disconnected | None = None, gate: Gate | None = None,
+                       planner_gate: Gate | None = None):
+        """``fn(*args)`` in a planner process, under ``planner_gate`` (the plan gate unless
+        given), or, for a small job, in a thread, under ``gate`` if given: CPU work on
+        untrusted input never runs on the event loop. Its refusals are raised as Problems; it
+        is cancelled if ``disconnected()`` says its client left, or if it runs past its
+        deadline."""
         if not in_process:
             async with gate.slot(client) if gate is not None else nullcontext():
                 result = await run_in_threadpool(refusing, fn, *args)
         else:
             s = self.settings
-            async with self.plan_gate.slot(client):
+            async with (planner_gate or self.plan_gate).slot(client):
                 try:
                     result = await self.planners.run(
                         refusing, fn, *args, cancelled=disconnected, grace_s=s.plan_grace_s,
@@ -230,6 +246,7 @@ class Service:
             # what an execution needs, whether or not the cache took it
             source = (result.request, await run_in_threadpool(stored.body.decode))
             self.sources.put(result.plan_id, source, result.inputs)
+            self.plans_stored += 1
             metrics.record_plan(result.metrics, "miss")
             return stored, "miss", source
         if result.request_key:
@@ -274,6 +291,33 @@ class Service:
             while len(self.known) > KNOWN_EXECUTIONS:
                 self.known.popitem(last=False)
         return stored.plan_id, source
+
+    # ---- the dashboard -------------------------------------------------------------------------
+
+    async def dashboard(self, client: str = "") -> str:
+        """The dashboard's page: the one rendered last while no plan was stored since (and it
+        is younger than DASHBOARD_MAX_AGE_S), else rendered now, in a planner process under
+        the dashboard's own gate, once for concurrent requests."""
+        key = (self.plans_stored, self.worker.device, self.ready)
+        page = self._page
+        if page is not None and page[0] == key and \
+                time.monotonic() - page[1] < DASHBOARD_MAX_AGE_S:
+            return page[2]
+        text, _ = await self.pages.run(repr(key), lambda: self._render(key, client))
+        return text
+
+    async def _render(self, key: tuple[Any, ...], client: str) -> str:
+        s = self.settings
+        worker = {"device": self.worker.device, "up": self.ready}
+        rendered = time.monotonic()
+        page = await self.off_loop(render_recent, s.cache_location, s.recent_plans, worker,
+                                   client=client, planner_gate=self.page_gate)
+        if page is None:  # a cache only the service's process can read (":memory:")
+            async with self.page_gate.slot(client):
+                page = await run_in_threadpool(
+                    lambda: render(self.store.recent(s.recent_plans), worker))
+        self._page = (key, rendered, page)
+        return page
 
     # ---- executions ----------------------------------------------------------------------------
 

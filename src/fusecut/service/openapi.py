@@ -74,9 +74,12 @@ def schema_of(model: type[BaseModel]) -> dict[str, Any]:
     return {"$ref": REF.format(model=model.__name__)}
 
 
-def install(app: FastAPI, secured: bool = False) -> None:
-    """Give ``app`` a complete OpenAPI document (``secured``: its /v1 routes need the API key)
-    and Swagger UI's files, for an offline /docs."""
+def install(app: FastAPI, keyed: tuple[str, ...] = ()) -> None:
+    """Give ``app`` a complete OpenAPI document (``keyed``: the paths, and prefixes ending in
+    "/", that need the API key) and Swagger UI's files, for an offline /docs."""
+
+    def needs_key(path: str) -> bool:
+        return any(path == k or (k.endswith("/") and path.startswith(k)) for k in keyed)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -95,9 +98,9 @@ def install(app: FastAPI, secured: bool = False) -> None:
                     responses = operation.get("responses", {})
                     if "422" in responses and PROBLEM not in responses["422"].get("content", {}):
                         responses["422"] = problems(422)[422]
-                    if secured and path.startswith("/v1/"):
+                    if needs_key(path):
                         operation["security"] = [{"apiKey": []}]
-            if secured:
+            if keyed:
                 doc["components"]["securitySchemes"] = {"apiKey": {
                     "type": "http", "scheme": "bearer",
                     "description": "the service's FUSECUT_API_KEY"}}

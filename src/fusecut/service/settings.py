@@ -55,7 +55,8 @@ class Settings:
     max_header_count: int = 100  # headers a request may have
     max_header_bytes: int = 65_536  # what its request line and headers may take together
     max_connections: int = 1000  # connections open at once (kept under the open files limit)
-    api_key: str | None = None  # when set, every /v1 route needs "Authorization: Bearer <key>"
+    api_key: str | None = None  # when set, every /v1 route and /dashboard need "Authorization:
+    # Bearer <key>"
     metrics_need_key: bool = False  # and with this, /metrics too
     cors_origins: str = ""  # browser origins allowed to call the API, comma-separated
     # Host names requests may use besides loopback ones (localhost, 127.0.0.1, ::1), comma-

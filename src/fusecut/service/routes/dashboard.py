@@ -1,24 +1,19 @@
-"""GET /dashboard: the recent plans, as a page (rendered by service.dashboard)."""
+"""GET /dashboard: the recent plans, as a page (rendered by service.dashboard; cached and gated
+by ``Service.dashboard``). It shows plan ids, definition names and ops: with an API key set, it
+needs the key, as the /v1 routes do."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse
-from starlette.concurrency import run_in_threadpool
 
-from fusecut.service.dashboard import render, render_recent
-from fusecut.service.routes.dependencies import ServiceDep, client_of
+from fusecut.service import openapi
+from fusecut.service.routes.dependencies import ServiceDep, client_of, require_api_key
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(require_api_key)])
 
 
-@router.get("/dashboard", response_class=HTMLResponse, summary="Recent plans")
+@router.get("/dashboard", response_class=HTMLResponse, summary="Recent plans",
+            responses=openapi.problems(401, 429, 503))
 async def dashboard(request: Request, service: ServiceDep) -> HTMLResponse:
-    s = service.settings
-    worker = {"device": service.worker.device, "up": service.ready}
-    page = await service.off_loop(render_recent, s.cache_location, s.recent_plans, worker,
-                                  client=client_of(request))
-    if page is None:  # a cache only the service's process can read (":memory:")
-        page = await run_in_threadpool(lambda: render(service.store.recent(s.recent_plans),
-                                                      worker))
-    return HTMLResponse(page)
+    return HTMLResponse(await service.dashboard(client_of(request)))
