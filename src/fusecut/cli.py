@@ -35,6 +35,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
                   help="Plan GPU fusions so that the fewest bytes cross global memory.")
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False)
+# the largest file (or standard input) read: the service's largest POST /v1/plan body
+MAX_FILE_BYTES = 16 * 1024 * 1024
 CPU_ELEMENTS = 1 << 20  # execute on the CPU: inputs scaled to at most this many elements
 
 # FILE is described in each command's text: an argument's own help line shows a type tag
@@ -60,14 +62,31 @@ def _commands(version: bool = typer.Option(False, "--version", callback=_version
     """fusecut: segmentation and rematerialization for GPU fusions."""
 
 
+def read_text(path: str, what: str | None = None, limit: int = MAX_FILE_BYTES) -> str:
+    """The text of file ``path`` ('-': standard input), at most ``limit`` bytes of UTF-8; exit
+    2 with a one-line message otherwise (issue 32: ``check /dev/zero`` read without end, into
+    a MemoryError)."""
+    what = what or path
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read(limit + 1)
+        else:
+            with open(path, "rb") as f:
+                data = f.read(limit + 1)
+    except OSError as e:
+        fail(f"cannot read {what}: {e.strerror}")
+    if len(data) > limit:
+        fail(f"cannot read {what}: it is larger than {limit / 2**20:g} MiB, the most fusecut "
+             f"reads (the service's largest plan request)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        fail(f"cannot read {what}: it is not UTF-8 text")
+
+
 def read_definition(path: str) -> ParsedDefinition:
     """Parse FILE (or '-' for standard input); exit 2 with a clear message if it is malformed."""
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as e:
-        fail(f"cannot read {path}: {e.strerror}")
-    except UnicodeDecodeError:
-        fail(f"cannot read {path}: it is not text")
+    text = read_text(path)
     from fusecut.sources import parse_any
 
     try:
@@ -184,10 +203,8 @@ def input_metadata(parsed: ParsedDefinition, inputs: str | None,
             fail("no input metadata: the definition has no inputs list; pass --inputs "
                  "'[{\"shape\": [...], \"dtype\": \"float32\"}, ...]'")
         return parsed.inputs
-    try:
-        text = Path(inputs[1:]).read_text() if inputs.startswith("@") else inputs
-    except OSError as e:
-        fail(f"--inputs: cannot read {inputs[1:]}: {e.strerror}")
+    text = read_text(inputs[1:], f"--inputs {inputs[1:]}") if inputs.startswith("@") \
+        else inputs
     try:
         return parse_inputs(text)
     except FusecutError as e:

@@ -39,6 +39,23 @@ def test_check_missing_file():
     assert r.returncode == 2 and "cannot read" in r.stderr
 
 
+def test_files_are_read_with_a_size_limit(tmp_path):
+    # issue 32, defect 14: `fusecut check /dev/zero` read without end, into a MemoryError
+    for args, stdin in ((("check", "/dev/zero"), None), (("plan", "-"), "/dev/zero"),
+                        (("plan", str(CORPUS / "softmax_fwd.py"), "--inputs", "@/dev/zero"),
+                         None)):
+        with open(stdin or os.devnull, "rb") as source:
+            r = subprocess.run([sys.executable, "-m", "fusecut.cli", *args], stdin=source,
+                               capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "larger than 16 MiB" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    binary = tmp_path / "binary.py"
+    binary.write_bytes(b"\xff\xfe\x00")
+    r = fusecut("check", str(binary))
+    assert r.returncode == 2 and "not UTF-8 text" in r.stderr, r.stderr
+
+
 def test_plan_table_json_svg_dot(tmp_path):
     path = str(CORPUS / "seed_2146_rmsnorm_bwd.py")
     r = fusecut("plan", path, "--svg", str(tmp_path / "p.svg"), "--dot", str(tmp_path / "p.dot"))
