@@ -211,7 +211,7 @@ def input_metadata(parsed: ParsedDefinition, inputs: str | None,
         fail(str(e))
 
 
-def plan_option(option: Option, metavar: str, flag: str | None = None) -> Any:
+def plan_option(option: Option, flag: str, metavar: str) -> Any:
     """A command-line option for a plan option: its default, help and check are the
     declaration's (``optimizer.options``); a bad value is refused before anything is read,
     naming the flag, what it takes and what was given."""
@@ -224,20 +224,21 @@ def plan_option(option: Option, metavar: str, flag: str | None = None) -> Any:
 
     described = option.description if option.range is None else \
         f"{option.description}, in {option.range}"
-    return typer.Option(option.default, *([flag] if flag else []), metavar=metavar,
+    return typer.Option(option.default, flag, metavar=metavar,
                         help=described, callback=check)
 
 
 @app.command(short_help="Plan a fusion: segments and bytes against greedy.")
 def plan(file: str = FILE,
-         segmenter: str = plan_option(SEGMENTER, "NAME"),
-         time_limit: float = plan_option(TIME_LIMIT_S, "SECONDS", "--time-limit"),
-         device: str = plan_option(DEVICE, "NAME"),
+         segmenter: str = plan_option(SEGMENTER, "--segmenter", "NAME"),
+         time_limit: float = plan_option(TIME_LIMIT_S, "--time-limit", "SECONDS"),
+         device: str = plan_option(DEVICE, "--device", "NAME"),
          inputs: str = INPUTS,
          as_json: bool = typer.Option(False, "--json", help="print the Plan JSON alone"),
-         num_streams: int = plan_option(NUM_STREAMS, "N"),
-         svg: Path = typer.Option(None, metavar="PATH", help="write a picture of the segments"),
-         dot: Path = typer.Option(None, metavar="PATH",
+         num_streams: int = plan_option(NUM_STREAMS, "--num-streams", "N"),
+         svg: Path = typer.Option(None, "--svg", metavar="PATH",
+                                  help="write a picture of the segments"),
+         dot: Path = typer.Option(None, "--dot", metavar="PATH",
                                   help="write the segment graph as Graphviz DOT")):
     """Plan a fusion: segments, boundary tensors and bytes against greedy and the lower bound.
 
@@ -318,7 +319,8 @@ def codegen(file: str = FILE,
                                          help="directory for the .cu files"),
             inputs: str = INPUTS,
             compile_check: bool = typer.Option(False, "--compile", help="compile with NVRTC"),
-            arch: str = typer.Option("sm_90", metavar="ARCH", help="architecture for --compile"),
+            arch: str = typer.Option("sm_90", "--arch", metavar="ARCH",
+                                     help="architecture for --compile"),
             as_json: bool = AS_JSON):
     """Write the CUDA source of every generated segment, with its launch parameters.
 
@@ -378,14 +380,15 @@ def codegen(file: str = FILE,
 
 @app.command(short_help="Run a definition; print per-segment times.")
 def execute(file: str = FILE,
-            device: str = typer.Option(None, metavar="DEVICE",
+            device: str = typer.Option(None, "--device", metavar="DEVICE",
                                        help="cuda, cuda:N or cpu (default: cuda if available)"),
-            scale: int = typer.Option(None, metavar="N",
+            scale: int = typer.Option(None, "--scale", metavar="N",
                                       help=f"shrink the inputs to at most N elements each; 0: "
                                            f"full size (default: full size on a GPU, "
                                            f"{CPU_ELEMENTS} on the CPU)"),
             inputs: str = INPUTS,
-            check: bool = typer.Option(True, help="compare with the torch reference"),
+            check: bool = typer.Option(True, "--check/--no-check",
+                                       help="compare with the torch reference"),
             as_json: bool = AS_JSON):
     """Run a definition on random inputs made like its input metadata; print per-segment times.
 
@@ -469,29 +472,31 @@ def execute(file: str = FILE,
 
 
 @app.command(short_help="Run the HTTP service.")
-def serve(host: str = typer.Option("127.0.0.1", metavar="HOST",
+def serve(host: str = typer.Option("127.0.0.1", "--host", metavar="HOST",
                                    help="address to bind (loopback by default)"),
-          port: int = typer.Option(8000, metavar="PORT", help="TCP port"),
-          workers: int = typer.Option(1, metavar="N", help="uvicorn worker processes"),
-          db: str = typer.Option(None, metavar="PATH",
+          port: int = typer.Option(8000, "--port", metavar="PORT", help="TCP port"),
+          workers: int = typer.Option(1, "--workers", metavar="N", help="uvicorn worker processes"),
+          db: str = typer.Option(None, "--db", metavar="PATH",
                                  help="the plan cache, an SQLite file (default "
                                       "~/.local/share/fusecut/plans.sqlite)"),
-          cache: str = typer.Option(None, envvar="FUSECUT_CACHE_URL", metavar="URL",
+          cache: str = typer.Option(None, "--cache", envvar="FUSECUT_CACHE_URL", metavar="URL",
                                     help="plan cache: an SQLite path, or postgresql://... to "
                                          "share one with other replicas (overrides --db)"),
-          gpus: str = typer.Option(None, envvar="FUSECUT_GPUS", metavar="all|0,1,...",
+          gpus: str = typer.Option(None, "--gpus", envvar="FUSECUT_GPUS", metavar="all|0,1,...",
                                    help="GPU workers per listed device: all, or indices as 0,1 "
                                         "(default: workers on whatever devices are visible)"),
-          api_key: str = typer.Option(None, envvar="FUSECUT_API_KEY", metavar="KEY",
+          api_key: str = typer.Option(None, "--api-key", envvar="FUSECUT_API_KEY", metavar="KEY",
                                       help="require 'Authorization: Bearer KEY' on every /v1 "
-                                           "route"),
-          ssl_certfile: Path = typer.Option(None, metavar="PATH",
+                                           "route and /dashboard"),
+          ssl_certfile: Path = typer.Option(None, "--ssl-certfile", metavar="PATH",
                                             help="serve HTTPS with this certificate (PEM)"),
-          ssl_keyfile: Path = typer.Option(None, metavar="PATH",
+          ssl_keyfile: Path = typer.Option(None, "--ssl-keyfile", metavar="PATH",
                                            help="the certificate's private key (PEM)"),
-          log_level: str = typer.Option("info", metavar="LEVEL", help="uvicorn log level"),
-          access_log: bool = typer.Option(False, help="log every request (metrics count them "
-                                                      "either way)")):
+          log_level: str = typer.Option("info", "--log-level", metavar="LEVEL",
+                                        help="uvicorn log level"),
+          access_log: bool = typer.Option(False, "--access-log/--no-access-log",
+                                          help="log every request (metrics count them "
+                                               "either way)")):
     """Run the HTTP service (settings from FUSECUT_* environment variables and these options)."""
     import tempfile
 
@@ -531,30 +536,33 @@ def serve(host: str = typer.Option("127.0.0.1", metavar="HOST",
 
 
 @app.command("ray-serve", short_help="Run the HTTP service on Ray Serve.")
-def ray_serve(address: str = typer.Option(None, metavar="ADDRESS",
+def ray_serve(address: str = typer.Option(None, "--address", metavar="ADDRESS",
                                           help="a running Ray cluster (auto, or HOST:PORT); "
                                                "default: start one here"),
-              host: str = typer.Option("127.0.0.1", metavar="HOST",
+              host: str = typer.Option("127.0.0.1", "--host", metavar="HOST",
                                        help="address Serve's HTTP proxy binds"),
-              port: int = typer.Option(8000, metavar="PORT", help="Serve's HTTP port"),
-              cache: str = typer.Option(None, envvar="FUSECUT_CACHE_URL", metavar="URL",
+              port: int = typer.Option(8000, "--port", metavar="PORT", help="Serve's HTTP port"),
+              cache: str = typer.Option(None, "--cache", envvar="FUSECUT_CACHE_URL", metavar="URL",
                                         help="plan cache shared by the replicas: "
                                              "postgresql://... (or an SQLite path on one node)"),
-              plan_replicas: int = typer.Option(2, metavar="N", help="planning replicas (CPU)"),
-              min_replicas: int = typer.Option(None, metavar="N",
+              plan_replicas: int = typer.Option(2, "--plan-replicas", metavar="N",
+                                                help="planning replicas (CPU)"),
+              min_replicas: int = typer.Option(None, "--min-replicas", metavar="N",
                                                help="autoscale planning replicas from this "
                                                     "many..."),
-              max_replicas: int = typer.Option(None, metavar="N", help="...to this many"),
-              plan_cpus: float = typer.Option(1.0, metavar="CPUS",
+              max_replicas: int = typer.Option(None, "--max-replicas", metavar="N",
+                                               help="...to this many"),
+              plan_cpus: float = typer.Option(1.0, "--plan-cpus", metavar="CPUS",
                                               help="CPUs Ray reserves per planning replica"),
-              execute_replicas: int = typer.Option(1, metavar="N", help="execute replicas"),
-              execute_gpus: float = typer.Option(None, metavar="GPUS",
+              execute_replicas: int = typer.Option(1, "--execute-replicas", metavar="N",
+                                                   help="execute replicas"),
+              execute_gpus: float = typer.Option(None, "--execute-gpus", metavar="GPUS",
                                                  help="GPUs per execute replica (default: 1 if "
                                                       "the cluster has GPUs, else 0: the CPU "
                                                       "path)"),
-              num_cpus: int = typer.Option(None, metavar="N",
+              num_cpus: int = typer.Option(None, "--num-cpus", metavar="N",
                                            help="a local cluster's CPUs (default: all)"),
-              object_store_mb: int = typer.Option(256, metavar="MB",
+              object_store_mb: int = typer.Option(256, "--object-store-mb", metavar="MB",
                                                   help="a local cluster's object store")):
     """Serve the HTTP API on Ray Serve: planning replicas behind Serve's proxy, executions on
     GPU replicas, one shared plan cache (needs the 'ray' extra)."""

@@ -267,3 +267,45 @@ def test_help_is_plain_words():
         for bad in ("<bool>", "<str>", "<int>", "<float>", "<path>", "``", "…"):
             assert bad not in r.stdout, (command, bad, r.stdout)
     assert "~/.local/share/fusecut/plans.sqlite" in " ".join(r.stdout.split())
+
+
+# ---- issue 32: what a new user tripped on ------------------------------------------------------
+
+def test_every_option_is_named_explicitly_and_parses():
+    # typer 0.27.2 with click 8.5 named an option without a declared name by its upper-case
+    # metavar: `fusecut serve --port` was refused (--PORT). Each option names itself.
+    import inspect
+
+    import click
+    import typer
+    from typer.models import OptionInfo
+    from typer.testing import CliRunner
+
+    from fusecut import cli
+
+    callbacks = [c.callback for c in cli.app.registered_commands]
+    callbacks.append(cli.app.registered_callback.callback)
+    for callback in callbacks:
+        for param in inspect.signature(callback).parameters.values():
+            if isinstance(param.default, OptionInfo):
+                assert param.default.param_decls, f"{callback.__name__}: {param.name}"
+    group = typer.main.get_command(cli.app)
+    for name, command in group.commands.items():
+        for param in command.params:
+            if isinstance(param, click.Option):
+                for flag in (*param.opts, *param.secondary_opts):
+                    assert flag.startswith("--") and flag == flag.lower(), (name, flag)
+    serve = group.commands["serve"]
+    parsed = serve.make_context("serve", ["--host", "::1", "--port", "8123", "--workers", "2",
+                                          "--api-key", "k", "--access-log"]).params
+    assert (parsed["host"], parsed["port"], parsed["workers"]) == ("::1", 8123, 2)
+    assert parsed["api_key"] == "k" and parsed["access_log"] is True
+    parsed = group.commands["plan"].make_context(
+        "plan", ["f.py", "--segmenter", "greedy", "--time-limit", "3", "--num-streams", "2"]
+    ).params
+    assert (parsed["segmenter"], parsed["time_limit"], parsed["num_streams"]) == ("greedy", 3, 2)
+    parsed = group.commands["execute"].make_context("execute", ["f.py", "--no-check",
+                                                                "--scale", "0"]).params
+    assert parsed["check"] is False and parsed["scale"] == 0
+    shown = CliRunner().invoke(cli.app, ["serve", "--help"]).output
+    assert "--port PORT" in shown and "--host HOST" in shown and "--PORT" not in shown, shown
