@@ -396,7 +396,8 @@ def execute(file: str = FILE,
     reads standard input); or give --inputs."""
     import torch
 
-    from fusecut.optimizer.ir.inputs import TensorMeta, scale_metas
+    from fusecut.optimizer.analysis.shapes import shrink_inputs
+    from fusecut.optimizer.ir.inputs import TensorMeta
     from fusecut.optimizer.planner import make_plan
     from fusecut.runtime.reference import run_reference
     from fusecut.runtime.run import run_plan
@@ -418,11 +419,29 @@ def execute(file: str = FILE,
     largest = max((m.numel for m in metas if isinstance(m, TensorMeta)), default=0)
     scaled = None
     if limit and largest > limit:
-        metas = scale_metas(metas, limit)
-        scaled = {"max_elements": limit, "largest_given": largest}
-        err.print(f"note: inputs scaled down to at most {limit:,} elements each (the largest "
-                  f"has {largest:,})" + (" to keep a CPU run short" if scale is None else "")
-                  + "; --scale 0 runs them full size", soft_wrap=True)
+        # only the extents the definition leaves free shrink (issue 32: a definition with
+        # constant sizes failed, scaled, on an op; 7 of the 28 corpus files did)
+        shrunk = shrink_inputs(parsed.fusion, metas, limit)
+        metas = shrunk.metas
+        run = max((m.numel for m in metas if isinstance(m, TensorMeta)), default=0)
+        scaled = {"max_elements": limit, "largest_given": largest, "largest_run": run,
+                  "kept_extents": sorted(shrunk.kept)}
+        why = ""
+        if shrunk.kept:
+            extents = sorted(shrunk.kept)
+            first = shrunk.kept[extents[0]]
+            which = "extents {}, which keep their size" if len(extents) > 1 else \
+                "extent {}, which keeps its size"
+            why = (f"; the definition fixes {which.format(', '.join(map(str, extents)))} "
+                   f"(shrinking {extents[0]}: {first})")
+        if run < largest:
+            err.print(f"note: inputs scaled down to at most {limit:,} elements each (the "
+                      f"largest has {largest:,}, {run:,} as run)"
+                      + (" to keep a CPU run short" if scale is None else "") + why
+                      + "; --scale 0 runs them full size", soft_wrap=True)
+        else:
+            err.print(f"note: inputs run at full size, {largest:,} elements in the largest "
+                      f"(on the CPU, seconds to minutes){why}", soft_wrap=True)
     try:
         with progress("planning") as say:
             plan_ = make_plan(parsed.fusion, metas)

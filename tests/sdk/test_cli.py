@@ -309,3 +309,59 @@ def test_every_option_is_named_explicitly_and_parses():
     assert parsed["check"] is False and parsed["scale"] == 0
     shown = CliRunner().invoke(cli.app, ["serve", "--help"]).output
     assert "--port PORT" in shown and "--host HOST" in shown and "--PORT" not in shown, shown
+
+
+FIXED_ROWS = """from nvfuser import DataType, FusionDefinition
+
+
+def fixed_rows(fd: FusionDefinition) -> None:
+    T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+    T1 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)
+    T2 = fd.ops.broadcast_in_dim(T1, shape=T0.shape(), broadcast_dims=[1])
+    fd.add_output(fd.ops.mul(T0, T2))
+    fd.add_output(fd.ops.reshape(T1, new_shape=[32, 32]))
+
+
+inputs = [
+    torch.randn(4096, 1024, dtype=torch.float32, device='cuda:0'),
+    torch.randn(1024, dtype=torch.float32, device='cuda:0'),
+]
+"""
+
+
+def test_execute_on_the_cpu_shrinks_only_the_extents_the_definition_leaves_free():
+    # issue 32: the CPU run shrank every extent, and a definition with constant sizes failed
+    # on an op ("op #1 broadcast_in_dim ... cannot broadcast"), not on the cause. Here 1024 is
+    # fixed (a reshape into [32, 32]) and 4096 free.
+    import json
+
+    r = fusecut("execute", "-", "--device", "cpu", "--json", stdin=FIXED_ROWS)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["scaled"] == {"max_elements": 1 << 20, "largest_given": 4096 * 1024,
+                              "largest_run": 1024 * 1024, "kept_extents": [1024]}
+    assert [o["shape"] for o in data["outputs"]] == [[1024, 1024], [32, 32]]
+    assert data["max_difference"] == 0
+    note = " ".join(r.stderr.split())
+    assert "the definition fixes extent 1024, which keeps its size (shrinking 1024: op #" in note
+    assert "reshape(T1) -> T4: cannot reshape a tensor of shape [512]" in note, note
+
+
+def test_a_corpus_file_of_fixed_sizes_is_run_at_its_sizes():
+    # seed_2146_rmsnorm_bwd (the README's case) broadcasts into constant [56, 1024, 1024]: it
+    # runs at full size, and every corpus file binds after shrinking
+    from fusecut.optimizer.analysis.shapes import bind, shrink_inputs
+    from fusecut.optimizer.ir.inputs import TensorMeta
+    from fusecut.sources import parse_any
+
+    for path in sorted(CORPUS.glob("*.py")):
+        parsed = parse_any(path.read_text())
+        shrunk = shrink_inputs(parsed.fusion, parsed.inputs, 1 << 20)
+        bind(parsed.fusion, shrunk.metas)
+        if not shrunk.kept:
+            assert max(m.numel for m in shrunk.metas if isinstance(m, TensorMeta)) <= 1 << 20
+        if path.stem == "seed_2146_rmsnorm_bwd":
+            assert sorted(shrunk.kept) == [56, 1024] and shrunk.metas == parsed.inputs
+            assert "broadcast_in_dim" in shrunk.kept[56]
+        if path.stem == "softmax_fwd":
+            assert not shrunk.kept

@@ -17,7 +17,7 @@ from typing import Any
 from fusecut.optimizer.analysis.scalars import coerce, eval_scalar_op
 from fusecut.optimizer.errors import DefinitionError, FusecutError, InputError
 from fusecut.optimizer.ir.fusion import Fusion, Op, Ref, ScalarValue, TensorValue
-from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta
+from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta, scale_metas
 from fusecut.optimizer.ir.opspec import get_spec
 
 
@@ -164,6 +164,54 @@ def bind(fusion: Fusion, metas: list[InputMeta]) -> Bound:
         except (ValueError, OverflowError, ZeroDivisionError, TypeError) as e:
             raise InputError(f"{_describe(index, op)}: {e}") from None
     return Bound(fusion, shapes, bcast, scalars, inputs)
+
+
+@dataclass
+class Shrunk:
+    """Inputs made smaller for a quick run (``shrink_inputs``)."""
+
+    metas: list[InputMeta]
+    kept: dict[int, str]  # extents the definition fixes -> what shrinking one of them broke
+
+
+def shrink_inputs(fusion: Fusion, metas: list[InputMeta], max_numel: int) -> Shrunk:
+    """``metas`` shrunk (``scale_metas``) towards at most ``max_numel`` elements a tensor,
+    shrinking only the extents the definition leaves free: one that the definition fixes (a
+    constant shape, a reshape into constant extents) keeps its size. Which is which is found
+    by binding: equal extents shrink together, each kept when shrinking it breaks the binding.
+    Inputs the definition refuses as given are returned as given (planning says why)."""
+
+    def broken(trial: list[InputMeta]) -> str | None:
+        try:
+            bind(fusion, trial)
+        except FusecutError as e:
+            return str(e)
+        return None
+
+    largest = max((m.numel for m in metas if isinstance(m, TensorMeta)), default=0)
+    if largest <= max_numel or broken(metas) is not None:
+        return Shrunk(list(metas), {})
+    everything = scale_metas(metas, max_numel)
+    if broken(everything) is None:
+        return Shrunk(everything, {})
+    extents = sorted({e for m in metas if isinstance(m, TensorMeta) for e in m.shape if e > 8},
+                     reverse=True)
+    free: set[int] = set()
+    kept: dict[int, str] = {}
+    for extent in extents:
+        trial = free | {extent}
+        why = broken(scale_metas(metas, max_numel, frozenset(extents) - trial))
+        if why is None:
+            free = trial
+        else:
+            kept[extent] = why
+    shrunk = scale_metas(metas, max_numel, frozenset(kept))
+    if all(a.shape == b.shape for a, b in zip(metas, shrunk) if isinstance(a, TensorMeta)):
+        return Shrunk(list(metas), kept)  # nothing could shrink: as given, strides too
+    why = broken(shrunk)
+    if why is not None:  # each shrank alone, not together: run them as given
+        return Shrunk(list(metas), {e: why for e in extents})
+    return Shrunk(shrunk, kept)
 
 
 def _bind_op(fusion: Fusion, op: Op, shapes, bcast, scalars) -> None:

@@ -66,17 +66,21 @@ def tensor_meta(shape, dtype: DType, strides=None, **fill: Any) -> TensorMeta:
     return TensorMeta(shape, strides, dtype, dict(fill))
 
 
-def scale_metas(metas: list[InputMeta], max_numel: int) -> list[InputMeta]:
+def scale_metas(metas: list[InputMeta], max_numel: int,
+                keep: frozenset[int] = frozenset()) -> list[InputMeta]:
     """The same inputs with every extent shrunk by one factor until each tensor has at most
-    ``max_numel`` elements; equal extents stay equal and stride-0 axes stay stride 0 (for tests
-    that need small tensors of the same structure)."""
+    ``max_numel`` elements (or none can shrink more); equal extents stay equal, extents in
+    ``keep`` keep their size, and stride-0 axes stay stride 0 (for tests that need small
+    tensors of the same structure; ``analysis.shapes.shrink_inputs`` keeps the extents a
+    definition fixes)."""
     largest = max((m.numel for m in metas if isinstance(m, TensorMeta)), default=0)
     if largest <= max_numel:
         return list(metas)
     factor = 1
     while True:
         factor *= 2
-        new = [_scaled_shape(m.shape, factor) for m in metas if isinstance(m, TensorMeta)]
+        new = [_scaled_shape(m.shape, factor, keep) for m in metas
+               if isinstance(m, TensorMeta)]
         if max((math.prod(s) for s in new), default=0) <= max_numel or factor > 1 << 30:
             break
     out: list[InputMeta] = []
@@ -84,7 +88,7 @@ def scale_metas(metas: list[InputMeta], max_numel: int) -> list[InputMeta]:
         if not isinstance(m, TensorMeta):
             out.append(m)
             continue
-        shape = _scaled_shape(m.shape, factor)
+        shape = _scaled_shape(m.shape, factor, keep)
         # keep the order of the strides, recompute them densely over the stored axes
         order = sorted((i for i in range(m.rank) if m.strides[i] != 0),
                        key=lambda i: (m.strides[i], i))
@@ -97,5 +101,6 @@ def scale_metas(metas: list[InputMeta], max_numel: int) -> list[InputMeta]:
     return out
 
 
-def _scaled_shape(shape: tuple[int, ...], factor: int) -> tuple[int, ...]:
-    return tuple(e if e <= 8 else max(8, e // factor) for e in shape)
+def _scaled_shape(shape: tuple[int, ...], factor: int,
+                  keep: frozenset[int] = frozenset()) -> tuple[int, ...]:
+    return tuple(e if e <= 8 or e in keep else max(8, e // factor) for e in shape)
