@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fusecut.service import settings as settings_module
 from fusecut.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,6 +140,7 @@ def test_each_setting_has_its_variable_and_default(field, monkeypatch):
     written = ast.literal_eval(spans[0])
     if field.default is dataclasses.MISSING:  # made by a factory: db_path under $XDG_DATA_HOME
         monkeypatch.setenv("XDG_DATA_HOME", "$XDG_DATA_HOME")
+        monkeypatch.setattr(settings_module, "install_tag", lambda: "$VERSION-$CHECKOUT")
         default = field.default_factory()
     else:
         default = field.default

@@ -496,8 +496,9 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", metavar="HOST",
           port: int = typer.Option(8000, "--port", metavar="PORT", help="TCP port"),
           workers: int = typer.Option(1, "--workers", metavar="N", help="uvicorn worker processes"),
           db: str = typer.Option(None, "--db", metavar="PATH",
-                                 help="the plan cache, an SQLite file (default "
-                                      "~/.local/share/fusecut/plans.sqlite)"),
+                                 help="the plan cache, an SQLite file (default: "
+                                      "plans.sqlite in a folder per version and checkout "
+                                      "under ~/.local/share/fusecut)"),
           cache: str = typer.Option(None, "--cache", envvar="FUSECUT_CACHE_URL", metavar="URL",
                                     help="plan cache: an SQLite path, or postgresql://... to "
                                          "share one with other replicas (overrides --db)"),

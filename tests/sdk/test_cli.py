@@ -266,7 +266,8 @@ def test_help_is_plain_words():
         assert r.returncode == 0
         for bad in ("<bool>", "<str>", "<int>", "<float>", "<path>", "``", "…"):
             assert bad not in r.stdout, (command, bad, r.stdout)
-    assert "~/.local/share/fusecut/plans.sqlite" in " ".join(r.stdout.split())
+    assert "plans.sqlite in a folder per version and checkout under ~/.local/share/fusecut" \
+        in " ".join(r.stdout.split())
 
 
 # ---- issue 32: what a new user tripped on ------------------------------------------------------

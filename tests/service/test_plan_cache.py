@@ -328,3 +328,45 @@ def test_a_second_process_keeps_the_fresh_file_another_quarantine_made(tmp_path)
     assert late.quarantined == [] and path.stat().st_ino != corrupt
     assert fresh(str(path)).get(f"{1:032x}") is not None  # the fresh cache was kept
     first.close()
+
+
+def test_a_new_version_never_serves_an_old_plan(tmp_path, monkeypatch):
+    # issue 32: the cache key held no fusecut version, and the default cache was one file for
+    # every checkout: a new version could serve an old plan
+    import fusecut
+    from fusecut.optimizer.plan import plan as plan_module
+    from fusecut.optimizer.plan.plan import request_key
+    from fusecut.service import settings as settings_module
+    from fusecut.service.planning import plan_body
+    from fusecut.service.settings import Settings
+
+    settings = Settings(db_path=str(tmp_path / "plans.sqlite"))
+    raw = json.dumps({"definition": "def f(fd):\n    T0 = fd.define_tensor(shape=[-1], "
+                                    "contiguity=[True], dtype=DataType.Float)\n"
+                                    "    fd.add_output(fd.ops.neg(T0))\n",
+                      "inputs": [{"shape": [8], "dtype": "float32"}],
+                      "options": {"segmenter": "greedy"}}).encode()
+    store = PlanStore(settings.cache_location)
+    made = plan_body(raw, settings, True)
+    assert made.cache == "miss"
+    store.put_bytes(made.plan_id, made.fusion_id, made.segmenter, made.body, made.request,
+                    made.request_key)
+    assert plan_body(raw, settings, True).cache == "hit"  # the same version: served
+    old_key = request_key(raw)
+
+    monkeypatch.setattr(plan_module, "VERSION", "99.0")
+    again = plan_body(raw, settings, True)
+    assert again.cache == "miss" and again.plan_id != made.plan_id
+    assert again.request_key != made.request_key and request_key(raw) != old_key
+    store.close()
+
+    # the default cache: one per version and checkout
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    here = Path(Settings().db_path)
+    assert here.parent.parent == tmp_path / "data" / "fusecut"
+    assert here.parent.name.startswith(f"{fusecut.__version__}-")
+    monkeypatch.setattr(fusecut, "__version__", "99.0")
+    assert Path(Settings().db_path).parent.name.startswith("99.0-")
+    monkeypatch.setattr(fusecut, "__version__", here.parent.name.split("-")[0])
+    monkeypatch.setattr(settings_module, "__file__", "/elsewhere/fusecut/service/settings.py")
+    assert Settings().db_path != str(here)

@@ -1,14 +1,14 @@
 """The state behind the routes: settings, the plan store, the workers and the planners.
 
-Plans are keyed by (fusion id, input metadata, options, device profile); a stored plan is served
-without solving. An execution names its plan by id: a worker that does not hold the plan
-rebuilds it from the JSON texts of its request and of the plan (not solved again), kept in
-memory beside the plan when this process made it (``Sources``), else read from the cache. The
-cache never fails a request (issue 32: with PostgreSQL down, a full disk or an evicted plan,
-executions were 404s): a plan the cache cannot hand back is planned again when the request
-carries its definition. Everything heavy runs in a planner process
-(parsing, planning, serializing) or a worker process (rebuilding plans, running them): the
-service's own process moves bytes and small summaries.
+Plans are keyed by (fusecut version, fusion id, input metadata, options, device profile); a stored
+plan is served without solving. An execution names its plan by id: a worker that does not hold the
+plan rebuilds it from the JSON texts of its request and of the plan (not solved again), kept in
+memory beside the plan when this process made it (``Sources``), else read from the cache. The cache
+never fails a request (issue 32: with PostgreSQL down, a full disk or an evicted plan, executions
+were 404s): a plan the cache cannot hand back is planned again when the request carries its
+definition. Everything heavy runs in a planner process (parsing, planning, serializing) or a worker
+process (rebuilding plans, running them): the service's own process moves bytes and small
+summaries.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from fusecut.optimizer.ir.wire import (
 )
 from fusecut.optimizer.options import TIME_LIMIT_S
 from fusecut.optimizer.plan.plan import Plan, plan_key
+from fusecut.optimizer.plan.plan import request_key as plan_request_key
 from fusecut.optimizer.planner import PlanOptions, make_plan
 from fusecut.optimizer.profiles import get_profile
 from fusecut.service.cache.store import lookup
@@ -96,7 +97,7 @@ def _plan_body(raw: bytes, settings: Settings, use_cache: bool) -> Planned:
         body = PlanRequest.model_validate_json(raw)
     except ValidationError as e:
         raise validation_problem(list(e.errors())) from None
-    request_key = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
+    request_key = plan_request_key(body.model_dump_json().encode())
     known = lookup(settings.cache_location, request_key=request_key) if use_cache else None
     if known is not None:
         return Planned(known[0], known[1], known[2], b"", "", request_key, "hit", {})

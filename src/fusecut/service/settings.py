@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -9,14 +10,26 @@ from pathlib import Path
 from fusecut.optimizer.options import TIME_LIMIT_S, Range
 
 
+def install_tag() -> str:
+    """This install's own folder under the per-user data folder: fusecut's version, and which
+    checkout or environment it is (a digest of where the package lives). The default plan
+    cache was one file for every checkout and version: a new version could serve an old plan
+    (issue 32)."""
+    from fusecut import __version__
+
+    where = str(Path(__file__).resolve().parents[1])
+    return f"{__version__}-{hashlib.sha256(where.encode()).hexdigest()[:12]}"
+
+
 def _default_db() -> str:
     root = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return str(Path(root) / "fusecut" / "plans.sqlite")
+    return str(Path(root) / "fusecut" / install_tag() / "plans.sqlite")
 
 
 @dataclass(frozen=True)
 class Settings:
-    db_path: str = field(default_factory=_default_db)  # the plan cache (SQLite)
+    db_path: str = field(default_factory=_default_db)  # the plan cache (SQLite), one per
+    # version and checkout
     cache_url: str | None = None  # or a postgresql:// URL (or SQLite path): overrides db_path
     cache_max_bytes: int = 512 * 1024**2  # the cache's bound: least recently used plans go
     cache_memory_items: int = 1024  # plans (and request keys) also kept in memory

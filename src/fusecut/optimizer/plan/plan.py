@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from fusecut import __version__
 from fusecut.optimizer.analysis.cost import lower_bound_bytes, read_bytes, segment_time, write_bytes
 from fusecut.optimizer.analysis.opclass import Role, role
 from fusecut.optimizer.analysis.shapes import Bound
@@ -156,11 +157,24 @@ class Plan:
             return plan_json(self)
 
 
+# Plans (and the request keys that find them) are made by this version of fusecut: a plan
+# cache shared by versions, or a new version on an old cache, never serves another's plan
+# (issue 32: the key held no version).
+VERSION = __version__
+
+
 def plan_key(fid: str, metas: list[dict], options: dict, device: dict) -> str:
-    """The cache key of a plan: fusion id, input metadata, options and device profile."""
-    blob = json.dumps({"fusion": fid, "inputs": metas, "options": options, "device": device},
-                      sort_keys=True, separators=(",", ":"))
+    """The cache key of a plan: fusecut's version, fusion id, input metadata, options and
+    device profile."""
+    blob = json.dumps({"fusecut": VERSION, "fusion": fid, "inputs": metas, "options": options,
+                       "device": device}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def request_key(body: bytes) -> str:
+    """The cache key of a request's bytes (a POST /v1/plan body, raw or normalized), for this
+    version of fusecut."""
+    return hashlib.sha256(f"fusecut {VERSION}\n".encode() + body).hexdigest()
 
 
 def plan_id_of(bound: Bound, options: dict[str, Any], profile: DeviceProfile,

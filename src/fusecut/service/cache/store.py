@@ -2,11 +2,11 @@
 shared by replicas (``--cache postgresql://...``), in front of which recently used plans are
 kept in memory.
 
-Plans are keyed by their plan id (fusion id, input metadata, options and device profile), and
-also by hashes of the requests that produced them, so a repeated request is answered without
-parsing its definition. The cache is bounded (``cache_max_bytes``): the least recently used
-plans are evicted (see cache_sql). A use marks the plan in memory; the marks are written in one
-statement a second, so a hit costs no write.
+Plans are keyed by their plan id (fusecut version, fusion id, input metadata, options and device
+profile), and also by hashes of the requests that produced them (with the version), so a repeated
+request is answered without parsing its definition. The cache is bounded (``cache_max_bytes``): the
+least recently used plans are evicted (see cache_sql). A use marks the plan in memory; the marks
+are written in one statement a second, so a hit costs no write.
 
 The cache is an optimization, never a reason to fail a request: a database that cannot be
 reached, is full or is damaged makes reads misses and writes no-ops. Each failure is logged and

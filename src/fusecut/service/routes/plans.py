@@ -3,13 +3,13 @@ GET /v1/plans/{plan_id} (a plan made before)."""
 
 from __future__ import annotations
 
-import hashlib
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
+from fusecut.optimizer.plan.plan import request_key
 from fusecut.service import openapi
 from fusecut.service.models import PlanRequest
 from fusecut.service.problems import Problem
@@ -32,7 +32,7 @@ async def post_plan(request: Request, service: ServiceDep) -> Response:
     # body stalls no other request.
     require_media_type(request, JSON)
     raw = await request.body()
-    raw_key = "raw:" + await run_in_threadpool(lambda: hashlib.sha256(raw).hexdigest())
+    raw_key = "raw:" + await run_in_threadpool(request_key, raw)
     cached, outcome = await service.plan_request(raw, raw_key, client_of(request),
                                                  request.is_disconnected)
     return Response(cached.body, media_type=JSON, headers={"X-Fusecut-Cache": outcome})
