@@ -366,3 +366,27 @@ def test_a_corpus_file_of_fixed_sizes_is_run_at_its_sizes():
             assert "broadcast_in_dim" in shrunk.kept[56]
         if path.stem == "softmax_fwd":
             assert not shrunk.kept
+
+
+def test_check_summarizes_a_huge_fusion():
+    # issue 32: `check` on a 20,000-op file printed a 20,018-line table (30 s on this machine)
+    import json
+
+    body = "".join(f"    T{i + 1} = fd.ops.{('neg', 'exp')[i % 2]}(T{i})\n" for i in range(20_000))
+    text = ("def chain(fd):\n"
+            "    T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+            f"{body}    fd.add_output(T20000)\n\n"
+            "inputs = [torch.randn((8,), dtype=torch.float32, device='cuda:0')]\n")
+    start = time.perf_counter()
+    r = fusecut("check", "-", stdin=text)
+    elapsed = time.perf_counter() - start
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) < 40, len(lines)
+    shown = " ".join(r.stdout.split())
+    assert "ops (20,000, counted by op; --json lists each one)" in shown
+    assert "│ neg │ 10,000 │ #0 │ #19998 │ float32 │" in shown, shown
+    assert "│ exp │ 10,000 │ #1 │ #19999 │ float32 │" in shown, shown
+    assert elapsed < 20, elapsed
+    r = fusecut("check", "-", "--json", stdin=text)
+    assert len(json.loads(r.stdout)["ops"]) == 20_000
