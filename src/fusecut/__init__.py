@@ -21,13 +21,20 @@ from fusecut.optimizer.errors import DefinitionError, FusecutError, InputError, 
 _LAZY = {
     "AsyncClient": "fusecut.client", "Client": "fusecut.client",
     "RemoteExecution": "fusecut.client", "ServiceError": "fusecut.client",
+    "ServiceUnreachable": "fusecut.client",
     "DataType": "fusecut.definition", "FusionDefinition": "fusecut.definition",
     "ParallelType": "fusecut.definition", "PlanView": "fusecut.plan",
     "ParsedDefinition": "fusecut.optimizer.ir.nvtext", "parse_text": "fusecut.optimizer.ir.nvtext",
 }
 
 if TYPE_CHECKING:
-    from fusecut.client import AsyncClient, Client, RemoteExecution, ServiceError
+    from fusecut.client import (
+        AsyncClient,
+        Client,
+        RemoteExecution,
+        ServiceError,
+        ServiceUnreachable,
+    )
     from fusecut.definition import DataType, FusionDefinition, ParallelType
     from fusecut.optimizer.ir.nvtext import ParsedDefinition, parse_text  # noqa: F401
     from fusecut.plan import PlanView
@@ -36,7 +43,7 @@ __all__ = [
     "AsyncClient", "Client", "DataType", "DefinitionError", "FusecutError", "FusionDefinition",
     "InputError", "ParallelType", "ParsedDefinition", "PlanError", "PlanView",
     "RemoteExecution",
-    "ServiceError", "load",
+    "ServiceError", "ServiceUnreachable", "load",
 ]
 __version__ = "0.1.0"
 

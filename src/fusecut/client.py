@@ -7,7 +7,9 @@
 
 Plans come back as the same ``fusecut.PlanView`` that local planning returns. Tensors travel as
 safetensors (``wire="safetensors"``, the default) or as KServe-v2 JSON (``wire="json"``). A
-refusal raises ``ServiceError`` carrying the service's problem+json (status, title, detail).
+refusal raises ``ServiceError`` carrying the service's problem+json (status, title, detail); a
+service that cannot be reached (not running, a wrong URL, no answer in time) raises
+``ServiceUnreachable`` naming the URL.
 """
 
 from __future__ import annotations
@@ -42,6 +44,27 @@ class ServiceError(FusecutError):
         self.title = problem.get("title", "error")
         self.detail = problem.get("detail", "")
         super().__init__(f"{status} {self.title}: {self.detail}")
+
+
+class ServiceUnreachable(FusecutError):
+    """The service could not be reached, or did not answer: ``url`` is what was asked. (httpx's
+    own error, which named no URL, is its ``__cause__``.)"""
+
+    def __init__(self, url: str, error: httpx.TransportError):
+        self.url = url
+        if isinstance(error, httpx.TimeoutException):
+            what = f"the fusecut service at {url} did not answer in time ({type(error).__name__})"
+        elif isinstance(error, httpx.ConnectError):
+            what = (f"cannot connect to the fusecut service at {url}: is it running? "
+                    f"(`fusecut serve` starts one; {error or 'connection refused'})")
+        else:
+            what = f"the connection to the fusecut service at {url} failed: {error!r}"
+        super().__init__(what)
+
+
+def _unreachable(http: httpx.Client | httpx.AsyncClient, path: str,
+                 error: httpx.TransportError) -> ServiceUnreachable:
+    return ServiceUnreachable(str(http.base_url.join(path)), error)
 
 
 @dataclass
@@ -162,11 +185,11 @@ class Client:
     def plan(self, definition: Definition, inputs: list[Any] | None = None,
              **options: Any) -> PlanView:
         """Plan a definition for inputs (tensors, numbers or metadata); no tensors are sent."""
-        response = self._http.post("/v1/plan", json=plan_body(definition, inputs, options))
+        response = self._send("POST", "/v1/plan", json=plan_body(definition, inputs, options))
         return plan_of(response, definition)
 
     def get_plan(self, plan_id: str) -> PlanView:
-        return plan_of(self._http.get(f"/v1/plans/{plan_id}"))
+        return plan_of(self._send("GET", f"/v1/plans/{plan_id}"))
 
     def execute(self, definition: Definition | PlanView, tensors: list[Any] | dict[str, Any],
                 *, wire: str = "safetensors", fusion: Fusion | None = None,
@@ -175,7 +198,13 @@ class Client:
         plan_id = definition.plan_id if isinstance(definition, PlanView) else None
         kwargs, fusion = execute_request(None if plan_id else definition, tensors, options, wire,
                                          plan_id, fusion or _fusion_of_plan(definition))
-        return execution_of(self._http.post("/v1/execute", **kwargs), fusion)
+        return execution_of(self._send("POST", "/v1/execute", **kwargs), fusion)
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.TransportError as e:
+            raise _unreachable(self._http, path, e) from e
 
     def close(self) -> None:
         self._http.close()
@@ -198,10 +227,10 @@ class AsyncClient:
     async def plan(self, definition: Definition, inputs: list[Any] | None = None,
                    **options: Any) -> PlanView:
         body = plan_body(definition, inputs, options)
-        return plan_of(await self._http.post("/v1/plan", json=body), definition)
+        return plan_of(await self._send("POST", "/v1/plan", json=body), definition)
 
     async def get_plan(self, plan_id: str) -> PlanView:
-        return plan_of(await self._http.get(f"/v1/plans/{plan_id}"))
+        return plan_of(await self._send("GET", f"/v1/plans/{plan_id}"))
 
     async def execute(self, definition: Definition | PlanView, tensors: list[Any] | dict[str, Any],
                       *, wire: str = "safetensors", fusion: Fusion | None = None,
@@ -209,7 +238,13 @@ class AsyncClient:
         plan_id = definition.plan_id if isinstance(definition, PlanView) else None
         kwargs, fusion = execute_request(None if plan_id else definition, tensors, options, wire,
                                          plan_id, fusion or _fusion_of_plan(definition))
-        return execution_of(await self._http.post("/v1/execute", **kwargs), fusion)
+        return execution_of(await self._send("POST", "/v1/execute", **kwargs), fusion)
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as e:
+            raise _unreachable(self._http, path, e) from e
 
     async def aclose(self) -> None:
         await self._http.aclose()
