@@ -54,7 +54,7 @@ def test_the_schema_says_what_is_required(http):
     doc = http.get("/openapi.json").json()
     schemas = doc["components"]["schemas"]
     assert {"minLength": 1, "type": "string"} in \
-        schemas["PlanRequest"]["properties"]["definition"]["anyOf"]
+        schemas["PlanRequest"]["properties"]["definition"]["oneOf"]  # text or wire JSON
     assert_problem(http.post("/v1/plan", json={"definition": ""}), 422, "definition")
     assert schemas["ExecuteRequest"]["oneOf"] == [{"required": ["definition"]},
                                                   {"required": ["plan_id"]}]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_model
 
 from fusecut.optimizer.ir.wire import FusionJSON, InputMetaJSON
 from fusecut.optimizer.options import DEVICE_OVERRIDES, PLAN_OPTIONS, Option
@@ -65,7 +65,20 @@ PlanOptionsModel = create_model("PlanOptionsModel", __base__=_FiniteStrict, __mo
                                 **{o.name: declared_field(o) for o in PLAN_OPTIONS})
 
 
-Definition = Annotated[str, Field(min_length=1)] | FusionJSON
+def _definition_form(value: Any) -> str | None:
+    return "nvFuser text" if isinstance(value, str) else \
+        "wire JSON" if isinstance(value, dict) else None
+
+
+# A definition is text or wire JSON, told apart by its JSON type, so that an error names the
+# form it was read as ("definition (wire JSON).inputs"), not pydantic's validators of a plain
+# union ("definition.constrained-str", "definition.FusionJSON.inputs": issue 32).
+Definition = Annotated[
+    Annotated[Annotated[str, Field(min_length=1)], Tag("nvFuser text")]
+    | Annotated[FusionJSON, Tag("wire JSON")],
+    Discriminator(_definition_form, custom_error_type="definition_form",
+                  custom_error_message="a definition is nvFuser text (a string) or wire JSON "
+                                       "(an object)")]
 
 
 def _no_default(schema: dict[str, Any]) -> None:

@@ -93,11 +93,16 @@ def execution_problem(failure: ExecutionFailure, plan_id: str) -> Problem:
 
 
 def validation_problem(errors: list[dict[str, Any]]) -> Problem:
-    """A 422 naming the first invalid field (pydantic's ``loc``), listing up to 20."""
+    """A 422 naming the first invalid field (pydantic's ``loc``), listing up to 20. A part of
+    the location that is no field name (the form a union's value was read as, like "wire
+    JSON") is shown in parentheses: ``definition (wire JSON).inputs``."""
     listed = [{"loc": [str(x) for x in err.get("loc", ())], "msg": err.get("msg", "")}
               for err in errors][:20]
     first = listed[0] if listed else {"loc": [], "msg": "invalid body"}
-    where = ".".join(x for x in first["loc"] if x not in ("body", "path")) or "body"
+    where = ""
+    for part in (x for x in first["loc"] if x not in ("body", "path")):
+        where += f" ({part})" if " " in part else f".{part}" if where else part
+    where = where or "body"
     given = errors[0].get("input") if errors else None
     got = f" (got {given[:40]!r})" if isinstance(given, str) else ""
     return Problem(422, "invalid request", f"{where}: {first['msg']}{got}", errors=listed)

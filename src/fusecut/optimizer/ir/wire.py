@@ -12,9 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, WithJsonSchema
 
 from fusecut.optimizer.errors import DefinitionError, InputError
 from fusecut.optimizer.ir.builder import FusionBuilder, TensorHandle
@@ -22,7 +22,25 @@ from fusecut.optimizer.ir.dtypes import INT_RANGES, DType
 from fusecut.optimizer.ir.fusion import Fusion, Ref
 from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta, contiguous_strides
 
-Number = bool | int | float | Literal["inf", "-inf", "nan"]
+
+def _number_form(value: Any) -> str | None:
+    return "boolean" if isinstance(value, bool) else "integer" if isinstance(value, int) else \
+        "real number" if isinstance(value, float) else \
+        "non-finite number" if isinstance(value, str) else None
+
+
+# Told apart by JSON type, so that an error names what the value was read as ("value
+# (non-finite number): Input should be 'inf', '-inf' or 'nan'"), not one error per branch of
+# a plain union ("value.bool", "value.literal['inf','-inf','nan']"). The schema stays anyOf:
+# an integer is a JSON Schema number too.
+Number = Annotated[
+    Annotated[bool, Tag("boolean")] | Annotated[int, Tag("integer")]
+    | Annotated[float, Tag("real number")]
+    | Annotated[Literal["inf", "-inf", "nan"], Tag("non-finite number")],
+    Discriminator(_number_form, custom_error_type="number",
+                  custom_error_message='a number, or "inf", "-inf" or "nan"'),
+    WithJsonSchema({"anyOf": [{"type": "boolean"}, {"type": "integer"}, {"type": "number"},
+                              {"enum": ["inf", "-inf", "nan"], "type": "string"}]})]
 
 
 class _Strict(BaseModel):
