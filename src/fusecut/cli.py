@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fusecut.optimizer.errors import FusecutError
+from fusecut.optimizer.errors import FusecutError, counted
 from fusecut.optimizer.options import (
     DEVICE,
     NUM_STREAMS,
@@ -145,7 +145,7 @@ def check(file: str = FILE,
         metas = input_metadata(parsed, inputs, required=False)
         bound = None
         if metas is not None:
-            say(f"binding the inputs to {len(fusion.ops):,} ops")
+            say(f"binding the inputs to {counted(len(fusion.ops), 'op')}")
             try:
                 bound = bind(fusion, metas)
             except FusecutError as e:
@@ -267,8 +267,8 @@ def plan(file: str = FILE,
     parsed = read_definition(file)
     metas = input_metadata(parsed, inputs)
     try:
-        with progress(f"planning {len(parsed.fusion.ops)} ops with {segmenter} (time limit "
-                      f"{time_limit:g} s)"):
+        with progress(f"planning {counted(len(parsed.fusion.ops), 'op')} with {segmenter} "
+                      f"(time limit {time_limit:g} s)"):
             result = make_plan(parsed.fusion, metas, PlanOptions(
                 segmenter=segmenter, time_limit_s=time_limit, device=device,
                 num_streams=num_streams)).to_json()
@@ -349,7 +349,7 @@ def codegen(file: str = FILE,
 
     parsed = read_definition(file)
     try:
-        with progress(f"planning {len(parsed.fusion.ops)} ops"):
+        with progress(f"planning {counted(len(parsed.fusion.ops), 'op')}"):
             plan_ = make_plan(parsed.fusion, input_metadata(parsed, inputs))
     except FusecutError as e:
         fail(str(e))

@@ -23,7 +23,7 @@ import httpx
 import torch
 
 from fusecut.local import as_metadata
-from fusecut.optimizer.errors import FusecutError
+from fusecut.optimizer.errors import FusecutError, counted
 from fusecut.optimizer.ir.fusion import Fusion
 from fusecut.optimizer.ir.nvtext import ParsedDefinition, parse_text
 from fusecut.optimizer.ir.wire import fusion_from_json, fusion_to_json, meta_to_json
@@ -105,8 +105,9 @@ def _named_tensors(fusion: Fusion, tensors: list[Any] | dict[str, Any]) -> dict[
         named = dict(tensors)
     else:
         if len(tensors) != len(fusion.inputs):
-            raise ValueError(f"the fusion has {len(fusion.inputs)} inputs "
-                             f"({', '.join(fusion.inputs)}), got {len(tensors)} values")
+            raise ValueError(f"the fusion has {counted(len(fusion.inputs), 'input')} "
+                             f"({', '.join(fusion.inputs)}), got "
+                             f"{counted(len(tensors), 'value')}")
         named = dict(zip(fusion.inputs, tensors))
     for name, value in named.items():
         if not isinstance(value, torch.Tensor):  # a scalar input: a one-element tensor

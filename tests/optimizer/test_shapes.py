@@ -27,7 +27,7 @@ def test_input_checks_name_the_input():
         bind(f, [tensor_meta((2,), F32)])
     with pytest.raises(InputError, match="axis 1 is fixed to 4 by the definition, got 5"):
         bind(f, [tensor_meta((2, 5), F32)])
-    with pytest.raises(InputError, match="has 1 inputs"):
+    with pytest.raises(InputError, match=r"has 1 input \(T0\) but 0 were given"):
         bind(f, [])
     with pytest.raises(InputError, match="is a tensor but a scalar"):
         bind(f, [ScalarMeta(F32, 1.0)])
@@ -98,3 +98,26 @@ fd.add_output(T4)
     assert b.scalars["S1"] == 0.125 and b.scalars["S3"] == 0.375
     unknown = bind(f, [tensor_meta((2, 8), F32), ScalarMeta(DType.float64, None)])
     assert unknown.scalars["S3"] is None
+
+
+def test_counts_in_messages_are_singular_for_one():
+    # issue 32: "the definition has 1 inputs"
+    from fusecut.optimizer.errors import DefinitionError, counted
+
+    assert [counted(n, "input") for n in (0, 1, 2)] == ["0 inputs", "1 input", "2 inputs"]
+    assert counted(1, "entry", "entries") == "1 entry" and counted(3, "axis", "axes") == "3 axes"
+    two = fusion("T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+                 "T1 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+                 "fd.add_output(fd.ops.add(T0, T1))")
+    with pytest.raises(InputError, match=r"has 2 inputs \(T0, T1\) but 1 was given"):
+        bind(two, [tensor_meta((2,), F32)])
+    with pytest.raises(DefinitionError, match="contiguity has 1 entry for rank 2"):
+        fusion("T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True], dtype=DataType.Float)")
+    with pytest.raises(DefinitionError, match=r"broadcast_dims \[0\] has 1 entry but T0 has "
+                                              r"rank 2"):
+        fusion("T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], "
+               "dtype=DataType.Float)\n"
+               "T1 = fd.ops.broadcast_in_dim(T0, shape=[2, 3, 4], broadcast_dims=[0])")
+    with pytest.raises(DefinitionError, match="cannot unpack 2 values into 1 name$"):
+        fusion("T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+               "(a,) = (T0, T0)")

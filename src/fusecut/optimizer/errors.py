@@ -40,3 +40,9 @@ class InputError(FusecutError):
 
 class PlanError(FusecutError):
     """The planner cannot plan this fusion with these options."""
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and its noun as a message says it: "1 input", "3 inputs", "0 entries" (issue 32:
+    "has 1 inputs")."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

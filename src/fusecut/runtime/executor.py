@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from fusecut.optimizer.analysis.shapes import Bound, bind
-from fusecut.optimizer.errors import FusecutError, InputError
+from fusecut.optimizer.errors import FusecutError, InputError, counted
 from fusecut.optimizer.ir.inputs import TensorMeta
 from fusecut.optimizer.plan.plan import Plan, Segment
 from fusecut.runtime.errors import OpFailed, OutOfMemory
@@ -124,7 +124,7 @@ def check_matches_plan(plan: Plan, args: list[Any]) -> dict[str, Any]:
     (a fast comparison; scalar values are re-derived only when the fusion has scalar inputs)."""
     fusion = plan.fusion
     if len(args) != len(fusion.inputs):
-        raise InputError(f"the plan takes {len(fusion.inputs)} inputs, got {len(args)}")
+        raise InputError(f"the plan takes {counted(len(fusion.inputs), 'input')}, got {len(args)}")
     for name, value in zip(fusion.inputs, args):
         planned = plan.bound.inputs[name]
         if not isinstance(planned, TensorMeta):

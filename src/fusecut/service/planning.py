@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fusecut.optimizer.errors import FusecutError, InputError
+from fusecut.optimizer.errors import FusecutError, InputError, counted
 from fusecut.optimizer.gcpause import gc_paused
 from fusecut.optimizer.ir.dtypes import DType
 from fusecut.optimizer.ir.fusion import Fusion
@@ -107,7 +107,7 @@ def _plan_body(raw: bytes, settings: Settings, use_cache: bool) -> Planned:
     if body.inputs is not None:
         if len(body.inputs) != len(fusion.inputs):
             raise Problem(422, "inputs do not match",
-                          f"the definition has {len(fusion.inputs)} inputs "
+                          f"the definition has {counted(len(fusion.inputs), 'input')} "
                           f"({', '.join(fusion.inputs[:8])}); `inputs` has {len(body.inputs)}")
         metas = [meta_from_json(m) for m in body.inputs]
     elif text_inputs is not None:

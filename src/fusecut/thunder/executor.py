@@ -41,7 +41,7 @@ from thunder.executors.utils import Region  # noqa: E402
 from thunder.extend import FusionExecutor, register_executor  # noqa: E402
 
 from fusecut.definition import FusionDefinition  # noqa: E402
-from fusecut.optimizer.errors import FusecutError  # noqa: E402
+from fusecut.optimizer.errors import FusecutError, counted  # noqa: E402
 from fusecut.optimizer.ir.builder import MAX_RANK  # noqa: E402
 from fusecut.optimizer.ir.dtypes import DType  # noqa: E402
 from fusecut.runtime.compile import CompileError  # noqa: E402
@@ -252,8 +252,8 @@ def translate(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
                 raise TranslationError(f"{bsym.sym.name}: {e}") from e
             outs = [o for o in bsym.flat_outs]
             if len(outs) != len(results):
-                raise TranslationError(f"{bsym.sym.name}: {len(results)} results for "
-                                       f"{len(outs)} outputs")
+                raise TranslationError(f"{bsym.sym.name}: {counted(len(results), 'result')} for "
+                                       f"{counted(len(outs), 'output')}")
             for proxy, handle in zip(outs, results):
                 if isinstance(proxy, TensorProxy):
                     want = _fc_dtype(proxy.dtype)
@@ -765,12 +765,14 @@ class RegionReport:
 
     def summary(self) -> str:
         if self.fallback is not None:
-            return f"{self.direction} {self.name}: {len(self.ops)} ops on torch ({self.fallback})"
+            return (f"{self.direction} {self.name}: {counted(len(self.ops), 'op')} on torch "
+                    f"({self.fallback})")
         if self.planned_bytes is None:
-            return f"{self.direction} {self.name}: {len(self.ops)} ops, not run yet"
-        return (f"{self.direction} {self.name}: {len(self.ops)} ops, {len(self.segments)} "
-                f"segment(s), {self.planned_bytes} B planned (greedy {self.greedy_bytes}, lower "
-                f"bound {self.lower_bound_bytes}), {self.calls} call(s)")
+            return f"{self.direction} {self.name}: {counted(len(self.ops), 'op')}, not run yet"
+        return (f"{self.direction} {self.name}: {counted(len(self.ops), 'op')}, "
+                f"{counted(len(self.segments), 'segment')}, {self.planned_bytes} B planned "
+                f"(greedy {self.greedy_bytes}, lower bound {self.lower_bound_bytes}), "
+                f"{counted(self.calls, 'call')}")
 
 
 def fusecut_regions(trace: TraceCtx) -> list[tuple[BoundSymbol, Any]]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fusecut.optimizer.analysis.scalars import coerce, eval_scalar_op
-from fusecut.optimizer.errors import DefinitionError, FusecutError, InputError
+from fusecut.optimizer.errors import DefinitionError, FusecutError, InputError, counted
 from fusecut.optimizer.ir.fusion import Fusion, Op, Ref, ScalarValue, TensorValue
 from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta, scale_metas
 from fusecut.optimizer.ir.opspec import get_spec
@@ -95,8 +95,9 @@ class _Evaluator:
 def check_inputs(fusion: Fusion, metas: list[InputMeta]) -> dict[str, InputMeta]:
     """Match input metadata to the definition's inputs; a mismatch names the input precisely."""
     if len(metas) != len(fusion.inputs):
-        raise InputError(f"the definition has {len(fusion.inputs)} inputs "
-                         f"({', '.join(fusion.inputs)}) but {len(metas)} were given")
+        raise InputError(f"the definition has {counted(len(fusion.inputs), 'input')} "
+                         f"({', '.join(fusion.inputs)}) but {len(metas)} "
+                         f"{'was' if len(metas) == 1 else 'were'} given")
     out: dict[str, InputMeta] = {}
     for i, (name, meta) in enumerate(zip(fusion.inputs, metas)):
         where = f"input {i} ({name})"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fusecut.optimizer.errors import DefinitionError
+from fusecut.optimizer.errors import DefinitionError, counted
 from fusecut.optimizer.ir.dtypes import DType, fits_int64
 from fusecut.optimizer.ir.fusion import Fusion, Op, Ref, ScalarValue, TensorValue
 from fusecut.optimizer.ir.opspec import OPERAND_KINDS, REQUIRED, OpClass, get_spec
@@ -111,16 +111,16 @@ class FusionBuilder:
             raise DefinitionError("is_cpu=True is only supported for 0-dim (scalar) tensors")
         if strides is not None:  # the concrete form: contiguity follows from strides
             if len(strides) != rank:
-                raise DefinitionError(f"define_tensor sizes has {rank} entries, strides "
-                                      f"{len(strides)}")
+                raise DefinitionError(f"define_tensor sizes has {counted(rank, 'entry', 'entries')}"
+                                      f", strides {len(strides)}")
             contiguity = [None if (s == 0 or e == 1) else True for e, s in zip(shape, strides)]
         if contiguity is None or isinstance(contiguity, bool):
             fill = True if contiguity is None else contiguity
             contiguity = [None if e == 1 else fill for e in shape]
         contiguity = list(contiguity)
         if len(contiguity) != rank:
-            raise DefinitionError(f"define_tensor contiguity has {len(contiguity)} entries for "
-                                  f"rank {rank}")
+            raise DefinitionError(f"define_tensor contiguity has "
+                                  f"{counted(len(contiguity), 'entry', 'entries')} for rank {rank}")
         for c in contiguity:
             if c is not None and not isinstance(c, bool):
                 raise DefinitionError(f"contiguity entries must be True, False or None, got {c!r}")
@@ -256,7 +256,8 @@ class FusionBuilder:
                 norm[flag] = value
             self._check_operands(spec, list(inputs), norm)
             if len(out_names) != spec.n_outputs:
-                raise DefinitionError(f"{name} has {spec.n_outputs} outputs, got {len(out_names)}")
+                raise DefinitionError(f"{name} has {counted(spec.n_outputs, 'output')}, got "
+                                      f"{len(out_names)}")
             for out in out_names:
                 if not isinstance(out, str) or not out.isidentifier() or self._taken(out):
                     raise DefinitionError(f"output name {out!r} is not a fresh identifier")
@@ -272,7 +273,7 @@ class FusionBuilder:
             elif p.kind == "TL":
                 kinds.extend((p.name, "T") for _ in inputs)
         if len(kinds) != len(inputs):
-            raise DefinitionError(f"expected {len(kinds)} operands, got {len(inputs)}")
+            raise DefinitionError(f"expected {counted(len(kinds), 'operand')}, got {len(inputs)}")
         for (pname, kind), value in zip(kinds, inputs):
             if not isinstance(value, str) or not self._taken(value):
                 raise DefinitionError(f"operand {pname} refers to {value!r}, which is not defined")

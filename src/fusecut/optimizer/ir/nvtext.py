@@ -13,7 +13,7 @@ import ast
 from dataclasses import dataclass
 from typing import Any
 
-from fusecut.optimizer.errors import DefinitionError
+from fusecut.optimizer.errors import DefinitionError, counted
 from fusecut.optimizer.ir.builder import (
     MAX_OPS_DEFAULT,
     FusionBuilder,
@@ -286,8 +286,9 @@ class _Body:
         star = [i for i, e in enumerate(target.elts) if isinstance(e, ast.Starred)]
         n_fixed = len(target.elts) - len(star)
         if (not star and len(value) != n_fixed) or (star and len(value) < n_fixed):
-            raise DefinitionError(f"cannot unpack {len(value)} values into "
-                                  f"{n_fixed}{'+' if star else ''} names")
+            raise DefinitionError(f"cannot unpack {counted(len(value), 'value')} into "
+                                  f"{n_fixed}{'+' if star else ''} "
+                                  f"{'name' if n_fixed == 1 and not star else 'names'}")
         for i, e in enumerate(target.elts):
             if isinstance(e, ast.Starred):
                 self.env[e.value.id] = list(value[i:len(value) - (n_fixed - i)])
@@ -322,7 +323,8 @@ class _Body:
                     index, int):
                 raise DefinitionError("only a list or tuple may be indexed, with an integer")
             if not -len(base) <= index < len(base):
-                raise DefinitionError(f"index {index} out of range for {len(base)} items")
+                raise DefinitionError(f"index {index} out of range for "
+                                      f"{counted(len(base), 'item')}")
             return base[index]
         if isinstance(node, ast.Call):
             return self._call(node, depth, names)
@@ -412,7 +414,8 @@ class _Body:
         if not isinstance(vector, list) or isinstance(index, bool) or not isinstance(index, int):
             raise DefinitionError("ops.at() expects a vector and an integer index")
         if not -len(vector) <= index < len(vector):
-            raise DefinitionError(f"ops.at(): index {index} out of range for {len(vector)} items")
+            raise DefinitionError(f"ops.at(): index {index} out of range for "
+                                  f"{counted(len(vector), 'item')}")
         return vector[index]
 
 
@@ -559,7 +562,7 @@ class _InputList:
             need = 1 + sum((e - 1) * s for e, s in zip(shape, strides)) if all(shape) else 0
             if need > storage:
                 raise DefinitionError(f"as_strided{shape, strides} reaches element {need - 1} of "
-                                      f"a storage of {storage} elements")
+                                      f"a storage of {counted(storage, 'element')}")
             return TensorMeta(shape, strides, base.dtype, base.fill)
         if method in ("cuda", "contiguous", "clone", "detach", "requires_grad_"):
             return base

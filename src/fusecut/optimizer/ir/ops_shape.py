@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from fusecut.optimizer.errors import DefinitionError, InputError
+from fusecut.optimizer.errors import DefinitionError, InputError, counted
 from fusecut.optimizer.ir.fusion import TensorValue
 from fusecut.optimizer.ir.opspec import (
     OpClass,
@@ -34,8 +34,8 @@ def _bid_infer(ins, attrs):
     arg = _arg(ins)
     shape, dims = attrs["shape"], list(attrs["broadcast_dims"])
     if len(dims) != arg.rank:
-        raise DefinitionError(f"broadcast_dims {dims} has {len(dims)} entries but {arg.name} has "
-                              f"rank {arg.rank}")
+        raise DefinitionError(f"broadcast_dims {dims} has {counted(len(dims), 'entry', 'entries')}"
+                              f" but {arg.name} has rank {arg.rank}")
     if any(not 0 <= d < len(shape) for d in dims) or any(a >= b for a, b in zip(dims, dims[1:])):
         raise DefinitionError(f"broadcast_dims {dims} must be increasing positions in the output "
                               f"shape of rank {len(shape)}")
@@ -89,8 +89,8 @@ register(OpSpec("broadcast", (Param("arg", "T"), Param("is_broadcast_dim", "BL")
 def _expand_infer(ins, attrs):
     arg = _arg(ins)
     if len(attrs["shape"]) != arg.rank:
-        raise DefinitionError(f"expand shape has {len(attrs['shape'])} entries but {arg.name} has "
-                              f"rank {arg.rank}")
+        raise DefinitionError(f"expand shape has {counted(len(attrs['shape']), 'entry', 'entries')}"
+                              f" but {arg.name} has rank {arg.rank}")
     return [OutSig(arg.dtype, arg.broadcast)]
 
 
@@ -145,7 +145,7 @@ def _permute_infer(ins, attrs):
     dims = [norm_axis(d, arg.rank) for d in attrs["dims"]]
     if sorted(dims) != list(range(arg.rank)):
         raise DefinitionError(f"permute dims {list(attrs['dims'])} is not a permutation of "
-                              f"{arg.rank} axes")
+                              f"{counted(arg.rank, 'axis', 'axes')}")
     return [OutSig(arg.dtype, tuple(arg.broadcast[d] for d in dims))]
 
 
@@ -245,8 +245,9 @@ def _pad_infer(ins, attrs):
     arg = _arg(ins)
     widths = attrs["pad_widths"]
     if len(widths) % 2 or len(widths) > 2 * arg.rank:
-        raise DefinitionError(f"pad_widths needs pairs for at most {arg.rank} axes "
-                              f"(innermost first); got {len(widths)} entries")
+        raise DefinitionError(f"pad_widths needs pairs for at most "
+                              f"{counted(arg.rank, 'axis', 'axes')} (innermost first); got "
+                              f"{counted(len(widths), 'entry', 'entries')}")
     if len(ins) > 1 and ins[1].dtype.category > arg.dtype.category:
         raise DefinitionError(f"pad value {ins[1].name} ({ins[1].dtype.value}) does not fit "
                               f"{arg.name} ({arg.dtype.value})")

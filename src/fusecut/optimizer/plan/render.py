@@ -10,6 +10,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from fusecut.optimizer.errors import counted
+
 KIND_COLOURS = {"pointwise": "#d8ecff", "reduction": "#ffe9c7", "normalization": "#dff5d8",
                 "inner_outer": "#e8dcff", "library": "#f2f2f2", "fallback": "#ffd8d8"}
 
@@ -140,8 +142,9 @@ def _layout_edges(plan: dict[str, Any], shown: set[int]):
     for k, ts in per_seg.items():
         if group_all or len(ts) > OUTPUTS_PER_SEGMENT:
             names = ", ".join(t["tensor"] for t in ts[:3])
-            port = f"out:{len(ts)} outputs of segment {k} ({names}{', ...' if len(ts) > 3 else ''})"
-            edges.append((f"seg{k}", port, f"{len(ts)} outputs", sum(t["bytes"] for t in ts)))
+            outputs = counted(len(ts), "output")
+            port = f"out:{outputs} of segment {k} ({names}{', ...' if len(ts) > 3 else ''})"
+            edges.append((f"seg{k}", port, outputs, sum(t["bytes"] for t in ts)))
         else:
             edges.extend((f"seg{k}", f"out:{t['tensor']}", t["tensor"], t["bytes"]) for t in ts)
     merged: dict[tuple[str, ...], list] = {}  # grouped inputs: one edge per segment
@@ -226,7 +229,7 @@ def to_svg(plan: dict[str, Any]) -> str:
 
     options = plan.get("options") or {}
     ops = [op["name"] for op in plan.get("ops", [])]
-    caption = (f"fusion of {len(ops)} ops: {', '.join(dict.fromkeys(ops[:12]))}"
+    caption = (f"fusion of {counted(len(ops), 'op')}: {', '.join(dict.fromkeys(ops[:12]))}"
                f"{', ...' if len(set(ops)) > 12 else ''}")
     settings = ", ".join(f"{k} {options[k]}" for k in ("segmenter", "time_limit_s", "device")
                          if k in options)

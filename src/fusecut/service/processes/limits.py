@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from fusecut.optimizer.errors import FusecutError
+from fusecut.optimizer.errors import FusecutError, counted
 from fusecut.optimizer.plan.plan import Plan
 
 
@@ -88,7 +88,8 @@ def check_live_bytes(plan: Plan, nbytes, described, limit: int) -> None:
                 raise ResultTooLarge(
                     f"op {index} ({op.name}) in segment {seg.index} would keep "
                     f"{across_bytes + local_bytes} bytes of computed tensors alive at once "
-                    f"({len(alive)} tensors; the largest {described(largest)}), over the "
+                    f"({counted(len(alive), 'tensor')}; the largest {described(largest)}), "
+                    f"over the "
                     f"limit of {limit} bytes an execution may compute at once")
             for name in op.inputs:
                 if last_use[name] == k and name in local and name not in kept:
