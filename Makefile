@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || { \
 	  if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch; \
 	  else $(PY) -m pip install -q torch==2.13.0; fi; }
-	$(PY) -m pip install -q -e '.[dev,thunder,postgres,ray]'
+	@# gpu: NVRTC, which the tests compile every generated kernel with (no GPU needed)
+	$(PY) -m pip install -q -e '.[dev,gpu,thunder,postgres,ray]'
 	@# An editable install does not run setup.py's build step that ships this .pth in the wheel.
 	cp src/fusecut/thunder/fusecut-thunder.pth "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 	rm -f $(VENV)/.installed-*

@@ -26,6 +26,23 @@ class CompileError(RuntimeError):
     """NVRTC rejected a generated kernel (a fusecut bug: the log says where)."""
 
 
+class GPUSupportMissing(RuntimeError):
+    """cuda-python is not installed: fusecut was installed without its ``gpu`` extra."""
+
+
+@functools.lru_cache(maxsize=1)
+def require_cuda_python() -> None:
+    """Raise GPUSupportMissing, saying what to install, unless cuda-python is importable: a
+    CPU install leaves it out (issue 32: it was ~430 MB of nvidia/* wheels on every install)."""
+    try:
+        import cuda.bindings.driver  # noqa: F401
+        import cuda.core  # noqa: F401
+    except ImportError:
+        raise GPUSupportMissing("generated kernels need cuda-python (NVRTC and the CUDA driver "
+                                "bindings), which fusecut installs with its gpu extra: pip "
+                                "install 'fusecut[gpu]'") from None
+
+
 @dataclass
 class CompileStats:
     compiles: int = 0
@@ -52,7 +69,7 @@ def include_dirs() -> tuple[str, ...]:
     found = pathfinder.find_nvidia_header_directory("cudart")
     if not found:
         raise CompileError("CUDA runtime headers (cuda_fp16.h, cuda_bf16.h) were not found; "
-                           "install cuda-python[all] or the CUDA toolkit")
+                           "pip install 'fusecut[gpu]' (cuda-python[all]) or the CUDA toolkit")
     return (str(found),)
 
 
@@ -82,6 +99,7 @@ def cache_key(source: str, arch: str) -> str:
 
 def compile_cubin(source: str, arch: str = "sm_90", name: str = "fusecut") -> bytes:
     """The cubin of ``source`` for ``arch``, from cache when possible."""
+    require_cuda_python()
     key = cache_key(source, arch)
     hit = _memory.get(key)
     if hit is not None:

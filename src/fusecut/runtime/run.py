@@ -34,8 +34,10 @@ def on_gpu(args: list[Any]) -> bool:
 def runner_for(args: list[Any]) -> tuple[SegmentRunner, str]:
     """Generated kernels when the tensors are on a GPU; the torch reference otherwise."""
     if on_gpu(args):
+        from fusecut.runtime.compile import require_cuda_python
         from fusecut.runtime.kernels import cuda_runner
 
+        require_cuda_python()
         return cuda_runner, "cuda"
     return reference_runner, "reference"
 

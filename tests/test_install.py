@@ -1,0 +1,64 @@
+"""What installing fusecut brings (issue 32: 2.1 GB on a CPU machine, 430 MB of it NVIDIA
+libraries the CPU path never loads, and about 50 lines of setuptools warnings)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_nvidia_libraries_come_with_the_gpu_extra_only():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.startswith("cuda")]
+    assert project["optional-dependencies"]["gpu"] == ["cuda-python[all]>=12.6"]
+    # the tests compile every generated kernel with NVRTC: `make venv` takes the extra
+    assert "'.[dev,gpu," in (ROOT / "Makefile").read_text()
+
+
+def test_without_cuda_python_a_gpu_run_says_what_to_install():
+    probe = """
+import sys
+sys.modules["cuda"] = None  # as after a CPU install
+from fusecut.runtime.compile import GPUSupportMissing, compile_cubin
+try:
+    compile_cubin("extern \\"C\\" __global__ void k() {}", "sm_90", "k")
+except GPUSupportMissing as e:
+    print(e)
+"""
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert "pip install 'fusecut[gpu]'" in run.stdout, run.stdout + run.stderr[-2000:]
+
+
+def test_the_wheel_builds_without_warnings_and_holds_fusecut_alone(tmp_path):
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "src", source / "src",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    out = tmp_path / "dist"
+    out.mkdir()
+    build = subprocess.run(
+        [sys.executable, "-W", "always", "-c",
+         f"import setuptools.build_meta as b; print(b.build_wheel({str(out)!r}))"],
+        capture_output=True, text=True, cwd=source, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert "is absent from the `packages` configuration" not in build.stderr, build.stderr
+    assert "Warning" not in build.stderr, build.stderr[-3000:]
+    (wheel,) = out.glob("fusecut-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        metadata = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "fusecut/runtime/native/launcher.cpp" in names
+    top = {n.split("/")[0] for n in names}
+    assert {t for t in top if not t.endswith(".dist-info")} == {"fusecut",
+                                                                "fusecut-thunder.pth"}, top
+    cuda = [line for line in metadata.splitlines() if "cuda-python" in line]
+    assert cuda and all('extra == "gpu"' in line for line in cuda), cuda
