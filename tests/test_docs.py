@@ -197,3 +197,40 @@ def test_every_runnable_benchmark_is_documented():
     text = (DOCS / "benchmarks.md").read_text()
     missing = sorted(n for n in runnable if f"python -m benchmarks.{n}" not in text)
     assert not missing, f"docs/benchmarks.md lacks: {missing}"
+
+
+# ---- code snippets ------------------------------------------------------------------------------
+
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+
+def undefined_names(source: str) -> set[str]:
+    """Names a snippet reads that it neither imports, assigns nor gets from builtins."""
+    import builtins
+
+    tree = ast.parse(source)
+    defined = set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            defined.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.arg):
+            defined.add(node.arg)
+    return {node.id for node in ast.walk(tree)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)} - defined
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_python_snippets_define_what_they_use(page: Path):
+    # issue 32: the README's client snippet ended with fd.execute(inputs, remote=...), with no
+    # fd and no inputs anywhere in it
+    for block in PYTHON_BLOCK.findall(page.read_text()):
+        assert not undefined_names(block), (page.name, undefined_names(block), block)
+
+
+def test_the_undefined_names_check_finds_them():
+    assert undefined_names("x = 1\nfd.execute(inputs, remote=x)\n") == {"fd", "inputs"}
+    assert not undefined_names("import torch\nwith open('f') as fd:\n    torch.x(fd)\n")
