@@ -234,3 +234,16 @@ def test_python_snippets_define_what_they_use(page: Path):
 def test_the_undefined_names_check_finds_them():
     assert undefined_names("x = 1\nfd.execute(inputs, remote=x)\n") == {"fd", "inputs"}
     assert not undefined_names("import torch\nwith open('f') as fd:\n    torch.x(fd)\n")
+
+
+def test_what_the_readme_writes_is_ignored_by_git():
+    # issue 32: `fusecut codegen ... --out kernels/` (the README's command) left kernels/
+    # untracked
+    import subprocess
+
+    assert "--out kernels/" in README.read_text()
+    ignored = subprocess.run(["git", "check-ignore", "-q", "kernels/segment0_pointwise.cu"],
+                             cwd=ROOT, capture_output=True)
+    if ignored.returncode == 128:  # not a git checkout
+        pytest.skip("not a git checkout")
+    assert ignored.returncode == 0, "kernels/ is not in .gitignore"
