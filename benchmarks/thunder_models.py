@@ -17,6 +17,10 @@ context, costs no other system its rows; every process starts from empty compile
   the torch.compile cross-entropy executor, nvFuser);
 - ``thunder+fusecut``: ``thunder.jit(m, executors=fusecut.thunder.executors())``;
 - ``thunder+fusecut+cudagraphs``: the same with Thunder's ``CUDAGraphTransform``;
+- ``thunderfx+fusecut``: ``thunder.dynamo.thunderfx(m, executors=fusecut.thunder.executors())``
+  (torch.compile's Dynamo captures the graph, Thunder compiles it: a shorter first step);
+- ``thunder+torch``: Thunder with no fusion executor (its SDPA and torch executors): what
+  Thunder's own tracing costs the first step;
 - ``torch.compile`` and ``eager``, with SDPA preferring cuDNN attention.
 
 Per row: the synchronized step (median ms over rounds of steps, each synchronized, with the 95%
@@ -52,8 +56,8 @@ from benchmarks.intervals import median_ratio_interval
 MODELS = {"nanogpt": "gpt2_small", "llama3": "llama_2048"}  # model -> size
 TRAIN_BATCH = {"nanogpt": (8, 1024), "llama3": (2, 2048)}
 STEPS = ("train", "infer1", "infer8")
-SYSTEMS = ("thunder+nvfuser", "thunder+fusecut", "thunder+fusecut+cudagraphs", "torch.compile",
-           "eager")
+SYSTEMS = ("thunder+nvfuser", "thunder+fusecut", "thunder+fusecut+cudagraphs", "thunderfx+fusecut",
+           "thunder+torch", "torch.compile", "eager")
 BASELINE = "torch.compile"
 PIPELINED = 10  # steps back to back
 ROW_MARK = "ROW\t"
@@ -84,6 +88,9 @@ def build(system: str, module: torch.nn.Module) -> Callable:
         if "nvfuser" not in names:
             raise RuntimeError(f"nvFuser is not among Thunder's executors here ({names})")
         return thunder.jit(module)
+    if system == "thunder+torch":
+        return thunder.jit(module, executors=[thunder.extend.get_executor("sdpa"),
+                                              thunder.extend.get_executor("torch")])
     import fusecut.thunder
 
     if system == "thunder+fusecut":
@@ -93,6 +100,10 @@ def build(system: str, module: torch.nn.Module) -> Callable:
 
         return thunder.jit(module, executors=fusecut.thunder.executors(),
                            transforms=[CUDAGraphTransform()])
+    if system == "thunderfx+fusecut":
+        from thunder.dynamo import thunderfx
+
+        return thunderfx(module, executors=fusecut.thunder.executors())
     raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
 
 
@@ -180,7 +191,7 @@ def profile(run: Callable[[], None], steps: int = 3) -> tuple[float, str]:
 def run_child(model_name: str, system: str, steps: list[str], iters: int, emit) -> None:
     from benchmarks.whole_models import SIZES, whole_model
 
-    if system.startswith("thunder+fusecut"):
+    if "fusecut" in system:
         from fusecut.runtime import launcher
 
         launcher.native(wait=True)  # steps are timed on the path users get once it is built
@@ -208,11 +219,23 @@ def run_child(model_name: str, system: str, steps: list[str], iters: int, emit) 
 
 
 def fusecut_note(fn) -> str:
+    """Regions, those that fell back, and fusecut's part of the first step by stage."""
     from fusecut.thunder.executor import region_reports
 
-    reports = region_reports(fn)
+    if hasattr(fn, "_backend"):  # thunderfx: one Thunder function per Dynamo subgraph
+        jitted = [f for info in fn._backend.subgraph_infos for f in info.thunder_compiled_fns]
+    else:
+        jitted = [fn]
+    reports = [r for f in jitted for r in region_reports(f)]
     fell_back = [r for r in reports if r.fallback]
+    setup: dict[str, float] = {}
+    for r in reports:
+        for name, seconds in r.setup_seconds.items():
+            setup[name] = setup.get(name, 0.0) + seconds
     note = f"{len(reports)} fusecut regions"
+    if setup:
+        note += (f", set up in {sum(setup.values()):.1f} s ("
+                 + ", ".join(f"{k} {v:.1f}" for k, v in setup.items()) + ")")
     if fell_back:
         note += f", {len(fell_back)} on torch ({one_line(fell_back[0].fallback)})"
     return note

@@ -101,3 +101,27 @@ def test_whole_models_give_a_loss_that_skips_padding_and_tie_their_head(name):
     assert heads and any(h is e for h in heads for e in embeddings), "the head is not tied"
     again, _ = whole_model(name, "tiny")  # the same weights from the same seed
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
+
+
+def test_thunder_without_a_fusion_executor_and_fusecuts_note_of_its_setup():
+    # thunder+torch: the row that tells Thunder's own first-step cost from fusecut's
+    model, make_batch = whole_model("nanogpt", "tiny")
+    tokens, targets = make_batch(2, 16)
+    plain = bench.build("thunder+torch", model)
+    torch.testing.assert_close(plain(tokens, targets), model(tokens, targets))
+    from fusecut.thunder.executor import region_reports
+
+    assert region_reports(plain) == []
+    ours = bench.build("thunder+fusecut", model)
+    ours(tokens, targets).backward()
+    note = bench.fusecut_note(ours)
+    regions = len(region_reports(ours))
+    assert note.startswith(f"{regions} fusecut regions, set up in ") and "plan " in note
+
+    class Info:  # thunderfx keeps one Thunder function per Dynamo subgraph
+        thunder_compiled_fns = [ours, ours]
+
+    class FX:
+        _backend = type("Backend", (), {"subgraph_infos": [Info()]})()
+
+    assert bench.fusecut_note(FX()).startswith(f"{2 * regions} fusecut regions")

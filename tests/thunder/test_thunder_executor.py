@@ -96,6 +96,10 @@ def test_nanogpt_block_matches_torch_executor(device, dtype, planner_calls):
     assert all(r.fallback is None and r.calls == 1 for r in reports)
     assert all(r.lower_bound_bytes <= r.planned_bytes <= r.greedy_bytes for r in reports)
     assert any(len(r.segments) > 1 for r in reports)  # the backward needs more than one kernel
+    # what each region cost the first step, by stage: planning always, kernels on the GPU
+    stages = {"plan", "codegen"} if device == "cuda" else {"plan"}
+    assert all(stages <= set(r.setup_seconds) and r.setup_seconds["plan"] > 0 for r in reports)
+    assert all("set up in" in r.summary() for r in reports)
     planned = len(planner_calls)
     y2, grads2 = step(ours, model, x)
     assert len(planner_calls) == planned

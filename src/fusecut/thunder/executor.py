@@ -382,10 +382,12 @@ class RegionFailure(Exception):
 
 
 @contextmanager
-def stage(name: str):
+def stage(name: str, seconds: dict[str, float] | None = None):
     """Failures inside become RegionFailure(name); NVRTC's refusal is the compile stage whatever
     the caller called it. Out of memory is not fusecut's failure: torch would fail the same way,
-    so it reaches the user as it is."""
+    so it reaches the user as it is. ``seconds[name]`` adds the wall time spent inside: what a
+    region costs the first step."""
+    start = time.perf_counter()
     try:
         yield
     except RegionFailure:
@@ -394,6 +396,9 @@ def stage(name: str):
         raise
     except Exception as e:
         raise RegionFailure("compile" if isinstance(e, CompileError) else name, e) from e
+    finally:
+        if seconds is not None:
+            seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
 
 
 class FusecutRegion:
@@ -414,6 +419,9 @@ class FusecutRegion:
         self.first_args: list[Any] | None = None  # metadata of the first call, for reports
         self.fallback_reason: str | None = None
         self.fallback_stage: str | None = None  # one of STAGES, when the region gave up
+        # wall seconds of translate, plan and codegen (generation and NVRTC): the region's part
+        # of the first step (later calls add a cache lookup)
+        self.setup_seconds: dict[str, float] = {}
         self._fallback_factory = fallback
         self._fallback: Callable | None = None
         self._lock = threading.Lock()
@@ -455,7 +463,7 @@ class FusecutRegion:
             views = tuple(None if o is None else inverse(o)
                           for o, (where, _) in zip(per_output, self.translation.outputs)
                           if where == "out")
-            with stage("translate"):
+            with stage("translate", self.setup_seconds):
                 translation = self._retranslate(in_orders, per_output)
             variant = _Variant(shared_definition(translation.definition), in_orders, views)
             with self._lock:
@@ -479,12 +487,13 @@ class FusecutRegion:
                 return variant.outputs(outputs)
         # Each stage on its own, so that a failure says where it happened (all are cached: a
         # stage done before costs a lookup).
-        with stage("plan"):
+        with stage("plan", self.setup_seconds):
             if self.plan_remote is not None:
                 self._adopt_remote_plan(definition, args)
             definition._local_state().plan(args)
         if on_gpu(args):
-            with stage("codegen"):  # generated and compiled: a CompileError says "compile"
+            # generated and compiled: a CompileError says "compile"
+            with stage("codegen", self.setup_seconds):
                 definition._local_state().program(args)
         with stage("launch"):
             return variant.outputs(definition.execute(args))
@@ -762,6 +771,9 @@ class RegionReport:
     segments: list[str] = field(default_factory=list)  # segment kinds
     fallback: str | None = None  # why the region ran on torch instead, if it did
     fallback_stage: str | None = None  # where fusecut's work failed then (one of STAGES)
+    # wall seconds fusecut spent setting the region up, by stage (translate, plan, codegen:
+    # generation and NVRTC): its part of the first step
+    setup_seconds: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> str:
         if self.fallback is not None:
@@ -772,7 +784,8 @@ class RegionReport:
         return (f"{self.direction} {self.name}: {counted(len(self.ops), 'op')}, "
                 f"{counted(len(self.segments), 'segment')}, {self.planned_bytes} B planned "
                 f"(greedy {self.greedy_bytes}, lower bound {self.lower_bound_bytes}), "
-                f"{counted(self.calls, 'call')}")
+                f"{counted(self.calls, 'call')}, "
+                f"set up in {sum(self.setup_seconds.values()):.2f} s")
 
 
 def fusecut_regions(trace: TraceCtx) -> list[tuple[BoundSymbol, Any]]:
@@ -801,9 +814,11 @@ def region_reports(jitted: Callable) -> list[RegionReport]:
                 text = repr(fn.first_definition) if isinstance(fn, FusecutRegion) else ""
                 reports.append(RegionReport(fn.name, direction, ops, text, fn.calls,
                                             fallback=fn.fallback_reason,
-                                            fallback_stage=fn.fallback_stage))
+                                            fallback_stage=fn.fallback_stage,
+                                            setup_seconds=dict(getattr(fn, "setup_seconds", {}))))
                 continue
-            report = RegionReport(fn.name, direction, ops, repr(fn.first_definition), fn.calls)
+            report = RegionReport(fn.name, direction, ops, repr(fn.first_definition), fn.calls,
+                                  setup_seconds=dict(fn.setup_seconds))
             plan = fn.plan()
             if plan is not None:
                 report.planned_bytes = plan.io_bytes
