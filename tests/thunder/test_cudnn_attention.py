@@ -23,6 +23,7 @@ import torch
 from packaging.requirements import Requirement
 
 import fusecut.thunder
+import fusecut.thunder.attention
 from benchmarks.whole_models import Size, whole_model
 from fusecut.thunder.executor import CUDNN_ATTENTION_WRONG, fusecut_regions, thunder
 from tests.thunder.test_thunder_executor import block
@@ -40,6 +41,7 @@ class Named:
 def test_executors_leave_cudnn_out_unless_asked(monkeypatch):
     listed = (Named("cudnn"), Named("sdpa"), Named("nvfuser"))
     monkeypatch.setattr(thunder, "get_default_executors", lambda: listed)
+    monkeypatch.setattr(fusecut.thunder.attention, "cudnn_attention_available", lambda: False)
     assert [e.name for e in fusecut.thunder.executors()] == ["sdpa", "fusecut"]
     assert [e.name for e in fusecut.thunder.executors(cudnn=True)] == ["cudnn", "sdpa", "fusecut"]
     assert "bf16 attention gradients" in CUDNN_ATTENTION_WRONG
@@ -86,8 +88,10 @@ def gradient_error(executors: list, size: Size, seq: int) -> float:
                                                    "executor here")
 def test_cudnn_is_left_out_exactly_while_its_gradients_are_wrong():
     size = Size(layers=2, width=128, heads=2, kv_heads=2, vocab=200, max_seq=128)
-    sdpa = gradient_error(fusecut.thunder.executors(), size, 128)
-    cudnn = gradient_error(fusecut.thunder.executors(cudnn=True), size, 128)
+    # fusecut's own cuDNN attention (fusecut.thunder.attention) left out: Thunder's cudnn
+    # executor against its SDPA executor
+    sdpa = gradient_error(fusecut.thunder.executors(attention=False), size, 128)
+    cudnn = gradient_error(fusecut.thunder.executors(cudnn=True, attention=False), size, 128)
     assert sdpa < 0.05, f"SDPA's bf16 gradients are {sdpa:.3g} off"
     wrong = cudnn > 10 * max(sdpa, 0.01)
     assert wrong == ("cudnn" not in [e.name for e in fusecut.thunder.executors()]), (
@@ -99,7 +103,7 @@ def test_cudnn_is_left_out_exactly_while_its_gradients_are_wrong():
 @pytest.mark.skipif(not HAS_CUDNN_EXECUTOR, reason="no cuDNN frontend")
 def test_asked_for_cudnn_runs_the_attention():
     model = block(seed=5).to("cuda", torch.bfloat16)
-    ours = thunder.jit(model, executors=fusecut.thunder.executors(cudnn=True))
+    ours = thunder.jit(model, executors=fusecut.thunder.executors(cudnn=True, attention=False))
     x = torch.randn(2, 16, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     ours(x).float().sum().backward()
     for trace in (thunder.last_traces(ours)[-1], thunder.last_backward_traces(ours)[-1]):

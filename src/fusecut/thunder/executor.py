@@ -732,13 +732,16 @@ CUDNN_ATTENTION_WRONG = ("Thunder's cudnn executor computes wrong bf16 attention
                          "(measured on the H100, cuDNN 9.19, frontend 1.16)")
 
 
-def executors(executor: FusecutExecutor | None = None, *, cudnn: bool = False) -> list[Any]:
+def executors(executor: FusecutExecutor | None = None, *, cudnn: bool = False,
+              attention: bool = True) -> list[Any]:
     """Thunder's default executors with fusecut (``executor``, ``fusecut_ex`` by default) in
     nvFuser's place, or last where nvFuser is absent: just before the executors Thunder always
-    appends (torch, python). Attention stays with SDPA, which Thunder lists first.
+    appends (torch, python).
 
-    Thunder lists its cudnn executor first where the cuDNN frontend is installed; it is left out
-    (``CUDNN_ATTENTION_WRONG``) unless ``cudnn=True``.
+    Attention runs on cuDNN through torch's own cuDNN SDPA kernels where they apply
+    (``fusecut.thunder.attention``, listed first; ``attention=False`` leaves it out), else on
+    Thunder's SDPA executor. Thunder lists its own cudnn executor first where the cuDNN frontend
+    is installed; it is left out (``CUDNN_ATTENTION_WRONG``) unless ``cudnn=True``.
 
         jitted = thunder.jit(model, executors=fusecut.thunder.executors())
     """
@@ -752,6 +755,11 @@ def executors(executor: FusecutExecutor | None = None, *, cudnn: bool = False) -
         chosen.insert(names.index("torch"), fusecut)
     else:
         chosen.append(fusecut)
+    if attention:
+        from fusecut.thunder.attention import cudnn_attention_available, cudnn_attention_ex
+
+        if cudnn_attention_available():
+            chosen.insert(0, cudnn_attention_ex)
     return chosen
 
 
