@@ -37,7 +37,9 @@ _UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sinh": torch.sinh, "sqrt": torch.sqrt, "tan": torch.tan, "tanh": torch.tanh,
     "frac": torch.frac, "isfinite": torch.isfinite, "isinf": torch.isinf, "isnan": torch.isnan,
     "isneginf": torch.isneginf, "isposinf": torch.isposinf,
-    "isreal": lambda x: torch.ones_like(x, dtype=torch.bool), "signbit": torch.signbit,
+    "isreal": lambda x: torch.isreal(x) if x.is_complex() else torch.ones_like(
+        x, dtype=torch.bool), "signbit": torch.signbit, "erfcinv": lambda x: torch.erfinv(1 - x),
+    "real": torch.real, "imag": torch.imag,
     "logical_not": torch.logical_not,
 }
 _ROUNDING = {"ceil": torch.ceil, "floor": torch.floor, "round": torch.round, "trunc": torch.trunc}
@@ -373,6 +375,24 @@ def _linear(op, args, env, outs):
     return [F.linear(args[0], args[1], bias).to(outs[0])]
 
 
+def _triu(op, args, env, outs):
+    return [torch.triu(args[0], op.attrs["diagonal"])]
+
+
+def _select(op, args, env, outs):
+    return [torch.select(args[0], op.attrs["dim"] % args[0].dim(), args[1])]
+
+
+def _welford(op, args, env, outs):
+    x = args[0]
+    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+    axes = list(reduction_axes(op.attrs | {"keepdim": False}, x.dim()))
+    var, mean = torch.var_mean(x.to(ct), dim=axes, correction=0)
+    n = math.prod(x.shape[a] for a in axes)
+    count = torch.full(mean.shape, n, dtype=torch.int64, device=x.device)
+    return [mean.to(outs[0]), (var * n).to(outs[1]), count]
+
+
 def _matmul(op, args, env, outs):
     return [torch.matmul(args[0], args[1]).to(outs[0])]
 
@@ -385,6 +405,7 @@ _SPECIAL = {
     "stride_order": _stride_order, "cumsum": _cumsum, "take_along_axis": _take_along_axis,
     "gather": _take_along_axis, "index_select": _index_select, "linear": _linear,
     "matmul": _matmul, "segment_set": lambda op, args, env, outs: [args[0]],
+    "triu": _triu, "select": _select, "welford": _welford,
 }
 
 __all__ = ["run_reference", "run_op"]

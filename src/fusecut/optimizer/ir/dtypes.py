@@ -44,6 +44,14 @@ class DType(str, Enum):
         return self in (DType.int32, DType.int64, DType.uint64)
 
     @property
+    def is_complex(self) -> bool:
+        return self in (DType.complex64, DType.complex128)
+
+    @property
+    def is_floating_or_complex(self) -> bool:
+        return self in _FLOATS or self.is_complex
+
+    @property
     def reference_only(self) -> bool:
         """No generated kernel reads or writes it: ops touching it run through torch."""
         return self in REFERENCE_ONLY
@@ -59,7 +67,9 @@ class DType(str, Enum):
 
     @property
     def category(self) -> int:
-        return 0 if self.is_bool else 1 if self.is_int else 2
+        """bool < integer < floating point < complex: a scalar of a higher category lifts a
+        tensor's type (promotion)."""
+        return 0 if self.is_bool else 1 if self.is_int else 3 if self.is_complex else 2
 
     @property
     def compute(self) -> DType:
@@ -165,7 +175,10 @@ def promote(a: DType, b: DType) -> DType:
     if a == b:
         return a
     if a.category != b.category:
-        return a if a.category > b.category else b
+        high, low = (a, b) if a.category > b.category else (b, a)
+        if high is DType.complex64 and low is DType.float64:
+            return DType.complex128  # torch keeps double precision in the complex result
+        return high
     if a.is_float:
         if {a, b} == {DType.float16, DType.bfloat16}:
             return DType.float32
@@ -174,7 +187,7 @@ def promote(a: DType, b: DType) -> DType:
 
 
 def default_for_category(category: int) -> DType:
-    return (DType.bool, DType.int64, DType.float32)[category]
+    return (DType.bool, DType.int64, DType.float32, DType.complex64)[category]
 
 
 def result_type(tensor_types: list[DType], scalar_types: list[DType]) -> DType:
@@ -194,5 +207,7 @@ def result_type(tensor_types: list[DType], scalar_types: list[DType]) -> DType:
     if scalar_types:
         top = max(s.category for s in scalar_types)
         if top > out.category:
-            out = default_for_category(top)
+            # torch: a complex scalar with a double tensor gives complex128
+            out = DType.complex128 if (top == 3 and out is DType.float64) else \
+                default_for_category(top)
     return out

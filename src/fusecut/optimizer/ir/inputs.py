@@ -45,7 +45,7 @@ class TensorMeta:
 @dataclass(frozen=True)
 class ScalarMeta:
     dtype: DType
-    value: bool | int | float | None = None
+    value: bool | int | float | complex | None = None
 
 
 InputMeta = TensorMeta | ScalarMeta

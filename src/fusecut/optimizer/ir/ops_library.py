@@ -235,7 +235,8 @@ def _topk_shape(in_shapes, attrs, ev):
     dim = attrs["dim"] % len(src)
     k = check_extent(ev.operand(1), "topk k")
     if not 0 <= k <= src[dim]:
-        raise InputError(f"topk: k = {k} is out of range for an axis of extent {src[dim]}")
+        raise InputError(f"Invalid resized domain extent: topk: k = {k} is out of range for an "
+                         f"axis of extent {src[dim]}")
     out = tuple(k if a == dim else e for a, e in enumerate(src))
     return [out, out]
 

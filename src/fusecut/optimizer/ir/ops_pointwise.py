@@ -26,7 +26,8 @@ from fusecut.optimizer.ir.opspec import (
 FLOAT_UNARY = {
     "acos": 8, "acosh": 10, "asin": 8, "asinh": 10, "atan": 8, "atanh": 10, "cos": 8, "cosh": 10,
     "exp": 4, "exp2": 4, "expm1": 8, "erf": 8, "erfc": 8, "erfinv": 12, "lgamma": 24,
-    "digamma": 24, "log": 4, "log10": 4, "log1p": 8, "log2": 4, "reciprocal": 2, "rsqrt": 2,
+    "digamma": 24, "erfcinv": 12, "log": 4, "log10": 4, "log1p": 8, "log2": 4,
+    "reciprocal": 2, "rsqrt": 2,
     "sigmoid": 6, "silu": 6, "sin": 8, "sinh": 10, "sqrt": 2, "tan": 10, "tanh": 6, "frac": 2,
 }
 SAME_UNARY = {
@@ -95,8 +96,9 @@ def _make_infer(name: str, rule: str):
         if rule == "ternary_where":
             pred = ins[0]
             if pred.dtype is not DType.bool:
-                raise DefinitionError(f"where's condition {pred.name} must be bool, "
-                                      f"got {pred.dtype.value}")
+                raise DefinitionError(f"Condition should be of DataType Bool: where's "
+                                      f"condition {pred.name} must be bool, got "
+                                      f"{pred.dtype.value}")
             t2, s2 = _split(ins[1:])
             return _sig(ins, result_type(t2, s2) if (t2 or s2) else DType.bool)
         if rule == "first":  # clamp, threshold: the type of the first operand's category
@@ -142,6 +144,19 @@ for _name, _pnames in TERNARY.items():
 register(OpSpec("addcmul", (Param("arg", "V"), Param("tensor1", "V"), Param("tensor2", "V"),
                             Param("value", "V")),
                 OpClass.POINTWISE, _make_infer("addcmul", "same"), _shape, cost=2))
+
+
+def _complex_part_infer(ins, attrs):
+    (arg,) = ins
+    if not arg.dtype.is_complex:
+        raise DefinitionError(f"real/imag need a complex operand, {arg.name} is "
+                              f"{arg.dtype.value}")
+    real = DType.float64 if arg.dtype is DType.complex128 else DType.float32
+    return _sig(ins, real)
+
+
+for _name in ("real", "imag"):
+    register(OpSpec(_name, _UNARY, OpClass.POINTWISE, _complex_part_infer, _shape, cost=1))
 
 
 def _cast_infer(ins, attrs):

@@ -110,6 +110,9 @@ def all_specs() -> dict[str, OpSpec]:
 def bind_arguments(spec: OpSpec, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """Bind call arguments to parameter names the way Python (and pybind11) would."""
     names = [p.name for p in spec.params]
+    if len(args) == 2 and isinstance(args[1], DType) and "dtype" in names[2:] \
+            and "dtype" not in kwargs:  # nvFuser's reduction overload op(arg, dtype)
+        args, kwargs = args[:1], {**kwargs, "dtype": args[1]}
     if spec.legacy and len(args) in spec.legacy:
         names = list(spec.legacy[len(args)])
     if len(args) > len(names):
@@ -139,14 +142,30 @@ def tensor_operands(ins: list[Operand]) -> list[TensorValue]:
     return [v for v in ins if isinstance(v, TensorValue)]
 
 
-def norm_axis(axis: int, rank: int, what: str = "dim") -> int:
+# nvFuser's words for an axis out of range, by what the axis indexes (programs written against
+# nvFuser match on them); fusecut's own explanation follows
+AXIS_ERRORS = {
+    "index": "Tried to access out of boundary index {wrapped}. total index: {rank}",
+    "gather": "Tensor arguments have dimension {rank}; dim {axis} is outside it",
+    "reduction": "Reduction on invalid axis, received: {axis} however tensor view only has "
+                 "{rank} non-reduction dims",
+}
+
+
+def norm_axis(axis: int, rank: int, what: str = "dim", nvfuser: str = "index") -> int:
+    """``axis`` in [0, rank) (negative counts from the end); out of range is a DefinitionError in
+    nvFuser's words for that kind of axis (``AXIS_ERRORS``) and then fusecut's."""
     if not -rank <= axis < max(rank, 1):
-        raise DefinitionError(f"{what} {axis} is out of range for a tensor of rank {rank}")
+        wrapped = axis + rank if axis < 0 else axis
+        head = AXIS_ERRORS[nvfuser].format(axis=axis, rank=rank, wrapped=wrapped)
+        raise DefinitionError(f"{head} ({what} {axis} is out of range for a tensor of rank "
+                              f"{rank})")
     return axis % rank if rank else 0
 
 
-def norm_axes(axes: list[int], rank: int, what: str = "dims") -> tuple[int, ...]:
-    out = tuple(sorted({norm_axis(a, rank, what) for a in axes}))
+def norm_axes(axes: list[int], rank: int, what: str = "dims",
+              nvfuser: str = "index") -> tuple[int, ...]:
+    out = tuple(sorted({norm_axis(a, rank, what, nvfuser) for a in axes}))
     if len(out) != len(axes):
         raise DefinitionError(f"{what} {list(axes)} repeats an axis")
     return out
