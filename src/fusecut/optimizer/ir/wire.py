@@ -18,11 +18,23 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fusecut.optimizer.errors import DefinitionError, InputError
 from fusecut.optimizer.ir.builder import FusionBuilder, TensorHandle
+from fusecut.optimizer.ir.descriptor import allocation_contiguity
 from fusecut.optimizer.ir.dtypes import INT_RANGES, DType
 from fusecut.optimizer.ir.fusion import Fusion, Ref
 from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta, contiguous_strides
 
-Number = bool | int | float | Literal["inf", "-inf", "nan"]
+Real = bool | int | float | Literal["inf", "-inf", "nan"]
+
+
+class ComplexNumber(BaseModel):
+    """A complex constant: real and imaginary parts (non-finite ones as "inf", "-inf", "nan")."""
+
+    model_config = ConfigDict(extra="forbid")
+    re: float | Literal["inf", "-inf", "nan"]
+    im: float | Literal["inf", "-inf", "nan"]
+
+
+Number = Real | ComplexNumber
 
 
 class _Strict(BaseModel):
@@ -35,7 +47,9 @@ class TensorDecl(_Strict):
     id: str
     dtype: DType
     shape: list[int] = Field(description="-1 for a symbolic extent, 1 for a broadcast axis")
-    contiguity: list[bool | None] | None = None
+    contiguity: list[bool | None] | None = Field(
+        None, description="per axis in allocation order (the stride order's, when given), as "
+                          "nvFuser reads it")
     stride_order: list[int] | None = None
 
 
@@ -86,12 +100,26 @@ class InputMetaJSON(_Strict):
 
 
 def _num_out(v: Any) -> Any:
+    if isinstance(v, complex):
+        return {"re": _real_out(v.real), "im": _real_out(v.imag)}
+    return _real_out(v)
+
+
+def _real_out(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
     return v
 
 
 def _num_in(v: Any) -> Any:
+    if isinstance(v, ComplexNumber):
+        return complex(_real_in(v.re), _real_in(v.im))
+    if isinstance(v, dict) and set(v) == {"re", "im"}:
+        return complex(_real_in(v["re"]), _real_in(v["im"]))
+    return _real_in(v)
+
+
+def _real_in(v: Any) -> Any:
     return float(v) if isinstance(v, str) else v
 
 
@@ -122,7 +150,8 @@ def fusion_to_model(fusion: Fusion) -> FusionJSON:
         tensors=[TensorDecl(id=n, dtype=t.dtype,
                             shape=list(t.declared_shape) if t.declared_shape is not None
                             else [1 if b else -1 for b in t.broadcast],
-                            contiguity=list(t.contiguity) if t.contiguity is not None else None,
+                            contiguity=allocation_contiguity(t.contiguity, t.stride_order)
+                            if t.contiguity is not None else None,
                             stride_order=list(t.stride_order) if t.stride_order else None)
                  for n, t in fusion.tensors.items() if n in fusion.inputs],
         scalars=[ScalarDecl(id=n, dtype=s.dtype, value=_num_out(s.value))
@@ -179,11 +208,12 @@ def fusion_from_json(data: dict[str, Any] | FusionJSON, max_ops: int = 100_000) 
             raise DefinitionError(f"scalar id {s.id!r} is not a valid fresh identifier")
     for op in model.ops:
         b.add_op(op.name, op.inputs, {k: _attr_in(v) for k, v in op.attrs.items()}, op.outputs)
-    for out in model.outputs:
+    for k, out in enumerate(model.outputs):
         if out not in b.fusion.tensors:
             raise DefinitionError(f"output {out!r} is not a tensor of the definition")
-        b.add_output(_handle(b, out), _handle(b, model.aliases[out]) if out in model.aliases
-                     else None)
+        first = model.outputs.index(out) == k  # an output listed twice updates its input once
+        b.add_output(_handle(b, out), _handle(b, model.aliases[out])
+                     if out in model.aliases and first else None)
     if set(model.aliases) - set(model.outputs):
         raise DefinitionError("aliases name tensors that are not outputs")
     for axis in model.stream_parallel:
