@@ -20,7 +20,7 @@ from fusecut.optimizer.errors import DefinitionError, ManualSchedulingError
 from fusecut.optimizer.ir.builder import FusionBuilder, ScalarHandle, TensorHandle, VectorHandle
 from fusecut.optimizer.ir.dtypes import NVFUSER_DTYPES
 from fusecut.optimizer.ir.fusion import Fusion
-from fusecut.optimizer.ir.opspec import all_specs
+from fusecut.optimizer.ir.opspec import all_specs, unknown_op_message
 from fusecut.optimizer.ir.printer import print_definition, print_math
 from fusecut.plan import PlanView
 
@@ -69,7 +69,7 @@ class _Ops:
         if name.startswith("__"):
             raise AttributeError(name)
         if name not in all_specs():
-            raise AttributeError(f"fusecut has no op {name!r}")
+            raise AttributeError(unknown_op_message(name))
 
         def call(*args: Any, **kwargs: Any):
             outs = self._fd._live().op(name, list(args), kwargs)

@@ -183,6 +183,19 @@ def test_malformed_definitions_name_the_problem(body, needle):
     assert info.value.line is not None
 
 
+def test_an_op_name_typo_says_did_you_mean():
+    # issue 32: the error listed every op (1,161 characters)
+    with pytest.raises(DefinitionError) as info:
+        parse_body("T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+                   "T1 = fd.ops.sqrtt(T0)\nfd.add_output(T1)")
+    message = str(info.value)
+    assert "unknown op 'sqrtt'; did you mean 'sqrt'" in message and len(message) < 150
+    with pytest.raises(DefinitionError) as info:
+        parse_body("T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+                   "T1 = fd.ops.qqqqqqqq(T0)\nfd.add_output(T1)")
+    assert "docs/ops.md" in str(info.value) and len(str(info.value)) < 150
+
+
 HOSTILE = [
     "__import__('os').system('echo pwned > /tmp/fusecut_pwned')",
     "import os\nos.system('true')",

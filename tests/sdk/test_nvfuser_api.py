@@ -250,3 +250,10 @@ def test_manual_scheduling_is_refused_not_pretended():
     with pytest.raises(ManualSchedulingError, match="schedules automatically"):
         fd.last_cuda_code()
 
+
+def test_an_op_name_typo_suggests_the_op():
+    with FusionDefinition() as fd:
+        with pytest.raises(AttributeError) as info:
+            _ = fd.ops.sqrtt
+    message = str(info.value)
+    assert "did you mean 'sqrt'" in message and len(message) < 120

@@ -14,6 +14,7 @@ The op families register themselves from ``ops_pointwise``, ``ops_shape``, ``ops
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -98,9 +99,17 @@ def register(spec: OpSpec) -> OpSpec:
 def get_spec(name: str) -> OpSpec:
     spec = REGISTRY.get(name)
     if spec is None:
-        raise DefinitionError(f"unknown op '{name}' (fusecut supports: "
-                              f"{', '.join(sorted(REGISTRY))})")
+        raise DefinitionError(unknown_op_message(name))
     return spec
+
+
+def unknown_op_message(name: str) -> str:
+    """``unknown op 'sqrtt'; did you mean 'sqrt'?``: the nearest op names, not all of them
+    (docs/ops.md lists every op)."""
+    near = difflib.get_close_matches(name, sorted(REGISTRY), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else \
+        " (docs/ops.md lists the ops fusecut supports)"
+    return f"unknown op {name[:80]!r}{hint}"
 
 
 def all_specs() -> dict[str, OpSpec]:
