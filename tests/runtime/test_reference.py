@@ -88,3 +88,23 @@ def test_meta_of_real_tensors():
     t = torch.randn(4, 1).expand(4, 6)
     meta = meta_of(t)
     assert meta.shape == (4, 6) and meta.strides == (1, 0) and meta.stored_numel == 4
+
+
+@pytest.mark.parametrize("op", ["exp", "sin", "log", "sqrt", "tanh", "sigmoid", "reciprocal",
+                                "abs"])
+def test_complex_math_keeps_its_type_without_a_cast_warning(op):
+    # issue 32: the only test warning from fusecut itself was the reference casting complex
+    # results to real (the float ops typed their complex result float32, dropping the imaginary
+    # part); abs is real, as torch's and nvFuser's
+    import warnings
+
+    text = (f"def f(fd):\n    T0 = fd.define_tensor(shape=[-1], contiguity=[True], "
+            f"dtype=DataType.ComplexFloat)\n    T1 = fd.ops.{op}(T0)\n    fd.add_output(T1)\n")
+    fusion = parse_text(text).fusion
+    x = torch.randn(6, dtype=torch.complex64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (out,) = run_reference(fusion, [x])
+    want = getattr(torch, op)(x)
+    assert out.dtype == want.dtype
+    torch.testing.assert_close(out, want)

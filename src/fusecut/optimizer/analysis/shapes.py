@@ -50,7 +50,7 @@ class Bound:
 
     def nbytes(self, name: str) -> int:
         """Bytes of the compact form: what reading or writing this tensor once moves."""
-        return self.compact_numel(name) * self.fusion.tensors[name].dtype.itemsize
+        return self.fusion.tensors[name].dtype.nbytes(self.compact_numel(name))
 
     def dtype(self, name: str):
         return self.fusion.value_dtype(name)

@@ -35,6 +35,12 @@ class DType(str, Enum):
     def itemsize(self) -> float:
         return _ITEMSIZE[self]
 
+    def nbytes(self, numel: int) -> int:
+        """Whole bytes of ``numel`` elements (packed fp4 rounds up): an integer, as the
+        planner's solvers (OR-Tools' max flow, CP-SAT) need."""
+        size = _ITEMSIZE[self]
+        return numel * int(size) if size >= 1 else -(-numel // round(1 / size))
+
     @property
     def is_float(self) -> bool:
         return self in _FLOATS

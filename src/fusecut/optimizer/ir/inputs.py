@@ -39,7 +39,7 @@ class TensorMeta:
 
     @property
     def nbytes(self) -> int:
-        return self.stored_numel * self.dtype.itemsize
+        return self.dtype.nbytes(self.stored_numel)
 
 
 @dataclass(frozen=True)

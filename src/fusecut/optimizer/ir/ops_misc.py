@@ -243,6 +243,9 @@ def _linear_infer(ins, attrs):
     dtype = _same_float(a, w, "linear")
     if w.rank not in (1, 2):
         raise DefinitionError(f"linear weight {w.name} must have rank 1 or 2, got {w.rank}")
+    if a.rank < 1:
+        raise DefinitionError(f"Input A must be at least 1D: linear input {a.name} is 0-d (it "
+                              f"needs a feature axis)")
     if len(ins) > 2:
         _same_float(a, _tensor(ins[2], "bias"), "linear")
     rank = a.rank - 1 + (1 if w.rank == 2 else 0)

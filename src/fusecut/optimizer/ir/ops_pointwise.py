@@ -77,15 +77,57 @@ def _sig(ins: list, dtype: DType) -> list[OutSig]:
 
 
 def _float_of(dtype: DType, scalar_only: bool) -> DType:
-    if dtype.is_float:
+    if dtype.is_float or dtype.is_complex:  # exp of a complex tensor is complex
         return dtype
     return DType.float64 if scalar_only else DType.float32
+
+
+# Op and operand-dtype pairs that neither fusecut nor torch (its reference and fallback path)
+# runs: refused when the definition is made, naming the op and the dtype, instead of failing when
+# it runs. The dtype is the operands' promoted one. (nvFuser's opinfo dtypes agree: no bool
+# negation or shifts, no integer nextafter, no ordering or rounding of complex values; uint64 has
+# barely any arithmetic in torch.)
+_UINT64_OK = {"cast", "set", "eq", "ne", "bitwise_and", "bitwise_or", "bitwise_xor", "where",
+              "isfinite", "isinf", "isnan", "isneginf", "isposinf", "isreal", "signbit"}
+REFUSED_DTYPES: dict[str, frozenset[str]] = {}
+for _names, _category in (
+        (("abs", "neg", "relu", "sub", "fmod", "remainder", "mod", "pow", "nextafter",
+          "bitwise_left_shift", "bitwise_right_shift", "logical_right_shift", "gcd"), "bool"),
+        (("nextafter",), "int"),
+        (("erf", "erfc", "erfinv", "erfcinv", "lgamma", "digamma", "frac", "relu", "sign",
+          "bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor", "isneginf", "isposinf",
+          "signbit", "div", "maximum", "minimum", "fmod", "remainder", "mod", "nextafter",
+          "bitwise_left_shift", "bitwise_right_shift", "logical_right_shift", "gcd", "atan2",
+          "lt", "le", "gt", "ge", "ceil", "floor", "round", "trunc", "clamp", "threshold"),
+         "complex"),
+):
+    for _n in _names:
+        REFUSED_DTYPES[_n] = REFUSED_DTYPES.get(_n, frozenset()) | {_category}
+
+
+def dtype_category(dtype: DType) -> str:
+    if dtype is DType.uint64:
+        return "uint64"
+    return "bool" if dtype.is_bool else "int" if dtype.is_int else \
+        "complex" if dtype.is_complex else "float"
+
+
+def check_operand_dtype(name: str, dtype: DType, what: str = "operands") -> None:
+    """A DefinitionError naming the op and the dtype when fusecut cannot run ``name`` on it."""
+    category = dtype_category(dtype)
+    if category in REFUSED_DTYPES.get(name, ()) or (category == "uint64"
+                                                    and name not in _UINT64_OK):
+        raise DefinitionError(f"{name} is not supported for {dtype.value} {what} (fusecut "
+                              f"and torch have no {name} of {dtype.value})")
 
 
 def _make_infer(name: str, rule: str):
     def infer(ins: list, attrs: dict[str, Any]) -> list[OutSig]:
         tensors, scalars = _split(ins)
         scalar_only = not tensors
+        operand_types = ins[1:] if rule == "ternary_where" else ins
+        if operand_types:
+            check_operand_dtype(name, result_type(*_split(operand_types)))
         if name in INT_ONLY:
             for v in ins:
                 if v.dtype.is_float:
@@ -104,6 +146,8 @@ def _make_infer(name: str, rule: str):
         if rule == "first":  # clamp, threshold: the type of the first operand's category
             return _sig(ins, result_type(tensors, scalars))
         out = result_type(tensors, scalars)
+        if name == "abs" and out.is_complex:  # |z| is real, as torch's and nvFuser's abs
+            out = DType.float64 if out is DType.complex128 else DType.float32
         if rule == "float":
             out = _float_of(out, scalar_only)
         elif scalar_only and out is DType.float32:

@@ -341,7 +341,7 @@ def _cat_infer(ins, attrs):
         if t.dtype != dtype:
             raise DefinitionError(f"cat operands must have one dtype: {tensors[0].name} is "
                                   f"{dtype.value}, {t.name} is {t.dtype.value}")
-    if not -rank <= attrs["dim"] < max(rank, 1):
+    if not -rank <= attrs["dim"] < rank:  # a 0-d operand has no axis to concatenate
         raise DefinitionError(f"Invalid dimension to cat: dim {attrs['dim']} for operands of "
                               f"rank {rank}")
     dim = norm_axis(attrs["dim"], rank)

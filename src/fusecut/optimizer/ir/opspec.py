@@ -164,12 +164,12 @@ AXIS_ERRORS = {
 def norm_axis(axis: int, rank: int, what: str = "dim", nvfuser: str = "index") -> int:
     """``axis`` in [0, rank) (negative counts from the end); out of range is a DefinitionError in
     nvFuser's words for that kind of axis (``AXIS_ERRORS``) and then fusecut's."""
-    if not -rank <= axis < max(rank, 1):
+    if not -rank <= axis < rank:  # a 0-d tensor has no axis at all
         wrapped = axis + rank if axis < 0 else axis
         head = AXIS_ERRORS[nvfuser].format(axis=axis, rank=rank, wrapped=wrapped)
         raise DefinitionError(f"{head} ({what} {axis} is out of range for a tensor of rank "
                               f"{rank})")
-    return axis % rank if rank else 0
+    return axis % rank
 
 
 def norm_axes(axes: list[int], rank: int, what: str = "dims",
