@@ -69,7 +69,7 @@ class _Ops:
         if name.startswith("__"):
             raise AttributeError(name)
         if name not in all_specs():
-            raise AttributeError(unknown_op_message(name))
+            raise AttributeError(unknown_op_message(name, "fusecut has no op"))
 
         def call(*args: Any, **kwargs: Any):
             outs = self._fd._live().op(name, list(args), kwargs)
@@ -284,8 +284,8 @@ class FusionDefinition:
             return
         if type(self).definition is FusionDefinition.definition:
             raise NotImplementedError("Fusion does not exist! Use `with FusionDefinition() as "
-                                      "fd: ...` or a subclass with definition() to define a "
-                                      "fusion.")
+                                      "fd: ...` to define a fusion. (Or subclass "
+                                      "FusionDefinition with a definition() method.)")
         self.definition()
         self._finish()
         schedule = getattr(self, "schedule", None)
@@ -434,6 +434,12 @@ class FusionDefinition:
         from fusecut.validation import validate_outputs
 
         validate_outputs(self.fusion, list(fusion_outputs), list(inputs))
+
+    def _repro_error_str(self, section: str, inputs: list[Any] | None = None) -> str:
+        """What nvFuser's test helpers print when a step fails: the step and a script that
+        defines and runs the fusion on inputs like these."""
+        return (f"Error while {section} the fusion. A script that reproduces it:\n"
+                + self.repro_script_for(inputs))
 
     def last_repro_script(self) -> str:
         assert self.fake_inputs is not None, (

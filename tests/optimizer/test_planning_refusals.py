@@ -110,3 +110,11 @@ def test_the_pairs_that_run_still_plan():
 
 def test_every_refusal_is_a_fusecut_error():
     assert issubclass(DefinitionError, FusecutError) and issubclass(PlanError, FusecutError)
+
+
+def test_a_real_pad_value_for_a_complex_tensor_is_refused():
+    body = ("T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.ComplexFloat)\n"
+            "S1 = fd.define_scalar(1.5, dtype=DataType.Double)\n"
+            "T1 = fd.ops.pad(T0, [1, 1], S1)\nfd.add_output(T1)")
+    with pytest.raises(DefinitionError, match="Tensor arg and pad value must have the same dtype"):
+        _plan(body, [TensorMeta((4,), (1,), DType.complex64)])

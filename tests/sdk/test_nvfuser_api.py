@@ -257,3 +257,63 @@ def test_an_op_name_typo_suggests_the_op():
             _ = fd.ops.sqrtt
     message = str(info.value)
     assert "did you mean 'sqrt'" in message and len(message) < 120
+
+
+@pytest.mark.parametrize("op", ["cumsum", "cumprod", "cummax", "cummin"])
+def test_scans_run_through_the_reference(op):
+    x = torch.randn(4, 6)
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        fd.add_output(getattr(fd.ops, op)(t, 1))
+    want = getattr(torch, op)(x, 1)
+    torch.testing.assert_close(fd.execute([x])[0], want.values if op in ("cummax", "cummin")
+                               else want)
+
+
+def test_complex_division_is_true_division():
+    x = torch.randn(5, dtype=torch.complex64)
+    y = torch.randn(5, dtype=torch.complex64)
+    with FusionDefinition() as fd:
+        a, b = fd.from_pytorch(x), fd.from_pytorch(y)
+        fd.add_output(fd.ops.div(a, b))
+    torch.testing.assert_close(fd.execute([x, y])[0], x / y)
+
+
+def test_handles_say_what_they_are_and_failures_print_a_repro():
+    x = torch.randn(3)
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        s = fd.define_scalar(2.0)
+        fd.add_output(fd.ops.mul(t, s))
+    assert t.is_tensor() and not s.is_tensor()
+    text = fd._repro_error_str("executing", [x])
+    assert "executing" in text and "fd.execute(inputs)" in text
+    with pytest.raises(NotImplementedError, match="Fusion does not exist! Use `with "
+                                                  "FusionDefinition\\(\\) as fd: ...` to define"):
+        FusionDefinition().execute([x])
+
+
+@pytest.mark.parametrize("dtype, nv", [(torch.complex64, DataType.ComplexFloat),
+                                       (torch.complex128, DataType.ComplexDouble)])
+def test_complex_sums_keep_the_imaginary_part(dtype, nv):
+    x = torch.randn(2, 32, dtype=dtype)
+    with FusionDefinition() as fd:
+        t0 = fd.from_pytorch(x)
+        fd.add_output(fd.ops.sum(t0, [-1], False, nv))
+        fd.add_output(fd.ops.sum(t0, dims=[0]))
+    a, b = fd.execute([x])
+    torch.testing.assert_close(a, x.sum(-1))
+    torch.testing.assert_close(b, x.sum(0))
+    with FusionDefinition() as fd2:
+        with pytest.raises(DefinitionError, match="max is not supported for complex"):
+            fd2.ops.max(fd2.from_pytorch(x), dims=[0])
+
+
+def test_direct_spellings_dtype_method_and_negative_broadcast_dims():
+    x = torch.randn(3)
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        assert t.dtype() is t.dtype is DataType.Float  # nvfuser_direct calls it
+        b = fd.ops.broadcast_in_dim(t, shape=[2, 3], broadcast_dims=[-1])
+        fd.add_output(b)
+    torch.testing.assert_close(fd.execute([x])[0], x.expand(2, 3))

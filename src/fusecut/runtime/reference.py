@@ -169,7 +169,7 @@ def _pointwise(op: Op, args: list[Any], env: _Env, out: torch.dtype) -> torch.Te
         return (x if not x.is_floating_point() else _ROUNDING[name](x)).to(out)
     if name == "div":
         a, b = t(args[0]), t(args[1])
-        if a.is_floating_point():
+        if a.is_floating_point() or a.is_complex():
             return torch.true_divide(a, b).to(out)
         if bool((b == 0).any()):
             raise InputError("integer division by zero")
@@ -275,7 +275,7 @@ def _reduce(op, args, env, outs):
     keep = op.attrs["keepdim"]
     out = outs[0]
     acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    if op.name in ("sum", "prod") and not x.is_floating_point():
+    if op.name in ("sum", "prod") and not (x.is_floating_point() or x.is_complex()):
         acc = torch.int64
     if op.name in ("sum", "prod") and out.is_floating_point and out != acc:
         acc = torch.float64 if out == torch.float64 else torch.float32
@@ -351,6 +351,15 @@ def _cumsum(op, args, env, outs):
     return [torch.cumsum(args[0], dim=op.attrs["dim"]).to(outs[0])]
 
 
+def _cumprod(op, args, env, outs):
+    return [torch.cumprod(args[0], dim=op.attrs["dim"]).to(outs[0])]
+
+
+def _cumextreme(op, args, env, outs):
+    fn = torch.cummax if op.name == "cummax" else torch.cummin
+    return [fn(args[0], dim=op.attrs["dim"]).values.to(outs[0])]
+
+
 def _gather_index(index: torch.Tensor, extent: int) -> torch.Tensor:
     index = index.to(torch.int64)
     if index.numel() and (bool((index < 0).any()) or bool((index >= extent).any())):
@@ -402,7 +411,8 @@ _SPECIAL = {
     "reshape": _reshape, "permute": _permute, "slice": _slice, "pad": _pad, "cat": _cat,
     "sum": _reduce, "max": _reduce, "min": _reduce, "prod": _reduce, "var": _var,
     "var_mean": _var, "full": _full, "iota": _iota, "uniform": _random, "normal": _random,
-    "stride_order": _stride_order, "cumsum": _cumsum, "take_along_axis": _take_along_axis,
+    "stride_order": _stride_order, "cumsum": _cumsum, "cumprod": _cumprod,
+    "cummax": _cumextreme, "cummin": _cumextreme, "take_along_axis": _take_along_axis,
     "gather": _take_along_axis, "index_select": _index_select, "linear": _linear,
     "matmul": _matmul, "segment_set": lambda op, args, env, outs: [args[0]],
     "triu": _triu, "select": _select, "welford": _welford,

@@ -144,6 +144,9 @@ class TensorHandle(_Arithmetic):
     def __repr__(self) -> str:
         return f"Tensor({self.name})"
 
+    def is_tensor(self) -> bool:
+        return True
+
     def __getattr__(self, name: str):
         if name in SCHEDULING_METHODS:
             raise ManualSchedulingError(f"{self.name}.{name}() belongs to nvFuser's manual "
@@ -165,6 +168,9 @@ class ScalarHandle(_Arithmetic):
 
     def __repr__(self) -> str:
         return f"Scalar({self.name})"
+
+    def is_tensor(self) -> bool:
+        return False
 
 
 class VectorHandle(list):
@@ -404,6 +410,10 @@ class FusionBuilder:
         try:
             spec = get_spec(name)
             inputs, attrs = self._convert(spec, _bind(spec, list(args), dict(kwargs)))
+            if name == "broadcast_in_dim":  # nvFuser counts negative dims from the output's end
+                rank = len(attrs["shape"])
+                attrs["broadcast_dims"] = [d + rank if isinstance(d, int) and -rank <= d < 0
+                                           else d for d in attrs["broadcast_dims"]]
         except ArgumentTypeError as e:  # worded as Python reports a bad call
             raise ArgumentTypeError(f"{name}(): incompatible function arguments. {e.message}",
                                     line=e.line, col=e.col, op=label) from None

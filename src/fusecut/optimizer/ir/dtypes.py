@@ -31,6 +31,11 @@ class DType(str, Enum):
     complex128 = "complex128"
     uint64 = "uint64"
 
+    def __call__(self) -> DType:
+        """``t.dtype()``: nvfuser_direct's Tensor.dtype is a method, the legacy frontend's an
+        attribute; a DType called gives itself, so both spellings read a handle's dtype."""
+        return self
+
     @property
     def itemsize(self) -> float:
         return _ITEMSIZE[self]

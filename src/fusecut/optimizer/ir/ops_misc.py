@@ -48,9 +48,11 @@ def _reduction_infer(kind: str):
     def infer(ins, attrs):
         arg = _tensor(ins[0])
         dtype = attrs.get("dtype")
+        if kind in ("max", "min") and arg.dtype.is_complex:  # complex values have no order
+            raise DefinitionError(f"{kind} is not supported for {arg.dtype.value} operands")
         if dtype is None:
             dtype = arg.dtype
-            if kind in ("sum", "prod") and not arg.dtype.is_float:
+            if kind in ("sum", "prod") and not (arg.dtype.is_float or arg.dtype.is_complex):
                 dtype = DType.int64
         return [OutSig(dtype, _reduced_flags(arg, attrs))]
 
@@ -325,17 +327,29 @@ register(OpSpec("stride_order", (Param("arg", "T"), Param("stride_order", "IL"))
                 OpClass.POINTWISE, _stride_order_infer, lambda s, a, ev: [s[0]], cost=0))
 
 
-def _cumsum_infer(ins, attrs):
-    arg = _tensor(ins[0])
-    if arg.rank == 0:  # nvFuser scans an axis: a 0-d tensor has none
-        raise DefinitionError(f"Tried to access out of boundary index {attrs['dim']}. total "
-                              f"index: 0 (cumsum of the 0-d tensor {arg.name})")
-    norm_axis(attrs["dim"], arg.rank)
-    return [OutSig(arg.dtype if arg.dtype.is_float else DType.int64, arg.broadcast)]
+def _scan_infer(name: str):
+    """cumsum and cumprod (integers accumulate in int64, as torch's), cummax and cummin (the
+    values only, in the operand's dtype, as nvFuser returns them)."""
+
+    def infer(ins, attrs):
+        arg = _tensor(ins[0])
+        if arg.rank == 0:  # nvFuser scans an axis: a 0-d tensor has none
+            raise DefinitionError(f"Tried to access out of boundary index {attrs['dim']}. total "
+                                  f"index: 0 ({name} of the 0-d tensor {arg.name})")
+        norm_axis(attrs["dim"], arg.rank)
+        if name in ("cummax", "cummin"):
+            if arg.dtype.is_complex:
+                raise DefinitionError(f"{name} is not supported for {arg.dtype.value} operands")
+            return [OutSig(arg.dtype, arg.broadcast)]
+        keep = arg.dtype.is_float or arg.dtype.is_complex
+        return [OutSig(arg.dtype if keep else DType.int64, arg.broadcast)]
+
+    return infer
 
 
-register(OpSpec("cumsum", (Param("arg", "T"), Param("dim", "I")), OpClass.POINTWISE,
-                _cumsum_infer, lambda s, a, ev: [s[0]], cost=1))
+for _scan in ("cumsum", "cumprod", "cummax", "cummin"):
+    register(OpSpec(_scan, (Param("arg", "T"), Param("dim", "I")), OpClass.POINTWISE,
+                    _scan_infer(_scan), lambda s, a, ev: [s[0]], cost=1))
 
 
 # ---- nvFuser ops without a generated kernel (fallback segments through the torch reference) ----

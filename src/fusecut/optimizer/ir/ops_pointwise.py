@@ -96,7 +96,7 @@ for _names, _category in (
         (("nextafter",), "int"),
         (("erf", "erfc", "erfinv", "erfcinv", "lgamma", "digamma", "frac", "relu", "sign",
           "bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor", "isneginf", "isposinf",
-          "signbit", "div", "maximum", "minimum", "fmod", "remainder", "mod", "nextafter",
+          "signbit", "maximum", "minimum", "fmod", "remainder", "mod", "nextafter",
           "bitwise_left_shift", "bitwise_right_shift", "logical_right_shift", "gcd", "atan2",
           "lt", "le", "gt", "ge", "ceil", "floor", "round", "trunc", "clamp", "threshold"),
          "complex"),

@@ -291,7 +291,8 @@ def _pad_infer(ins, attrs):
     if len(widths) % 2:
         raise DefinitionError(f"Invalid number of padding widths: {len(widths)} (pad widths "
                               f"come in innermost-first (left, right) pairs)")
-    if len(ins) > 1 and ins[1].dtype.category > arg.dtype.category:
+    if len(ins) > 1 and (ins[1].dtype.category > arg.dtype.category
+                         or ins[1].dtype.is_complex != arg.dtype.is_complex):
         raise DefinitionError(f"Tensor arg and pad value must have the same dtype: pad value "
                               f"{ins[1].name} ({ins[1].dtype.value}) does not fit {arg.name} "
                               f"({arg.dtype.value})")

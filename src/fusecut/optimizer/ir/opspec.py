@@ -103,13 +103,13 @@ def get_spec(name: str) -> OpSpec:
     return spec
 
 
-def unknown_op_message(name: str) -> str:
+def unknown_op_message(name: str, lead: str = "unknown op") -> str:
     """``unknown op 'sqrtt'; did you mean 'sqrt'?``: the nearest op names, not all of them
     (docs/ops.md lists every op)."""
     near = difflib.get_close_matches(name, sorted(REGISTRY), n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else \
         " (docs/ops.md lists the ops fusecut supports)"
-    return f"unknown op {name[:80]!r}{hint}"
+    return f"{lead} {name[:80]!r}{hint}"
 
 
 def all_specs() -> dict[str, OpSpec]:
