@@ -245,11 +245,13 @@ class FusionDefinition:
             return self.fec.fusion()
         return self._builder.fusion
 
-    def inputs(self) -> list[str]:
-        return list(self.fusion.inputs)
+    def inputs(self) -> list[int]:
+        """The inputs' indices among the definition's values (nvFuser's state indices: every
+        tensor and scalar is numbered in the order it was defined)."""
+        return [_state_index(n) for n in self.fusion.inputs]
 
-    def outputs(self) -> list[str]:
-        return list(self.fusion.outputs)
+    def outputs(self) -> list[int]:
+        return [_state_index(n) for n in self.fusion.outputs]
 
     def __repr__(self) -> str:
         """The definition as nvFuser prints it: a function that defines it again (exec it and
@@ -340,6 +342,9 @@ class FusionDefinition:
             if outputs is not None:
                 return self._returned(outputs)
         self._ensure_defined()
+        if not self.fusion.outputs:
+            raise NotImplementedError("Fusion is empty! The definition adds no output "
+                                      "(fd.add_output) to compute.")
         remote = options.pop("remote", None)
         return_execution = options.pop("return_execution", False)
         opts = parse_execute_options(options)
@@ -488,6 +493,13 @@ _SCHEDULING_METHODS = frozenset({
     "_finalize_schedule", "_exist_schedule", "schedule_pointwise", "user_schedule_ir",
     "sched_ir", "compile", "heuristic_params",
 })
+
+
+def _state_index(name: str) -> int | str:
+    """``T5`` -> 5: the builder numbers every value it makes (tensors and scalars) from one
+    counter, as nvFuser numbers its states; a name the text chose itself stays a name."""
+    digits = name[1:]
+    return int(digits) if name[:1] in "TSV" and digits.isdigit() else name
 
 
 def _flat_arguments(inputs: Any) -> list[Any]:

@@ -317,3 +317,20 @@ def test_direct_spellings_dtype_method_and_negative_broadcast_dims():
         b = fd.ops.broadcast_in_dim(t, shape=[2, 3], broadcast_dims=[-1])
         fd.add_output(b)
     torch.testing.assert_close(fd.execute([x])[0], x.expand(2, 3))
+
+
+def test_inputs_and_outputs_are_state_indices():
+    x = torch.ones(2, 4)
+    with FusionDefinition() as fd:
+        t0, t1 = fd.from_pytorch(x), fd.from_pytorch(x)
+        c2 = fd.define_scalar(3.0)
+        t3 = fd.ops.mul(fd.ops.add(t0, t1), c2)
+        fd.add_output(fd.ops.sum(t3, [-1], False, DataType.Float))
+    assert fd.inputs() == [0, 1] and fd.outputs() == [5]
+
+
+def test_an_empty_definition_says_so():
+    with FusionDefinition() as fd:
+        pass
+    with pytest.raises(NotImplementedError, match="Fusion is empty!"):
+        fd.execute([torch.ones(2)])
