@@ -334,3 +334,19 @@ def test_an_empty_definition_says_so():
         pass
     with pytest.raises(NotImplementedError, match="Fusion is empty!"):
         fd.execute([torch.ones(2)])
+
+
+def test_mismatched_arguments_are_named_in_nvfusers_words():
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)
+        fd.add_output(fd.ops.mul(t0, fd.define_scalar()))
+    x = torch.rand(15)
+    for args, words in (([2.0, 2.0], "Expected input 0, T0, to be an at::Tensor but got scalar 2"),
+                        ([x, x], "Expected input 1, S1, to be a scalar but got float tensor of "
+                                 "rank 1"),
+                        ([x.half(), 2.0], "to be bound to a tensor of dtype float, but got a "
+                                          "tensor of dtype __half"),
+                        ([x, 2.0 + 1.0j], "Scalar value (2,1) is not compatible with the "
+                                          "expected data type: double.")):
+        with pytest.raises(RuntimeError, match=re.escape(words)):
+            fd.execute(args)
