@@ -348,6 +348,7 @@ class FusionDefinition:
         remote = options.pop("remote", None)
         return_execution = options.pop("return_execution", False)
         opts = parse_execute_options(options)
+        opts.check_fusion(self.fusion)
         inputs = _flat_arguments(inputs)
         if remote is not None:
             from fusecut.client import Client

@@ -40,12 +40,15 @@ _ACCEPTED = {
     ("disable", "parallel_compile"): "fusecut compiles segments one after another",
     ("disable", "fma"): "fusecut's generated kernels are compiled without --use_fast_math",
 }
+# Switches that ask for generated matmul kernels: a fusion without matmul or linear runs as it
+# would without them; one with a matmul is refused when it runs (``generated_matmul``), as
+# nvFuser refuses what its matmul scheduler cannot take
+_MATMUL_KERNELS = {("enable", "fuse_matmul"), ("disable", "matmul_expr_eval"),
+                   ("enable", "fuse_multiple_matmuls")}
+MATMUL_REFUSAL = ("Can not find a scheduler to schedule fusion segment: fusecut runs matmul and "
+                  "linear as library calls (cuBLAS through torch) and generates no matmul kernels, "
+                  "which {switches} ask for")
 _REFUSED = {
-    ("enable", "fuse_matmul"): "fusecut runs matmul and linear as library calls (cuBLAS "
-                               "through torch); it does not generate matmul kernels",
-    ("disable", "matmul_expr_eval"): "fusecut runs matmul and linear as library calls (cuBLAS "
-                                     "through torch); it has no other way to run them",
-    ("enable", "fuse_multiple_matmuls"): "fusecut runs each matmul as its own library call",
     ("disable", "resize_scheduler"): "fusecut schedules resize ops (slice, pad, cat) "
                                      "automatically; they cannot be switched off",
 }
@@ -61,6 +64,13 @@ class ExecuteOptions:
     capture_debug_output: bool = False
     save_repro_inputs: bool = False
     planning: dict[str, Any] = field(default_factory=dict)
+    generated_matmul: tuple[str, ...] = ()  # the switches asking for matmul kernels
+
+    def check_fusion(self, fusion: Any) -> None:
+        """Refuse the matmul-kernel switches for a fusion that has a matmul or linear."""
+        if self.generated_matmul and any(op.name in ("matmul", "linear") for op in fusion.ops):
+            raise ExecuteOptionError(MATMUL_REFUSAL.format(
+                switches=" and ".join(self.generated_matmul)))
 
     @property
     def plain(self) -> bool:
@@ -69,19 +79,25 @@ class ExecuteOptions:
                     or self.save_repro_inputs or self.planning or self.device is not None)
 
 
-def check_switches(kind: str, names: Iterable[str] | None) -> None:
-    """Accept the NVFUSER_ENABLE/DISABLE names that change nothing in fusecut; refuse others."""
+def check_switches(kind: str, names: Iterable[str] | None) -> list[str]:
+    """Accept the NVFUSER_ENABLE/DISABLE names that change nothing in fusecut; refuse others.
+    Returns the switches that ask for generated matmul kernels."""
+    matmul = []
     for name in names or ():
         if not isinstance(name, str):
             raise ExecuteOptionError(f"_{kind}_options entries must be strings, got {name!r}")
         if (kind, name) in _ACCEPTED:
             continue
+        if (kind, name) in _MATMUL_KERNELS:
+            matmul.append(f"_{kind}_options=[{name!r}]")
+            continue
         why = _REFUSED.get((kind, name))
         if why is not None:
             raise ExecuteOptionError(f"_{kind}_options=[{name!r}] cannot be honoured: {why}")
-        known = sorted(n for k, n in (*_ACCEPTED, *_REFUSED) if k == kind)
+        known = sorted(n for k, n in (*_ACCEPTED, *_REFUSED, *_MATMUL_KERNELS) if k == kind)
         raise ExecuteOptionError(f"_{kind}_options: unknown option {name!r}; fusecut knows "
                                  f"{', '.join(known)}")
+    return matmul
 
 
 def resolve_device(device: Any) -> torch.device | None:
@@ -105,8 +121,8 @@ def resolve_device(device: Any) -> torch.device | None:
 def parse_execute_options(options: dict[str, Any]) -> ExecuteOptions:
     """Split ``fd.execute``'s keywords into nvFuser's (checked) and fusecut's plan options."""
     options = dict(options)
-    check_switches("enable", options.pop("_enable_options", None))
-    check_switches("disable", options.pop("_disable_options", None))
+    matmul = check_switches("enable", options.pop("_enable_options", None)) + \
+        check_switches("disable", options.pop("_disable_options", None))
     override = options.pop("override_user_schedule", False)
     if override not in (True, False):
         raise ExecuteOptionError(f"override_user_schedule must be True or False, got "
@@ -119,4 +135,5 @@ def parse_execute_options(options: dict[str, Any]) -> ExecuteOptions:
             raise ExecuteOptionError(f"{key} must be True or False, got {value!r}")
         flags[key] = bool(value)
     device = resolve_device(options.pop("device", None))
-    return ExecuteOptions(device=device, planning=options, **flags)
+    return ExecuteOptions(device=device, planning=options, generated_matmul=tuple(matmul),
+                          **flags)

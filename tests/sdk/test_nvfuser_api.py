@@ -177,8 +177,16 @@ def test_execute_options_are_implemented_or_refused():
                                           _disable_options=[])[0], want)
     # switches that cannot change fusecut's result are accepted
     torch.testing.assert_close(fd.execute([x], _disable_options=["infer_contiguity"])[0], want)
-    with pytest.raises(ExecuteOptionError, match="fuse_matmul"):
-        fd.execute([x], _enable_options=["fuse_matmul"])
+    # asking for generated matmul kernels changes nothing without a matmul ...
+    torch.testing.assert_close(fd.execute([x], _enable_options=["fuse_matmul"])[0], want)
+    with FusionDefinition() as mm:
+        a = mm.from_pytorch(torch.randn(4, 3))
+        mm.add_output(mm.ops.matmul(a, mm.from_pytorch(torch.randn(3, 2))))
+    # ... and is refused with one, in nvFuser's words (fusecut runs matmuls through cuBLAS)
+    with pytest.raises(ExecuteOptionError, match="Can not find a scheduler to schedule fusion "
+                                                 "segment: .*fuse_matmul"):
+        mm.execute([torch.randn(4, 3), torch.randn(3, 2)], _enable_options=["fuse_matmul"],
+                   _disable_options=["matmul_expr_eval"])
     with pytest.raises(ExecuteOptionError, match="unknown option 'no_such_switch'"):
         fd.execute([x], _disable_options=["no_such_switch"])
     with pytest.raises(ExecuteOptionError, match="CUDA device"):
@@ -350,3 +358,12 @@ def test_mismatched_arguments_are_named_in_nvfusers_words():
                                           "expected data type: double.")):
         with pytest.raises(RuntimeError, match=re.escape(words)):
             fd.execute(args)
+
+
+def test_version_compares_with_strings():
+    from fusecut.nvfuser_direct_version import Version as DirectVersion
+    from fusecut.nvfuser_version import Version, version
+
+    assert version() > "0.0.0" and "0.0.0" < version() and version() > Version("0.0.0")
+    assert Version("1.2") == "1.2.0" and Version("1.10.0") > "1.9.9" and DirectVersion is Version
+    assert str(version()) == fusecut.__version__
