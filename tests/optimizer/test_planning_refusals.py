@@ -118,3 +118,24 @@ def test_a_real_pad_value_for_a_complex_tensor_is_refused():
             "T1 = fd.ops.pad(T0, [1, 1], S1)\nfd.add_output(T1)")
     with pytest.raises(DefinitionError, match="Tensor arg and pad value must have the same dtype"):
         _plan(body, [TensorMeta((4,), (1,), DType.complex64)])
+
+
+@pytest.mark.parametrize("body", [
+    "T1, T2 = fd.ops.topk(T0, fd.define_scalar(1), 0)",
+    "T1 = fd.ops.index_select(T0, I0, 0)",
+    "T1 = fd.ops.take_along_axis(T0, I0, 0)",
+    "T1 = fd.ops.gather(T0, I0, 0)",
+    "T1 = fd.ops.scatter(T0, I0, T0, 0)",
+    "T1 = fd.ops.select(T0, fd.define_scalar(0), 0)",
+])
+def test_indexing_a_0d_tensor_along_an_axis_is_refused(body):
+    # before: a ZeroDivisionError (axis % rank) when binding or running: scatter's was a 500
+    index = "I0 = fd.define_tensor(shape=[], contiguity=[], dtype=DataType.Int)\n"
+    metas = ZERO_D + [TensorMeta((), (), DType.int64)]
+    with pytest.raises(DefinitionError, match="out of boundary index|outside it"):
+        _plan(SCALAR_TENSOR + index + body + "\nfd.add_output(T1)", metas)
+
+
+def test_argsort_of_a_0d_tensor_plans():
+    # nvFuser (and torch) take dim 0 of a 0-d tensor here; its opinfo samples include one
+    assert _plan(SCALAR_TENSOR + "T1 = fd.ops.argsort(T0, 0)\nfd.add_output(T1)", ZERO_D).segments

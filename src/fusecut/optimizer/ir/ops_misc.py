@@ -34,7 +34,7 @@ def reduction_axes(attrs, rank: int) -> tuple[int, ...]:
     """The axes a reduction reduces (all of them when ``dims`` is not given)."""
     dims = attrs["dims"]
     return tuple(range(rank)) if dims is None else norm_axes(list(dims), rank,
-                                                             nvfuser="reduction")
+                                                             nvfuser="reduction", zero_d=False)
 
 
 def _reduced_flags(arg: TensorValue, attrs) -> tuple[bool, ...]:
@@ -153,7 +153,7 @@ def _take_infer(ins, attrs):
     if arg.rank != index.rank:
         raise DefinitionError(f"{arg.name} has rank {arg.rank} but index {index.name} has rank "
                               f"{index.rank}")
-    norm_axis(attrs["dim"], arg.rank, nvfuser="gather")
+    norm_axis(attrs["dim"], arg.rank, nvfuser="gather", zero_d=False)
     return [OutSig(arg.dtype, tuple(False for _ in range(arg.rank)))]
 
 
@@ -183,7 +183,7 @@ def _index_select_infer(ins, attrs):
     if index.rank > 1:
         raise DefinitionError(f"index_select index {index.name} must have rank 0 or 1, "
                               f"got {index.rank}")
-    dim = norm_axis(attrs["dim"], arg.rank)
+    dim = norm_axis(attrs["dim"], arg.rank, zero_d=False)
     flags = tuple(False if i == dim else b for i, b in enumerate(arg.broadcast))
     return [OutSig(arg.dtype, flags)]
 
@@ -275,7 +275,7 @@ register(OpSpec("linear", (Param("arg1", "T", aliases=("input",)),
 
 def _size_infer(ins, attrs):
     arg = _tensor(ins[0])
-    norm_axis(attrs["dim"], arg.rank)
+    norm_axis(attrs["dim"], arg.rank, zero_d=False)
     return [OutSig(DType.int64, None)]
 
 
@@ -372,7 +372,7 @@ def _select_infer(ins, attrs):
     if not ins[1].dtype.is_int:
         raise DefinitionError(f"select index {ins[1].name} must be an integer scalar, got "
                               f"{ins[1].dtype.value}")
-    dim = norm_axis(attrs["dim"], arg.rank)
+    dim = norm_axis(attrs["dim"], arg.rank, zero_d=False)
     return [OutSig(arg.dtype, tuple(b for i, b in enumerate(arg.broadcast) if i != dim))]
 
 

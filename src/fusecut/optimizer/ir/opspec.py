@@ -161,20 +161,23 @@ AXIS_ERRORS = {
 }
 
 
-def norm_axis(axis: int, rank: int, what: str = "dim", nvfuser: str = "index") -> int:
+def norm_axis(axis: int, rank: int, what: str = "dim", nvfuser: str = "index",
+              zero_d: bool = True) -> int:
     """``axis`` in [0, rank) (negative counts from the end); out of range is a DefinitionError in
-    nvFuser's words for that kind of axis (``AXIS_ERRORS``) and then fusecut's."""
-    if not -rank <= axis < rank:  # a 0-d tensor has no axis at all
+    nvFuser's words for that kind of axis (``AXIS_ERRORS``) and then fusecut's. A 0-d tensor
+    takes axis 0 or -1 where nvFuser (and torch) do, as argsort and topk do (``zero_d``); a
+    reduction or a size has no axis of a 0-d tensor to name (``zero_d=False``)."""
+    if not -max(rank, 1 if zero_d else 0) <= axis < max(rank, 1 if zero_d else 0):
         wrapped = axis + rank if axis < 0 else axis
         head = AXIS_ERRORS[nvfuser].format(axis=axis, rank=rank, wrapped=wrapped)
         raise DefinitionError(f"{head} ({what} {axis} is out of range for a tensor of rank "
                               f"{rank})")
-    return axis % rank
+    return axis % rank if rank else 0
 
 
 def norm_axes(axes: list[int], rank: int, what: str = "dims",
-              nvfuser: str = "index") -> tuple[int, ...]:
-    out = tuple(sorted({norm_axis(a, rank, what, nvfuser) for a in axes}))
+              nvfuser: str = "index", zero_d: bool = True) -> tuple[int, ...]:
+    out = tuple(sorted({norm_axis(a, rank, what, nvfuser, zero_d) for a in axes}))
     if len(out) != len(axes):
         raise DefinitionError(f"{what} {list(axes)} repeats an axis")
     return out
