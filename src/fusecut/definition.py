@@ -302,6 +302,7 @@ class FusionDefinition:
         refused, named. ``remote=URL`` plans with a fusecut service instead.
         """
         self._ensure_defined()
+        inputs = _flat_arguments(inputs)  # a define_vector(n)'s value comes as one list
         remote = options.pop("remote", None)
         if remote is not None:
             from fusecut.client import Client
@@ -318,7 +319,8 @@ class FusionDefinition:
             from fusecut.local import as_metadata
             from fusecut.optimizer.plan.restore import restore_plan
 
-            internal = restore_plan(self.fusion, as_metadata(inputs), planned.json)
+            internal = restore_plan(self.fusion, as_metadata(_flat_arguments(inputs)),
+                                    planned.json)
         out = []
         for seg in internal.segments:
             out.append(SegmentDefinition(seg.index, seg.kind.value,
@@ -338,7 +340,7 @@ class FusionDefinition:
         """
         warm = self._warm
         if warm is not None and (not options or _only_defaults(options)):
-            outputs = warm(inputs)
+            outputs = warm(_flat_arguments(inputs))
             if outputs is not None:
                 return self._returned(outputs)
         self._ensure_defined()

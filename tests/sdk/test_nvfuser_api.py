@@ -245,6 +245,10 @@ def test_vector_arguments_and_python_operators():
     (out,) = fd.execute([x, [6, 4]])
     y = x.reshape(6, 4)
     torch.testing.assert_close(out, -y.abs() * 2 + y)
+    # a second call takes the warm path: the vector comes as a list or a tuple again
+    for shape in ([6, 4], (6, 4)):
+        torch.testing.assert_close(fd.execute([x, shape])[0], -y.abs() * 2 + y)
+    assert fd.plan([x, (6, 4)]).json and fd.segment([x, [6, 4]])  # as nvFuser's helpers call
 
 
 def test_manual_scheduling_is_refused_not_pretended():
