@@ -371,3 +371,17 @@ def test_version_compares_with_strings():
     assert version() > "0.0.0" and "0.0.0" < version() and version() > Version("0.0.0")
     assert Version("1.2") == "1.2.0" and Version("1.10.0") > "1.9.9" and DirectVersion is Version
     assert str(version()) == fusecut.__version__
+
+
+def test_legacy_sdpfa_fwd_takes_dropout_causal_and_scale_positionally():
+    q = torch.randn(1, 2, 4, 8)
+    with FusionDefinition() as fd:
+        t = [fd.from_pytorch(q) for _ in range(3)]
+        causal = fd.define_scalar(None, dtype=DataType.Bool)
+        attn, *_ = fd.ops.sdpfa_fwd(*t, None, causal, None)  # (q, k, v, dropout_p, ...)
+        fd.add_output(attn)
+    op = fd.fusion.ops[0]
+    assert op.name == "sdpfa_fwd" and list(op.inputs[3:]) == [causal.name]
+    out = fd.execute([q, q, q, True])[0]
+    want = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)

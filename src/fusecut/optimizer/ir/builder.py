@@ -409,6 +409,11 @@ class FusionBuilder:
         label = f"op #{len(self.fusion.ops)} {name}"
         try:
             spec = get_spec(name)
+            if name == "sdpfa_fwd" and len(args) == 6 and any(
+                    isinstance(a, ScalarHandle) for a in args[3:5]):
+                # the legacy frontend's sdpfa_fwd(query, key, value, dropout_p, is_causal, scale)
+                kwargs = {**kwargs, **dict(zip(("dropout_p", "is_causal", "scale"), args[3:]))}
+                args = args[:3]
             inputs, attrs = self._convert(spec, _bind(spec, list(args), dict(kwargs)))
             if name == "broadcast_in_dim":  # nvFuser counts negative dims from the output's end
                 rank = len(attrs["shape"])
