@@ -401,11 +401,29 @@ class FusionDefinition:
         """What nvFuser returns: every output except in-place updates (``add_output(t,
         alias_input=x)`` writes ``x`` and is not returned, unless ``t`` is also added as a plain
         output)."""
+        ordered = self._ordered_outputs()
+        if ordered:
+            outputs = [_unit_strides(o, ordered[k]) if k in ordered else o
+                       for k, o in enumerate(outputs)]
         aliases = self.fusion.aliases
         if not aliases:
             return outputs
         hidden = {self.fusion.outputs.index(name) for name in aliases}
         return [o for k, o in enumerate(outputs) if k not in hidden]
+
+    def _ordered_outputs(self) -> dict[int, list[int]]:
+        """Output position -> the stride order a ``stride_order`` op gave it."""
+        fusion = self.fusion
+        key = (id(fusion), len(fusion.ops), len(fusion.outputs))
+        cached = getattr(self, "_ordered_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        producer = {o: op for op in fusion.ops for o in op.outputs}
+        ordered = {k: list(producer[name].attrs["stride_order"])
+                   for k, name in enumerate(fusion.outputs)
+                   if name in producer and producer[name].name == "stride_order"}
+        self._ordered_cache = (key, ordered)
+        return ordered
 
     def _debug_text(self, inputs: list[Any], planning: dict[str, Any]) -> str:
         """What fusecut tells about a run: the plan's segments and bytes."""
@@ -503,6 +521,29 @@ def _state_index(name: str) -> int | str:
     counter, as nvFuser numbers its states; a name the text chose itself stays a name."""
     digits = name[1:]
     return int(digits) if name[:1] in "TSV" and digits.isdigit() else name
+
+
+def _unit_strides(tensor: Any, order: list[int]) -> Any:
+    """``tensor`` with each extent-1 axis given the stride it has in the allocation ``order``
+    asks for (the product of the extents stored inside it), as nvFuser allocates it. Extent-1
+    axes address no memory, so this is the same view of the same storage; fusecut drops them
+    while computing and puts them back where torch would."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != len(order) or \
+            1 not in tensor.shape or tensor.numel() == 0:
+        return tensor
+    axes = sorted(range(tensor.dim()), key=lambda i: order[i])  # innermost first
+    strides = list(tensor.stride())
+    inner = 1
+    for i in axes:
+        if tensor.shape[i] == 1:
+            strides[i] = inner
+        else:
+            inner = strides[i] * tensor.shape[i]
+    if strides == list(tensor.stride()):
+        return tensor
+    return tensor.as_strided(tensor.shape, strides)
 
 
 def _flat_arguments(inputs: Any) -> list[Any]:

@@ -385,3 +385,14 @@ def test_legacy_sdpfa_fwd_takes_dropout_causal_and_scale_positionally():
     out = fd.execute([q, q, q, True])[0]
     want = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
     torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_stride_ordered_output_places_its_extent_1_axes_as_nvfuser_does():
+    x = torch.randn(2, 3, 4)
+    with FusionDefinition() as fd:
+        t0 = fd.from_pytorch(x)
+        t1 = fd.ops.broadcast(t0, is_broadcast_dim=[False, True, False, False])
+        fd.add_output(fd.ops.stride_order(t1, stride_order=[0, 1, 2, 3]))
+    (out,) = fd.execute([x])
+    torch.testing.assert_close(out, x.unsqueeze(1))
+    assert out.stride() == (1, 2, 2, 6)  # axis 1 sits between axes 0 and 2 in memory
