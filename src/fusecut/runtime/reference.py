@@ -150,6 +150,9 @@ def _pointwise(op: Op, args: list[Any], env: _Env, out: torch.dtype) -> torch.Te
 
     def t(x: Any, dtype: torch.dtype = tct) -> torch.Tensor:
         if isinstance(x, torch.Tensor):
+            if x.is_complex() and not dtype.is_complex:
+                x = x.real  # complex to real keeps the real part, as nvFuser's cast: said so,
+                # rather than left to torch's "discards the imaginary part" warning
             return x.to(dtype)
         return torch.tensor(x, dtype=dtype, device=env.device)
 
@@ -314,7 +317,14 @@ def _var(op, args, env, outs):
 
 def _full(op, args, env, outs):
     shape = [env.ev(e) for e in op.attrs["shape"]]
-    return [torch.full(shape, args[0], dtype=outs[0], device=env.device)]
+    try:
+        return [torch.full(shape, args[0], dtype=outs[0], device=env.device)]
+    except RuntimeError:  # a value beyond the dtype: converted as a cast converts it (1e300 in
+        # half is inf), as nvFuser's kernels do, instead of torch's overflow error
+        out = outs[0]
+        wide = torch.complex128 if out.is_complex else torch.float64 \
+            if out.is_floating_point or isinstance(args[0], float) else torch.int64
+        return [torch.full(shape, args[0], dtype=wide, device=env.device).to(out)]
 
 
 def _iota(op, args, env, outs):
