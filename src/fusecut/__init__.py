@@ -25,6 +25,15 @@ _LAZY = {
     "DataType": "fusecut.definition", "FusionDefinition": "fusecut.definition",
     "ParallelType": "fusecut.definition", "PlanView": "fusecut.plan",
     "ParsedDefinition": "fusecut.optimizer.ir.nvtext", "parse_text": "fusecut.optimizer.ir.nvtext",
+    # nvFuser's frontend API beyond the definition (its tests and programs import these)
+    "clone": "fusecut.definition", "FusionProfile": "fusecut.definition",
+    "FusionCache": "fusecut.fusion_cache", "LRUCache": "fusecut.fusion_cache",
+    "LruFusionCache": "fusecut.fusion_cache",
+    "enable_automatic_serialization": "fusecut.fusion_cache",
+    "disable_automatic_serialization": "fusecut.fusion_cache",
+    "compute_contiguity": "fusecut.optimizer.ir.descriptor",
+    "compute_tensor_descriptor": "fusecut.optimizer.ir.descriptor",
+    "ManualSchedulingError": "fusecut.optimizer.errors",
 }
 
 if TYPE_CHECKING:
@@ -35,15 +44,26 @@ if TYPE_CHECKING:
         ServiceError,
         ServiceUnreachable,
     )
-    from fusecut.definition import DataType, FusionDefinition, ParallelType
+    from fusecut.definition import DataType, FusionDefinition, FusionProfile, ParallelType, clone
+    from fusecut.fusion_cache import (
+        FusionCache,
+        LRUCache,
+        LruFusionCache,
+        disable_automatic_serialization,
+        enable_automatic_serialization,
+    )
+    from fusecut.optimizer.errors import ManualSchedulingError
+    from fusecut.optimizer.ir.descriptor import compute_contiguity, compute_tensor_descriptor
     from fusecut.optimizer.ir.nvtext import ParsedDefinition, parse_text  # noqa: F401
     from fusecut.plan import PlanView
 
 __all__ = [
-    "AsyncClient", "Client", "DataType", "DefinitionError", "FusecutError", "FusionDefinition",
-    "InputError", "ParallelType", "ParsedDefinition", "PlanError", "PlanView",
-    "RemoteExecution",
-    "ServiceError", "ServiceUnreachable", "load",
+    "AsyncClient", "Client", "DataType", "DefinitionError", "FusecutError", "FusionCache",
+    "FusionDefinition", "FusionProfile", "InputError", "LRUCache", "LruFusionCache",
+    "ManualSchedulingError", "ParallelType", "ParsedDefinition", "PlanError", "PlanView",
+    "RemoteExecution", "ServiceError", "ServiceUnreachable", "clone", "compute_contiguity",
+    "compute_tensor_descriptor",
+    "disable_automatic_serialization", "enable_automatic_serialization", "load",
 ]
 __version__ = "0.1.0"
 

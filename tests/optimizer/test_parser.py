@@ -45,6 +45,53 @@ def test_repro_inputs_list_gives_shapes_strides_dtypes():
     assert meta.dtype is DType.bfloat16 and meta.stored_numel == 1024
 
 
+def test_repro_with_module_constants_and_expand_permute_inputs_runs():
+    # issue 31's newcomer: module-level constants, and inputs built with .expand()/.permute(),
+    # were refused; the file is still parsed (ast), never run
+    import torch
+
+    from fusecut.optimizer.planner import make_plan
+    from fusecut.runtime.run import run_plan
+    from fusecut.runtime.tensors import make_input
+
+    text = """import torch
+from nvfuser import FusionDefinition, DataType
+
+LOW_VAL = -2
+HIGH_VAL = 3.5
+ROWS = 4
+
+def nvfuser_fusion_id0(fd : FusionDefinition) -> None :
+    T0 = fd.define_tensor(shape=[-1, -1], contiguity=[None, True], dtype=DataType.Float, \
+stride_order=[1, 0])
+    T1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float, \
+stride_order=[0, 1])
+    T2 = fd.ops.add(T0, T1)
+    T3 = fd.ops.clamp(T2, LOW_VAL, HIGH_VAL)
+    fd.add_output(T3)
+
+with FusionDefinition() as fd:
+    nvfuser_fusion_id0(fd)
+
+inputs = [
+    torch.randn((1, 6), dtype=torch.float32, device='cuda:0').expand(ROWS, -1),
+    torch.randn((6, ROWS), dtype=torch.float32, device='cuda:0').permute(1, 0),
+]
+fd.execute(inputs)
+"""
+    parsed = parse_text(text)
+    a, b = parsed.inputs
+    assert (a.shape, a.strides) == ((4, 6), (0, 1))
+    assert (b.shape, b.strides) == ((4, 6), (1, 4))
+    (op,) = [o for o in parsed.fusion.ops if o.name == "clamp"]
+    assert [parsed.fusion.scalars[n].value for n in op.inputs[1:]] == [-2, 3.5]
+    args = [make_input(m, "cpu") for m in parsed.inputs]
+    (out,) = run_plan(make_plan(parsed.fusion, parsed.inputs), args).outputs
+    torch.testing.assert_close(out, (args[0] + args[1]).clamp(-2, 3.5))
+    with pytest.raises(DefinitionError, match="must be a number"):
+        parse_text(text.replace("LOW_VAL = -2", "LOW_VAL = print('x')"))
+
+
 def test_bool_and_int_inputs():
     text = ("import torch\n" + HEADER + "def f(fd):\n"
             "    T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Bool)\n"
@@ -134,6 +181,19 @@ def test_malformed_definitions_name_the_problem(body, needle):
         parse_body(body)
     assert needle in str(info.value)
     assert info.value.line is not None
+
+
+def test_an_op_name_typo_says_did_you_mean():
+    # issue 32: the error listed every op (1,161 characters)
+    with pytest.raises(DefinitionError) as info:
+        parse_body("T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+                   "T1 = fd.ops.sqrtt(T0)\nfd.add_output(T1)")
+    message = str(info.value)
+    assert "unknown op 'sqrtt'; did you mean 'sqrt'" in message and len(message) < 150
+    with pytest.raises(DefinitionError) as info:
+        parse_body("T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+                   "T1 = fd.ops.qqqqqqqq(T0)\nfd.add_output(T1)")
+    assert "docs/ops.md" in str(info.value) and len(str(info.value)) < 150
 
 
 HOSTILE = [

@@ -111,7 +111,9 @@ def test_counts_in_messages_are_singular_for_one():
                  "fd.add_output(fd.ops.add(T0, T1))")
     with pytest.raises(InputError, match=r"has 2 inputs \(T0, T1\) but 1 was given"):
         bind(two, [tensor_meta((2,), F32)])
-    with pytest.raises(DefinitionError, match="contiguity has 1 entry for rank 2"):
+    # nvFuser's own words here (issue 31), which count without a noun
+    with pytest.raises(DefinitionError, match=r"Length of contiguity argument \(1\) must match "
+                                              r"that of shape argument \(2\)"):
         fusion("T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True], dtype=DataType.Float)")
     with pytest.raises(DefinitionError, match=r"broadcast_dims \[0\] has 1 entry but T0 has "
                                               r"rank 2"):

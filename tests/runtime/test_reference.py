@@ -88,3 +88,46 @@ def test_meta_of_real_tensors():
     t = torch.randn(4, 1).expand(4, 6)
     meta = meta_of(t)
     assert meta.shape == (4, 6) and meta.strides == (1, 0) and meta.stored_numel == 4
+
+
+@pytest.mark.parametrize("op", ["exp", "sin", "log", "sqrt", "tanh", "sigmoid", "reciprocal",
+                                "abs"])
+def test_complex_math_keeps_its_type_without_a_cast_warning(op):
+    # issue 32: the only test warning from fusecut itself was the reference casting complex
+    # results to real (the float ops typed their complex result float32, dropping the imaginary
+    # part); abs is real, as torch's and nvFuser's
+    import warnings
+
+    text = (f"def f(fd):\n    T0 = fd.define_tensor(shape=[-1], contiguity=[True], "
+            f"dtype=DataType.ComplexFloat)\n    T1 = fd.ops.{op}(T0)\n    fd.add_output(T1)\n")
+    fusion = parse_text(text).fusion
+    x = torch.randn(6, dtype=torch.complex64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (out,) = run_reference(fusion, [x])
+    want = getattr(torch, op)(x)
+    assert out.dtype == want.dtype
+    torch.testing.assert_close(out, want)
+
+
+def test_a_fill_value_beyond_its_dtype_is_cast_not_an_error():
+    # issue 32 defect 6: full(1e300, Half) raised torch's overflow RuntimeError when run (a 500)
+    text = ("def f(fd):\n    S0 = fd.define_scalar(1e300, dtype=DataType.Double)\n"
+            "    T1 = fd.ops.full([2], S0, dtype=DataType.Half)\n    fd.add_output(T1)\n")
+    (out,) = run_reference(parse_text(text).fusion, [])
+    assert out.dtype == torch.float16 and torch.isinf(out).all()
+
+
+def test_a_complex_to_real_cast_keeps_the_real_part_without_a_warning():
+    # issue 32: tests/service/test_dtypes.py's complex64 passthrough cast warned from the
+    # reference ("Casting complex values to real discards the imaginary part")
+    import warnings
+
+    text = ("def f(fd):\n    T0 = fd.define_tensor(shape=[-1], contiguity=[True], "
+            "dtype=DataType.ComplexFloat)\n    T1 = fd.ops.cast(T0, dtype=DataType.Double)\n"
+            "    fd.add_output(T1)\n")
+    x = torch.tensor([1 + 2j, -3.5 - 1j], dtype=torch.complex64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (out,) = run_reference(parse_text(text).fusion, [x])
+    assert out.dtype == torch.float64 and out.tolist() == [1.0, -3.5]

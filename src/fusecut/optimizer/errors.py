@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 
-class FusecutError(Exception):
-    """Base of every error fusecut reports to a user (never a bug in fusecut itself)."""
+class FusecutError(RuntimeError):
+    """Base of every error fusecut reports to a user (never a bug in fusecut itself).
+
+    A RuntimeError, as every error of nvFuser's frontend is: code written against nvFuser
+    (``except RuntimeError``, ``pytest.raises(RuntimeError)``) handles fusecut's the same way.
+    """
 
 
 class DefinitionError(FusecutError):
@@ -34,6 +38,11 @@ class DefinitionError(FusecutError):
         return DefinitionError(self.message, line=line, col=col, op=self.op)
 
 
+class ArgumentTypeError(DefinitionError, TypeError):
+    """An argument of the wrong type (a float where an integer list belongs, an integer beyond 64
+    bits): a TypeError too, as Python (and nvFuser's bindings) report wrong argument types."""
+
+
 class InputError(FusecutError):
     """Input metadata or tensors do not match the definition (rank, dtype, sizes)."""
 
@@ -46,3 +55,8 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
     """``n`` and its noun as a message says it: "1 input", "3 inputs", "0 entries" (issue 32:
     "has 1 inputs")."""
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+class ManualSchedulingError(FusecutError):
+    """A manual scheduling call of nvFuser's API (split, merge, cache_after, ...): fusecut
+    schedules automatically and takes none; the call is refused, never pretended."""

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from fusecut.optimizer.analysis.shapes import bind
+from fusecut.optimizer.errors import PlanError
 from fusecut.optimizer.gcpause import gc_paused
 from fusecut.optimizer.ir.fusion import Fusion
 from fusecut.optimizer.ir.inputs import InputMeta
@@ -130,6 +131,8 @@ def _make_plan(fusion: Fusion, metas: list[InputMeta], options: PlanOptions) -> 
             greedy, message = coarse, LEVELS_MESSAGE.format(len(greedy), len(coarse))
     greedy_writes = graph.derive_writes(greedy)
     greedy_plan = list(zip(greedy, greedy_writes))
+    if graph.kinds != frozenset(Kind):
+        _check_kinds(graph, greedy_plan, options.kinds)
     baseline = _baseline(graph, greedy_plan)
     report = SolverReport("GREEDY", wall_s=time.perf_counter() - greedy_start, message=message)
     groups = greedy_plan
@@ -163,6 +166,17 @@ LATE_MESSAGE = "time limit reached in the greedy segmenter: its merges so far st
 LEVELS_MESSAGE = ("time limit reached in the greedy segmenter: its {} groups so far were "
                   "replaced by a one-pass grouping by dependency level ({} segments)")
 NO_TIME_MESSAGE = "time limit reached before the solver could start: the greedy plan stands"
+
+
+def _check_kinds(graph: SegGraph, groups: list[Group], kinds: tuple[str, ...]) -> None:
+    """With ``options.kinds`` narrowed, an op that no allowed kind runs (even alone) is the
+    caller's choice: a PlanError naming the op and why, not a plan with a hole in it."""
+    for ops, written in groups:
+        verdict = graph.classify(ops, written)
+        if not verdict:
+            names = ", ".join(sorted({graph.fusion.ops[i].name for i in ops}))
+            raise PlanError(f"options.kinds={list(kinds)} leaves no segment kind that can run "
+                            f"{names}: {verdict.reason}")
 
 
 def _baseline(graph: SegGraph, groups: list[Group]) -> Baseline:

@@ -37,7 +37,9 @@ _UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sinh": torch.sinh, "sqrt": torch.sqrt, "tan": torch.tan, "tanh": torch.tanh,
     "frac": torch.frac, "isfinite": torch.isfinite, "isinf": torch.isinf, "isnan": torch.isnan,
     "isneginf": torch.isneginf, "isposinf": torch.isposinf,
-    "isreal": lambda x: torch.ones_like(x, dtype=torch.bool), "signbit": torch.signbit,
+    "isreal": lambda x: torch.isreal(x) if x.is_complex() else torch.ones_like(
+        x, dtype=torch.bool), "signbit": torch.signbit, "erfcinv": lambda x: torch.erfinv(1 - x),
+    "real": torch.real, "imag": torch.imag,
     "logical_not": torch.logical_not,
 }
 _ROUNDING = {"ceil": torch.ceil, "floor": torch.floor, "round": torch.round, "trunc": torch.trunc}
@@ -148,6 +150,9 @@ def _pointwise(op: Op, args: list[Any], env: _Env, out: torch.dtype) -> torch.Te
 
     def t(x: Any, dtype: torch.dtype = tct) -> torch.Tensor:
         if isinstance(x, torch.Tensor):
+            if x.is_complex() and not dtype.is_complex:
+                x = x.real  # complex to real keeps the real part, as nvFuser's cast: said so,
+                # rather than left to torch's "discards the imaginary part" warning
             return x.to(dtype)
         return torch.tensor(x, dtype=dtype, device=env.device)
 
@@ -167,7 +172,7 @@ def _pointwise(op: Op, args: list[Any], env: _Env, out: torch.dtype) -> torch.Te
         return (x if not x.is_floating_point() else _ROUNDING[name](x)).to(out)
     if name == "div":
         a, b = t(args[0]), t(args[1])
-        if a.is_floating_point():
+        if a.is_floating_point() or a.is_complex():
             return torch.true_divide(a, b).to(out)
         if bool((b == 0).any()):
             raise InputError("integer division by zero")
@@ -273,7 +278,7 @@ def _reduce(op, args, env, outs):
     keep = op.attrs["keepdim"]
     out = outs[0]
     acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    if op.name in ("sum", "prod") and not x.is_floating_point():
+    if op.name in ("sum", "prod") and not (x.is_floating_point() or x.is_complex()):
         acc = torch.int64
     if op.name in ("sum", "prod") and out.is_floating_point and out != acc:
         acc = torch.float64 if out == torch.float64 else torch.float32
@@ -312,7 +317,14 @@ def _var(op, args, env, outs):
 
 def _full(op, args, env, outs):
     shape = [env.ev(e) for e in op.attrs["shape"]]
-    return [torch.full(shape, args[0], dtype=outs[0], device=env.device)]
+    try:
+        return [torch.full(shape, args[0], dtype=outs[0], device=env.device)]
+    except RuntimeError:  # a value beyond the dtype: converted as a cast converts it (1e300 in
+        # half is inf), as nvFuser's kernels do, instead of torch's overflow error
+        out = outs[0]
+        wide = torch.complex128 if out.is_complex else torch.float64 \
+            if out.is_floating_point or isinstance(args[0], float) else torch.int64
+        return [torch.full(shape, args[0], dtype=wide, device=env.device).to(out)]
 
 
 def _iota(op, args, env, outs):
@@ -349,6 +361,15 @@ def _cumsum(op, args, env, outs):
     return [torch.cumsum(args[0], dim=op.attrs["dim"]).to(outs[0])]
 
 
+def _cumprod(op, args, env, outs):
+    return [torch.cumprod(args[0], dim=op.attrs["dim"]).to(outs[0])]
+
+
+def _cumextreme(op, args, env, outs):
+    fn = torch.cummax if op.name == "cummax" else torch.cummin
+    return [fn(args[0], dim=op.attrs["dim"]).values.to(outs[0])]
+
+
 def _gather_index(index: torch.Tensor, extent: int) -> torch.Tensor:
     index = index.to(torch.int64)
     if index.numel() and (bool((index < 0).any()) or bool((index >= extent).any())):
@@ -373,6 +394,24 @@ def _linear(op, args, env, outs):
     return [F.linear(args[0], args[1], bias).to(outs[0])]
 
 
+def _triu(op, args, env, outs):
+    return [torch.triu(args[0], op.attrs["diagonal"])]
+
+
+def _select(op, args, env, outs):
+    return [torch.select(args[0], op.attrs["dim"] % args[0].dim(), args[1])]
+
+
+def _welford(op, args, env, outs):
+    x = args[0]
+    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+    axes = list(reduction_axes(op.attrs | {"keepdim": False}, x.dim()))
+    var, mean = torch.var_mean(x.to(ct), dim=axes, correction=0)
+    n = math.prod(x.shape[a] for a in axes)
+    count = torch.full(mean.shape, n, dtype=torch.int64, device=x.device)
+    return [mean.to(outs[0]), (var * n).to(outs[1]), count]
+
+
 def _matmul(op, args, env, outs):
     return [torch.matmul(args[0], args[1]).to(outs[0])]
 
@@ -382,9 +421,11 @@ _SPECIAL = {
     "reshape": _reshape, "permute": _permute, "slice": _slice, "pad": _pad, "cat": _cat,
     "sum": _reduce, "max": _reduce, "min": _reduce, "prod": _reduce, "var": _var,
     "var_mean": _var, "full": _full, "iota": _iota, "uniform": _random, "normal": _random,
-    "stride_order": _stride_order, "cumsum": _cumsum, "take_along_axis": _take_along_axis,
+    "stride_order": _stride_order, "cumsum": _cumsum, "cumprod": _cumprod,
+    "cummax": _cumextreme, "cummin": _cumextreme, "take_along_axis": _take_along_axis,
     "gather": _take_along_axis, "index_select": _index_select, "linear": _linear,
     "matmul": _matmul, "segment_set": lambda op, args, env, outs: [args[0]],
+    "triu": _triu, "select": _select, "welford": _welford,
 }
 
 __all__ = ["run_reference", "run_op"]

@@ -47,6 +47,8 @@ def meta_of(value) -> InputMeta:
         return ScalarMeta(DType.int64, value)
     if isinstance(value, float):
         return ScalarMeta(DType.float64, value)
+    if isinstance(value, complex):
+        return ScalarMeta(DType.complex128, value)
     raise InputError(f"fusion arguments must be tensors or numbers, got {type(value).__name__}")
 
 

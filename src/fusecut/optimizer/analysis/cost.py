@@ -83,7 +83,7 @@ def input_bytes(bound: Bound, tensor: str, partial: Mapping[str, int]) -> int:
     full = bound.nbytes(tensor)
     if tensor not in partial:
         return full
-    return min(full, partial[tensor] * bound.fusion.tensors[tensor].dtype.itemsize)
+    return min(full, bound.fusion.tensors[tensor].dtype.nbytes(partial[tensor]))
 
 
 def gathered_elements(bound: Bound, ops: Iterable[int], written: Iterable[str]

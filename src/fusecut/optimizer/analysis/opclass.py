@@ -22,7 +22,8 @@ from fusecut.optimizer.ir.ops_misc import reduction_axes
 from fusecut.optimizer.ir.opspec import OpClass, get_spec
 
 # Ops with no generated kernel: they run alone through the torch reference.
-FALLBACK_OPS = frozenset({"digamma", "gcd", "stride_order", "cumsum"})
+FALLBACK_OPS = frozenset({"digamma", "gcd", "stride_order", "cumsum", "cumprod", "cummax",
+                          "cummin", "erfcinv", "real", "imag"})
 # Ops that move data between index spaces: allowed in pointwise segments only.
 VIEW_CLASSES = frozenset({OpClass.RESHAPE, OpClass.RESIZE, OpClass.GATHER})
 

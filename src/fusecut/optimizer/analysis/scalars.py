@@ -94,7 +94,11 @@ TERNARY: dict[str, Callable[[Any, Any, Any], Any]] = {
 
 
 def coerce(value: Any, dtype: DType) -> Any:
-    """A host value as the given dtype (bool, Python int, or Python float)."""
+    """A host value as the given dtype (bool, Python int, float or complex)."""
+    if dtype.is_complex:
+        return complex(value)
+    if isinstance(value, complex):
+        raise InputError(f"cannot convert complex {value} to {dtype.value}")
     if dtype.is_bool:
         return bool(value)
     if dtype.is_int:
@@ -115,7 +119,10 @@ def eval_scalar_op(name: str, args: list[Any], attrs: dict[str, Any], out: DType
     fn = table.get(name)
     if fn is None:
         raise InputError(f"{name} cannot be evaluated on scalars")
-    if out.is_float:  # float math on the host is double math
+    if out.is_complex:
+        args = [args[0]] + [complex(a) for a in args[1:]] if name == "where" else \
+            [complex(a) for a in args]
+    elif out.is_float:  # float math on the host is double math
         args = [args[0]] + [float(a) for a in args[1:]] if name == "where" else \
             [float(a) for a in args]
     return coerce(fn(*args), out)

@@ -50,7 +50,7 @@ class Bound:
 
     def nbytes(self, name: str) -> int:
         """Bytes of the compact form: what reading or writing this tensor once moves."""
-        return self.compact_numel(name) * self.fusion.tensors[name].dtype.itemsize
+        return self.fusion.tensors[name].dtype.nbytes(self.compact_numel(name))
 
     def dtype(self, name: str):
         return self.fusion.value_dtype(name)
@@ -103,20 +103,29 @@ def check_inputs(fusion: Fusion, metas: list[InputMeta]) -> dict[str, InputMeta]
         where = f"input {i} ({name})"
         if name in fusion.scalars:
             if not isinstance(meta, ScalarMeta):
-                raise InputError(f"{where} is a scalar but a tensor was given")
+                raise InputError(f"Expected input {i}, {name}, to be a scalar but got "
+                                 f"{_torch_name(meta.dtype)} tensor of rank {meta.rank}: "
+                                 f"{where} is a scalar but a tensor was given")
             want = fusion.scalars[name].dtype
             if meta.value is not None:
                 if meta.dtype.category > want.category:
-                    raise InputError(f"{where}: expected a {want.value} scalar, got "
-                                     f"{meta.dtype.value}")
+                    raise InputError(f"Scalar value {_nv_scalar(meta.value)} is not compatible "
+                                     f"with the expected data type: {_c_name(want)}. ({where}: "
+                                     f"expected a {want.value} scalar, got "
+                                     f"{meta.dtype.value})")
                 meta = ScalarMeta(want, coerce(meta.value, want))
             out[name] = meta
             continue
         t = fusion.tensors[name]
         if not isinstance(meta, TensorMeta):
-            raise InputError(f"{where} is a tensor but a scalar was given")
+            raise InputError(f"Expected input {i}, {name}, to be an at::Tensor but got scalar "
+                             f"{_nv_scalar(meta.value)}: {where} is a tensor but a scalar was "
+                             f"given")
         if meta.dtype != t.dtype:
-            raise InputError(f"{where}: expected dtype {t.dtype.value}, got {meta.dtype.value}")
+            raise InputError(f"Expected input {i}, {name}, to be bound to a tensor of dtype "
+                             f"{_c_name(t.dtype)}, but got a tensor of dtype "
+                             f"{_c_name(meta.dtype)}: {where}: expected dtype {t.dtype.value}, "
+                             f"got {meta.dtype.value}")
         if meta.rank != t.rank:
             raise InputError(f"{where}: expected rank {t.rank}, got shape {list(meta.shape)}")
         if len(meta.strides) != meta.rank:
@@ -132,6 +141,35 @@ def check_inputs(fusion: Fusion, metas: list[InputMeta]) -> dict[str, InputMeta]
                                  f"with stride {s} (an expanded broadcast needs stride 0)")
         out[name] = meta
     return out
+
+
+# nvFuser's (C++) names of dtypes, which its binding errors use
+_C_NAMES = {"float32": "float", "float64": "double", "float16": "__half",
+            "bfloat16": "__bfloat", "int32": "int", "int64": "int64_t", "uint64": "uint64_t",
+            "bool": "bool", "complex64": "std::complex<float>",
+            "complex128": "std::complex<double>"}
+
+
+def _c_name(dtype) -> str:
+    return _C_NAMES.get(dtype.value, dtype.value)
+
+
+def _torch_name(dtype) -> str:
+    return {"float32": "float", "float64": "double", "float16": "half", "int64": "long",
+            "int32": "int"}.get(dtype.value, dtype.value)
+
+
+def _nv_scalar(value: Any) -> str:
+    """A scalar as nvFuser prints it: 2.0 as 2, a complex as (re,im)."""
+    if isinstance(value, complex):
+        return f"({_nv_real(value.real)},{_nv_real(value.imag)})"
+    return _nv_real(value)
+
+
+def _nv_real(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def _describe(index: int, op) -> str:

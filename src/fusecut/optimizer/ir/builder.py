@@ -10,7 +10,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fusecut.optimizer.errors import DefinitionError, counted
+from fusecut.optimizer.errors import (
+    ArgumentTypeError,
+    DefinitionError,
+    ManualSchedulingError,
+    counted,
+)
+from fusecut.optimizer.ir.descriptor import (
+    check_stride_order,
+    compute_tensor_descriptor,
+    logical_contiguity,
+)
 from fusecut.optimizer.ir.dtypes import DType, fits_int64
 from fusecut.optimizer.ir.fusion import Fusion, Op, Ref, ScalarValue, TensorValue
 from fusecut.optimizer.ir.opspec import OPERAND_KINDS, REQUIRED, OpClass, get_spec
@@ -18,7 +28,104 @@ from fusecut.optimizer.ir.opspec import bind_arguments as _bind
 
 MAX_RANK = 16
 MAX_OPS_DEFAULT = 100_000
-class TensorHandle:
+
+# nvFuser's TensorView scheduling API: fusecut schedules automatically and refuses these
+SCHEDULING_METHODS = frozenset({
+    "split", "merge", "reorder", "parallelize", "axis", "domain", "cache_after", "cache_before",
+    "cache_fork", "set_memory_type", "set_allocation_domain", "set_loop_domain",
+    "set_allocation_as_loop", "rfactor", "inline_at", "compute_at", "swizzle",
+    "circular_buffer", "apply_mma_swizzle", "set_device_mesh", "outer_split", "inner_split",
+    "broadcast", "get_logical_domain", "get_loop_domain", "get_root_domain",
+    "get_allocation_domain", "get_maybe_root_domain", "vectorize", "unroll",
+})
+
+
+class _Arithmetic:
+    """nvFuser's Python operators on tensors and scalars (``-t``, ``abs(t)``, ``t * s``, ``a / b``
+    ...): each is the op of that name, as nvFuser binds them (``/`` is ``div``, which truncates
+    integers; ``**`` is ``pow``)."""
+
+    _builder: FusionBuilder
+
+    def _op(self, name: str, *args: Any):
+        (out,) = self._builder._sdk_op(name, list(args))
+        return out
+
+    def __neg__(self):
+        return self._op("neg", self)
+
+    def __abs__(self):
+        return self._op("abs", self)
+
+    def __invert__(self):
+        return self._op("bitwise_not", self)
+
+    def __add__(self, other):
+        return self._op("add", self, other)
+
+    def __radd__(self, other):
+        return self._op("add", other, self)
+
+    def __sub__(self, other):
+        return self._op("sub", self, other)
+
+    def __rsub__(self, other):
+        return self._op("sub", other, self)
+
+    def __mul__(self, other):
+        return self._op("mul", self, other)
+
+    def __rmul__(self, other):
+        return self._op("mul", other, self)
+
+    def __truediv__(self, other):
+        return self._op("div", self, other)
+
+    def __rtruediv__(self, other):
+        return self._op("div", other, self)
+
+    def __pow__(self, other):
+        return self._op("pow", self, other)
+
+    def __rpow__(self, other):
+        return self._op("pow", other, self)
+
+    def __mod__(self, other):
+        return self._op("mod", self, other)
+
+    def __and__(self, other):
+        return self._op("bitwise_and", self, other)
+
+    def __or__(self, other):
+        return self._op("bitwise_or", self, other)
+
+    def __xor__(self, other):
+        return self._op("bitwise_xor", self, other)
+
+    def __lshift__(self, other):
+        return self._op("bitwise_left_shift", self, other)
+
+    def __rshift__(self, other):
+        return self._op("bitwise_right_shift", self, other)
+
+    def __lt__(self, other):
+        return self._op("lt", self, other)
+
+    def __le__(self, other):
+        return self._op("le", self, other)
+
+    def __gt__(self, other):
+        return self._op("gt", self, other)
+
+    def __ge__(self, other):
+        return self._op("ge", self, other)
+
+    # == and != stay identity comparisons (nvFuser's Tensor == Tensor is too): handles are
+    # dictionary keys
+    __hash__ = object.__hash__
+
+
+class TensorHandle(_Arithmetic):
     """A tensor of a definition under construction (nvFuser's ``Tensor``)."""
 
     def __init__(self, builder: FusionBuilder, name: str):
@@ -42,8 +149,18 @@ class TensorHandle:
     def __repr__(self) -> str:
         return f"Tensor({self.name})"
 
+    def is_tensor(self) -> bool:
+        return True
 
-class ScalarHandle:
+    def __getattr__(self, name: str):
+        if name in SCHEDULING_METHODS:
+            raise ManualSchedulingError(f"{self.name}.{name}() belongs to nvFuser's manual "
+                                        f"scheduling; fusecut schedules automatically and takes "
+                                        f"no manual scheduling")
+        raise AttributeError(f"Tensor has no attribute {name!r}")
+
+
+class ScalarHandle(_Arithmetic):
     """A scalar of a definition under construction (nvFuser's ``Scalar``)."""
 
     def __init__(self, builder: FusionBuilder, name: str):
@@ -57,6 +174,9 @@ class ScalarHandle:
     def __repr__(self) -> str:
         return f"Scalar({self.name})"
 
+    def is_tensor(self) -> bool:
+        return False
+
 
 class VectorHandle(list):
     """``fd.define_vector([...])``: a list of scalars usable wherever a shape is expected."""
@@ -66,6 +186,7 @@ class FusionBuilder:
     def __init__(self, max_ops: int = MAX_OPS_DEFAULT):
         self.fusion = Fusion()
         self.max_ops = max_ops
+        self.completed = False  # set by the SDK once the definition is finished
         self._counter = 0
         self._sizes: dict[tuple[str, int], str] = {}
         self.reserved: set[str] = set()  # names the text assigns later: generated names skip them
@@ -90,47 +211,82 @@ class FusionBuilder:
                       dtype: DType | None = DType.float32, is_cpu: bool = False,
                       stride_order: list[int] | None = None, *, name: str | None = None,
                       sizes: list[int] | None = None, strides: list[int] | None = None,
-                      symbolic_sizes: list[int] | None = None, contiguous: Any = None
-                      ) -> TensorHandle:
-        if shape is None:
-            shape = symbolic_sizes if symbolic_sizes is not None else sizes
+                      static_sizes: bool = False, symbolic_sizes: list[int] | None = None,
+                      contiguous: Any = None) -> TensorHandle:
+        """nvFuser's ``define_tensor`` in both of its forms: ``shape``/``contiguity``/
+        ``stride_order`` (contiguity read in allocation order when a stride order is given, as
+        nvFuser reads it), or concrete ``sizes``/``strides`` (the descriptor computed as
+        ``fd.from_pytorch`` does; extents symbolic unless ``static_sizes``)."""
+        try:
+            return self._define_tensor(shape, contiguity, dtype, is_cpu, stride_order, name,
+                                       sizes, strides, static_sizes, symbolic_sizes, contiguous)
+        except ArgumentTypeError as e:
+            raise ArgumentTypeError(f"define_tensor(): incompatible function arguments. "
+                                    f"{e.message}") from None
+
+    def _define_tensor(self, shape, contiguity, dtype, is_cpu, stride_order, name, sizes,
+                       strides, static_sizes, symbolic_sizes, contiguous) -> TensorHandle:
         if contiguity is None:
             contiguity = contiguous
+        if strides is not None:  # the concrete form
+            if sizes is None:
+                sizes = shape
+            if sizes is None:
+                raise DefinitionError("define_tensor(sizes=, strides=) needs both")
+            sizes = [_int(x, "define_tensor sizes entry") for x in sizes]
+            strides = [_int(x, "define_tensor strides entry") for x in strides]
+            if len(strides) != len(sizes):
+                raise DefinitionError(f"The number of sizes does not match the number of "
+                                      f"strides. {len(sizes)} {len(strides)}")
+            for e in sizes:
+                if e < 0:
+                    raise DefinitionError(f"Size of {e} is not supported in nvFuser. Expected "
+                                          f"size >= 0.")
+            contiguity, stride_order = compute_tensor_descriptor(sizes, strides)
+            shape = list(sizes) if static_sizes else [1 if e == 1 else -1 for e in sizes]
+        elif shape is None:
+            shape = symbolic_sizes if symbolic_sizes is not None else sizes
         if shape is None:
             raise DefinitionError("define_tensor needs shape=[...] (or sizes= and strides=)")
         shape = [_int(x, "define_tensor shape entry") for x in shape]
         rank = len(shape)
         if rank > MAX_RANK:
             raise DefinitionError(f"define_tensor rank {rank} exceeds the limit of {MAX_RANK}")
-        if any(x < -1 for x in shape):
-            raise DefinitionError(f"define_tensor shape {shape}: extents must be -1 (symbolic) or "
-                                  f">= 0")
+        for i, e in enumerate(shape):
+            if e < -1:
+                raise DefinitionError(f"The value {e} at index {i} was neither symbolic(-1), "
+                                      f"zero_element(0), broadcast(1), or static(>1).")
         if dtype is None:
             raise DefinitionError("define_tensor needs a dtype")
+        if not isinstance(dtype, DType):
+            raise DefinitionError(f"define_tensor dtype must be a DataType, got {dtype!r}")
         if is_cpu and rank:
-            raise DefinitionError("is_cpu=True is only supported for 0-dim (scalar) tensors")
-        if strides is not None:  # the concrete form: contiguity follows from strides
-            if len(strides) != rank:
-                raise DefinitionError(f"define_tensor sizes has {counted(rank, 'entry', 'entries')}"
-                                      f", strides {len(strides)}")
-            contiguity = [None if (s == 0 or e == 1) else True for e, s in zip(shape, strides)]
+            raise DefinitionError("CPU non-scalar tensor is not supported! (is_cpu=True is only "
+                                  "supported for 0-dim tensors)")
+        if stride_order is not None and len(stride_order) == 0:
+            stride_order = None
+        if stride_order is not None:
+            stride_order = [_int(x, "stride_order entry") for x in stride_order]
+            if len(stride_order) != rank:
+                raise DefinitionError(f"Length of stride_order argument ({len(stride_order)}) "
+                                      f"must be zero or match that of shape argument ({rank})")
+            stride_order = check_stride_order(stride_order, rank)
         if contiguity is None or isinstance(contiguity, bool):
             fill = True if contiguity is None else contiguity
             contiguity = [None if e == 1 else fill for e in shape]
-        contiguity = list(contiguity)
-        if len(contiguity) != rank:
-            raise DefinitionError(f"define_tensor contiguity has "
-                                  f"{counted(len(contiguity), 'entry', 'entries')} for rank {rank}")
-        for c in contiguity:
-            if c is not None and not isinstance(c, bool):
-                raise DefinitionError(f"contiguity entries must be True, False or None, got {c!r}")
-        if stride_order is not None:
-            stride_order = [_int(x, "stride_order entry") for x in stride_order]
-            if sorted(stride_order) != list(range(rank)):
-                raise DefinitionError(f"stride_order {stride_order} is not a permutation of "
-                                      f"range({rank})")
-            if stride_order == list(range(rank - 1, -1, -1)):
-                stride_order = None  # row-major is the default; keep one canonical form
+        else:
+            contiguity = list(contiguity)
+            if len(contiguity) != rank:
+                raise DefinitionError(f"Length of contiguity argument ({len(contiguity)}) must "
+                                      f"match that of shape argument ({rank})")
+            for c in contiguity:
+                if c is not None and not isinstance(c, bool):
+                    raise DefinitionError(f"contiguity entries must be True, False or None, got "
+                                          f"{c!r}")
+            # nvFuser reads contiguity in allocation order when a stride order is given
+            contiguity = logical_contiguity(contiguity, stride_order)
+        if stride_order == list(range(rank - 1, -1, -1)):
+            stride_order = None  # row-major is the default; keep one canonical form
         broadcast = tuple(e == 1 or c is None for e, c in zip(shape, contiguity))
         tv = TensorValue(self._fresh("T", name), dtype, broadcast, tuple(shape),
                          tuple(contiguity), tuple(stride_order) if stride_order else None)
@@ -140,15 +296,23 @@ class FusionBuilder:
 
     def define_scalar(self, value: Any = None, dtype: DType | None = None, *,
                       name: str | None = None) -> ScalarHandle:
+        """A constant (``value`` given) or a scalar fusion input (``value`` None, or nvFuser's
+        ``define_scalar(dtype)`` form: a DataType as the only argument)."""
+        if isinstance(value, DType) and dtype is None:
+            value, dtype = None, value
+        if dtype is not None and not isinstance(dtype, DType):
+            raise DefinitionError(f"define_scalar dtype must be a DataType, got {dtype!r}")
         if value is not None:
             if isinstance(value, bool):
                 dtype = dtype or DType.bool
             elif isinstance(value, int):
-                if not fits_int64(value):
+                if not fits_int64(value) and dtype is not DType.uint64:
                     raise DefinitionError(f"integer literal {value} does not fit in 64 bits")
                 dtype = dtype or DType.int64
             elif isinstance(value, float):
                 dtype = dtype or DType.float64
+            elif isinstance(value, complex):
+                dtype = dtype or DType.complex128
             else:
                 raise DefinitionError(f"define_scalar value must be a number or bool, got "
                                       f"{type(value).__name__}")
@@ -162,20 +326,40 @@ class FusionBuilder:
         return ScalarHandle(self, sv.name)
 
     def define_vector(self, values: Any, dtype: DType | None = DType.int64) -> VectorHandle:
-        if isinstance(values, int) and not isinstance(values, bool):
-            raise DefinitionError("define_vector(size) without values is not supported; pass a "
-                                  "list of scalars")
+        """A shape vector: a list of scalars and integers, or (nvfuser_direct's form) a size:
+        that many integer scalar inputs."""
         out = VectorHandle()
+        if isinstance(values, int) and not isinstance(values, bool):
+            if not 0 <= values <= MAX_RANK:
+                raise DefinitionError(f"define_vector size {values} must be in [0, {MAX_RANK}]")
+            for _ in range(values):
+                out.append(self.define_scalar(None, DType.int64))
+            return out
+        if not isinstance(values, (list, tuple)):
+            raise DefinitionError(f"define_vector expects a list of integers or scalars, got "
+                                  f"{type(values).__name__}")
         for v in values:
-            out.append(v if isinstance(v, ScalarHandle) else self.define_scalar(_int(v, "vector "
-                                                                                      "entry")))
+            if isinstance(v, ScalarHandle):
+                out.append(v)
+            elif isinstance(v, float) or isinstance(v, complex):
+                raise DefinitionError("Unsupported datatype: define_vector takes integers "
+                                      f"(got {v!r})")
+            else:
+                v = _int(v, "vector entry")
+                if v < -1:
+                    raise DefinitionError(f"The value {v} at index {len(out)} was neither "
+                                          f"symbolic(-1), zero_element(0), broadcast(1), or "
+                                          f"static(>1).")
+                out.append(self.define_scalar(v))
         return out
 
     def size(self, tensor: TensorHandle, dim: int, name: str | None = None) -> ScalarHandle:
-        rank = self.fusion.tensors[tensor.name].rank
+        rank = self.fusion.tensors[self._tensor_name(tensor, "size")].rank
         dim = _int(dim, "size dim")
         if not -rank <= dim < rank:
-            raise DefinitionError(f"size({tensor.name}, {dim}): dim out of range for rank {rank}")
+            raise DefinitionError(f"Tried to access out of boundary index {dim}. total index: "
+                                  f"{rank} (size({tensor.name}, {dim}): dim out of range for rank "
+                                  f"{rank})")
         dim %= rank
         key = (tensor.name, dim)
         if key not in self._sizes:  # one scalar per (tensor, axis), however often it is asked
@@ -218,13 +402,31 @@ class FusionBuilder:
 
     # ---- ops ------------------------------------------------------------------------------------
 
+    def _sdk_op(self, name: str, args: list[Any]) -> list[TensorHandle | ScalarHandle]:
+        """An op from a Python operator on handles: refused once the definition is complete."""
+        if getattr(self, "completed", False):
+            raise DefinitionError("Attempting to add to a completed definition!")
+        return self.op(name, args, {})
+
     def op(self, name: str, args: list[Any], kwargs: dict[str, Any],
            out_names: list[str] | None = None) -> list[TensorHandle | ScalarHandle]:
         """An op called the frontend way: ``fd.ops.<name>(*args, **kwargs)``."""
         label = f"op #{len(self.fusion.ops)} {name}"
         try:
             spec = get_spec(name)
+            if name == "sdpfa_fwd" and len(args) == 6 and any(
+                    isinstance(a, ScalarHandle) for a in args[3:5]):
+                # the legacy frontend's sdpfa_fwd(query, key, value, dropout_p, is_causal, scale)
+                kwargs = {**kwargs, **dict(zip(("dropout_p", "is_causal", "scale"), args[3:]))}
+                args = args[:3]
             inputs, attrs = self._convert(spec, _bind(spec, list(args), dict(kwargs)))
+            if name == "broadcast_in_dim":  # nvFuser counts negative dims from the output's end
+                rank = len(attrs["shape"])
+                attrs["broadcast_dims"] = [d + rank if isinstance(d, int) and -rank <= d < 0
+                                           else d for d in attrs["broadcast_dims"]]
+        except ArgumentTypeError as e:  # worded as Python reports a bad call
+            raise ArgumentTypeError(f"{name}(): incompatible function arguments. {e.message}",
+                                    line=e.line, col=e.col, op=label) from None
         except DefinitionError as e:
             raise DefinitionError(e.message, line=e.line, col=e.col, op=label) from None
         return self._append(spec, inputs, attrs, out_names, label)
@@ -359,7 +561,7 @@ class FusionBuilder:
             if isinstance(value, int) and not isinstance(value, bool):
                 return [value]
             if not isinstance(value, (list, tuple)):
-                raise DefinitionError(f"{pname} must be a list of ints, got {value!r}")
+                raise ArgumentTypeError(f"{pname} must be a list of ints, got {value!r}")
             if len(value) > MAX_RANK:
                 raise DefinitionError(f"{pname} has {len(value)} entries; at most {MAX_RANK}")
             return [_int(v, pname) for v in value]
@@ -398,7 +600,12 @@ class FusionBuilder:
                         raise DefinitionError(f"{pname} entry {v.name} must be a number scalar")
                     out.append(Ref(v.name))
                 else:
-                    out.append(_int(v, f"{pname} entry"))
+                    v = _int(v, f"{pname} entry")
+                    if v < -1 and pname in ("shape", "new_shape"):  # extents, not offsets
+                        raise DefinitionError(f"The value {v} at index {len(out)} was neither "
+                                              f"symbolic(-1), zero_element(0), broadcast(1), or "
+                                              f"static(>1). ({pname} entries are extents)")
+                    out.append(v)
             return out
         raise AssertionError(kind)
 
@@ -411,7 +618,7 @@ class FusionBuilder:
     def _scalar_name(self, value: Any, pname: str) -> str:
         if isinstance(value, ScalarHandle) and value._builder is self:
             return value.name
-        if isinstance(value, (bool, int, float)):
+        if isinstance(value, (bool, int, float, complex)):
             if isinstance(value, float) and math.isnan(value):
                 return self.define_scalar(value, DType.float64).name
             return self.define_scalar(value).name
@@ -426,13 +633,17 @@ def _missing(pname: str) -> Any:
 
 def _int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise DefinitionError(f"{what} must be an integer, got {value!r}")
+        raise ArgumentTypeError(f"{what} must be an integer, got {value!r}")
     if not fits_int64(value):
-        raise DefinitionError(f"{what} {value} does not fit in 64 bits")
+        raise ArgumentTypeError(f"{what} {value} does not fit in 64 bits")
     return value
 
 
 def _coerce(value: Any, dtype: DType) -> Any:
+    if dtype.is_complex:
+        return complex(value)
+    if isinstance(value, complex):
+        raise DefinitionError(f"complex value {value} cannot be a {dtype.value} scalar")
     if dtype.is_bool:
         return bool(value)
     if dtype.is_int:

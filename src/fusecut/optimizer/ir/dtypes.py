@@ -31,9 +31,20 @@ class DType(str, Enum):
     complex128 = "complex128"
     uint64 = "uint64"
 
+    def __call__(self) -> DType:
+        """``t.dtype()``: nvfuser_direct's Tensor.dtype is a method, the legacy frontend's an
+        attribute; a DType called gives itself, so both spellings read a handle's dtype."""
+        return self
+
     @property
     def itemsize(self) -> float:
         return _ITEMSIZE[self]
+
+    def nbytes(self, numel: int) -> int:
+        """Whole bytes of ``numel`` elements (packed fp4 rounds up): an integer, as the
+        planner's solvers (OR-Tools' max flow, CP-SAT) need."""
+        size = _ITEMSIZE[self]
+        return numel * int(size) if size >= 1 else -(-numel // round(1 / size))
 
     @property
     def is_float(self) -> bool:
@@ -42,6 +53,14 @@ class DType(str, Enum):
     @property
     def is_int(self) -> bool:
         return self in (DType.int32, DType.int64, DType.uint64)
+
+    @property
+    def is_complex(self) -> bool:
+        return self in (DType.complex64, DType.complex128)
+
+    @property
+    def is_floating_or_complex(self) -> bool:
+        return self in _FLOATS or self.is_complex
 
     @property
     def reference_only(self) -> bool:
@@ -59,7 +78,9 @@ class DType(str, Enum):
 
     @property
     def category(self) -> int:
-        return 0 if self.is_bool else 1 if self.is_int else 2
+        """bool < integer < floating point < complex: a scalar of a higher category lifts a
+        tensor's type (promotion)."""
+        return 0 if self.is_bool else 1 if self.is_int else 3 if self.is_complex else 2
 
     @property
     def compute(self) -> DType:
@@ -165,7 +186,10 @@ def promote(a: DType, b: DType) -> DType:
     if a == b:
         return a
     if a.category != b.category:
-        return a if a.category > b.category else b
+        high, low = (a, b) if a.category > b.category else (b, a)
+        if high is DType.complex64 and low is DType.float64:
+            return DType.complex128  # torch keeps double precision in the complex result
+        return high
     if a.is_float:
         if {a, b} == {DType.float16, DType.bfloat16}:
             return DType.float32
@@ -174,7 +198,7 @@ def promote(a: DType, b: DType) -> DType:
 
 
 def default_for_category(category: int) -> DType:
-    return (DType.bool, DType.int64, DType.float32)[category]
+    return (DType.bool, DType.int64, DType.float32, DType.complex64)[category]
 
 
 def result_type(tensor_types: list[DType], scalar_types: list[DType]) -> DType:
@@ -194,5 +218,7 @@ def result_type(tensor_types: list[DType], scalar_types: list[DType]) -> DType:
     if scalar_types:
         top = max(s.category for s in scalar_types)
         if top > out.category:
-            out = default_for_category(top)
+            # torch: a complex scalar with a double tensor gives complex128
+            out = DType.complex128 if (top == 3 and out is DType.float64) else \
+                default_for_category(top)
     return out

@@ -43,7 +43,7 @@ class TensorValue:
 class ScalarValue:
     name: str
     dtype: DType
-    value: bool | int | float | None = None  # a constant's value; None for inputs and derived
+    value: bool | int | float | complex | None = None  # a constant; None for inputs and derived
 
 
 @dataclass

@@ -39,13 +39,13 @@ class TensorMeta:
 
     @property
     def nbytes(self) -> int:
-        return self.stored_numel * self.dtype.itemsize
+        return self.dtype.nbytes(self.stored_numel)
 
 
 @dataclass(frozen=True)
 class ScalarMeta:
     dtype: DType
-    value: bool | int | float | None = None
+    value: bool | int | float | complex | None = None
 
 
 InputMeta = TensorMeta | ScalarMeta

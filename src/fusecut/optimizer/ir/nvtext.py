@@ -75,6 +75,7 @@ class _Module:
         self.function_name: str | None = None
         self.inputs: list[InputMeta] | None = None
         self.def_line: int | None = None
+        self.constants: dict[str, Any] = {}  # module-level NAME = number
 
     def run(self, tree: ast.Module) -> ParsedDefinition:
         for stmt in tree.body:
@@ -121,9 +122,21 @@ class _Module:
             self._with(stmt)
         elif isinstance(stmt, ast.Assign):
             target = stmt.targets[0] if len(stmt.targets) == 1 else None
-            if not (isinstance(target, ast.Name) and target.id == "inputs"):
-                raise DefinitionError("only `inputs = [...]` may be assigned at the top level")
-            self.inputs = _InputList().evaluate(stmt.value)
+            if not isinstance(target, ast.Name):
+                raise DefinitionError("only `inputs = [...]`, `NAME = number` and `alias = "
+                                      "function` may be assigned at the top level")
+            if target.id == "inputs":
+                self.inputs = _InputList(self.constants).evaluate(stmt.value)
+            elif isinstance(stmt.value, ast.Name) and stmt.value.id in self.functions:
+                return  # another name for a definition function (nvfuser_fusion = ..._id0)
+            else:
+                try:
+                    self.constants[target.id] = _literal_number(stmt.value, self.constants)
+                except DefinitionError:
+                    raise DefinitionError(
+                        f"top-level `{target.id} = ...` must be a number (a constant the "
+                        f"definition uses), `inputs = [...]`, or another name for a definition "
+                        f"function") from None
         elif isinstance(stmt, ast.Expr):
             if isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
                 return  # a docstring
@@ -160,13 +173,13 @@ class _Module:
         else:  # the definition written inline in the with block
             self.builder = FusionBuilder(self.max_ops)
             self.def_line = stmt.lineno
-            _Body(self.builder, fd_name).run(stmt.body)
+            _Body(self.builder, fd_name, self.constants).run(stmt.body)
 
     def _run_function(self, fn: ast.FunctionDef) -> None:
         self.builder = FusionBuilder(self.max_ops)
         self.function_name = fn.name
         self.def_line = fn.lineno
-        _Body(self.builder, fn.args.args[0].arg).run(fn.body)
+        _Body(self.builder, fn.args.args[0].arg, self.constants).run(fn.body)
 
 
 def _is_execute_call(node: ast.expr) -> bool:
@@ -185,8 +198,11 @@ def _dotted(node: ast.expr) -> str | None:
     return None
 
 
-def _literal_number(node: ast.expr) -> Any:
-    """A numeric literal, possibly negated, or float("inf")-style; else a DefinitionError."""
+def _literal_number(node: ast.expr, constants: dict[str, Any] | None = None) -> Any:
+    """A numeric literal, possibly negated, or float("inf")-style, or the name of a module-level
+    constant (``LOW_VAL = -2``); else a DefinitionError."""
+    if isinstance(node, ast.Name) and constants and node.id in constants:
+        return constants[node.id]
     if isinstance(node, ast.Constant) and isinstance(node.value, (bool, int, float)):
         return _checked_number(node.value)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
@@ -194,7 +210,7 @@ def _literal_number(node: ast.expr) -> Any:
         if isinstance(operand, ast.Constant) and type(operand.value) is int:  # -2**63 fits
             return _checked_number(-operand.value if isinstance(node.op, ast.USub)
                                    else operand.value)
-        v = _literal_number(operand)
+        v = _literal_number(operand, constants)
         if isinstance(v, bool):
             raise DefinitionError("cannot negate a bool")
         return -v if isinstance(node.op, ast.USub) else v
@@ -206,7 +222,13 @@ def _literal_number(node: ast.expr) -> Any:
             if word not in FLOAT_WORDS:
                 raise DefinitionError(f"float({arg.value!r}) is not allowed; use inf, -inf or nan")
             return FLOAT_WORDS[word]
-        return float(_literal_number(arg))
+        return float(_literal_number(arg, constants))
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "complex"
+            and 1 <= len(node.args) <= 2 and not node.keywords):
+        parts = [_literal_number(a, constants) for a in node.args]
+        if any(isinstance(p, (bool, complex)) for p in parts):
+            raise DefinitionError("complex(real, imag) takes two real numbers")
+        return complex(*parts)
     raise DefinitionError(f"expected a number, got {ast.unparse(node)[:60]!r}")
 
 
@@ -219,9 +241,12 @@ def _checked_number(v: Any) -> Any:
 class _Body:
     """Interprets the statements of a definition function."""
 
-    def __init__(self, builder: FusionBuilder, fd_name: str):
+    def __init__(self, builder: FusionBuilder, fd_name: str,
+                 constants: dict[str, Any] | None = None):
         self.b = builder
-        self.env: dict[str, Any] = {fd_name: _FD(), "DataType": _Namespace("DataType"),
+        self.constants = dict(constants or {})
+        self.env: dict[str, Any] = {**self.constants, fd_name: _FD(),
+                                    "DataType": _Namespace("DataType"),
                                     "ParallelType": _Namespace("ParallelType")}
         self.fd_name = fd_name
 
@@ -309,7 +334,7 @@ class _Body:
                 return self.env[node.id]
             raise DefinitionError(f"name '{node.id}' is not defined")
         if isinstance(node, ast.UnaryOp):
-            return _literal_number(node)
+            return _literal_number(node, self.constants)
         if isinstance(node, (ast.List, ast.Tuple)):
             if len(node.elts) > MAX_LIST:
                 raise DefinitionError(f"list of {len(node.elts)} elements is too long")
@@ -362,8 +387,8 @@ class _Body:
         if any(isinstance(a, ast.Starred) for a in node.args):
             raise DefinitionError("*args is not allowed")
         func = node.func
-        if isinstance(func, ast.Name) and func.id == "float":
-            return _literal_number(node)
+        if isinstance(func, ast.Name) and func.id in ("float", "complex"):
+            return _literal_number(node, self.constants)
         callee = self._expr(func, depth + 1, None) if isinstance(func, ast.Attribute) else None
         if not isinstance(callee, _Namespace):
             raise DefinitionError(f"call to {ast.unparse(func)[:60]!r} is not allowed")
@@ -419,11 +444,55 @@ class _Body:
         return vector[index]
 
 
+def _permuted(base: TensorMeta, dims: tuple[int, ...]) -> TensorMeta:
+    """torch's ``.permute(dims)``: the same storage, axes reordered."""
+    rank = base.rank
+    norm = [d % rank if -rank <= d < rank else -1 for d in dims]
+    if sorted(norm) != list(range(rank)):
+        raise DefinitionError(f"permute{dims} is not a permutation of the {rank} axes")
+    return TensorMeta(tuple(base.shape[d] for d in norm), tuple(base.strides[d] for d in norm),
+                      base.dtype, base.fill)
+
+
+def _expanded(base: TensorMeta, sizes: tuple[int, ...]) -> TensorMeta:
+    """torch's ``.expand(sizes)``: size-1 axes (and new leading ones) repeat with stride 0;
+    -1 keeps an axis."""
+    if len(sizes) < base.rank:
+        raise DefinitionError(f"expand{sizes} has fewer entries than the tensor's rank "
+                              f"{base.rank}")
+    lead = len(sizes) - base.rank
+    shape, strides = [], []
+    for i, want in enumerate(sizes):
+        if i < lead:
+            if want < 0:
+                raise DefinitionError(f"expand{sizes}: -1 is not allowed for a new axis")
+            shape.append(want)
+            strides.append(0)
+            continue
+        have, stride = base.shape[i - lead], base.strides[i - lead]
+        if want == -1 or want == have:
+            shape.append(have)
+            strides.append(stride)
+        elif have == 1 and want >= 0:
+            shape.append(want)
+            strides.append(0)
+        else:
+            raise DefinitionError(f"expand{sizes}: axis {i - lead} has extent {have}, which "
+                                  f"only expands from 1")
+    return TensorMeta(tuple(shape), tuple(strides), base.dtype, base.fill)
+
+
 class _InputList:
     """Interprets the repro's ``inputs = [...]`` into input metadata."""
 
     TORCH_FACTORIES = {"randn", "rand", "zeros", "ones", "empty", "full", "randint", "arange",
                        "tensor", "make_tensor"}
+
+    def __init__(self, constants: dict[str, Any] | None = None):
+        self.constants = constants or {}
+
+    def _number(self, node: ast.expr) -> Any:
+        return _literal_number(node, self.constants)
 
     def evaluate(self, node: ast.expr) -> list[InputMeta]:
         if not isinstance(node, (ast.List, ast.Tuple)):
@@ -440,7 +509,7 @@ class _InputList:
 
     def _input(self, node: ast.expr) -> InputMeta:
         try:
-            value = _literal_number(node)
+            value = self._number(node)
         except DefinitionError:
             if isinstance(node, ast.Constant) or (isinstance(node, ast.UnaryOp)
                                                   and isinstance(node.operand, ast.Constant)):
@@ -456,7 +525,7 @@ class _InputList:
                                                     (ast.Gt, ast.Lt, ast.GtE, ast.LtE)):
                 raise DefinitionError("only `tensor > number` style comparisons are allowed")
             base = self._tensor(node.left)
-            threshold = _literal_number(node.comparators[0])
+            threshold = self._number(node.comparators[0])
             fill = dict(base.fill, compare=type(node.ops[0]).__name__.lower(), threshold=threshold)
             return TensorMeta(base.shape, base.strides, DType.bool, fill)
         if not isinstance(node, ast.Call):
@@ -470,6 +539,24 @@ class _InputList:
             base = self._tensor(func.value)
             return self._method(base, func.attr, node)
         raise DefinitionError(f"call to {ast.unparse(func)[:60]!r} is not allowed in inputs")
+
+    def _dims(self, node: ast.Call, rank: int | None, method: str) -> tuple[int, ...]:
+        """The integers of ``.permute(0, 2, 1)`` / ``.expand([4, -1])`` (one list or several
+        arguments)."""
+        if node.keywords:
+            raise DefinitionError(f"{method}() takes no keywords here")
+        args = node.args[0].elts if len(node.args) == 1 and isinstance(
+            node.args[0], (ast.List, ast.Tuple)) else node.args
+        if len(args) > 16:
+            raise DefinitionError(f"{method}() has too many entries")
+        dims = tuple(self._number(a) for a in args)
+        for d in dims:
+            if isinstance(d, bool) or not isinstance(d, int):
+                raise DefinitionError(f"{method}() entries must be integers, got {d!r}")
+        if rank is not None and len(dims) != rank:
+            raise DefinitionError(f"{method}{dims} needs {rank} entries for a tensor of rank "
+                                  f"{rank}")
+        return dims
 
     def _kw(self, node: ast.Call) -> dict[str, Any]:
         out = {}
@@ -486,7 +573,7 @@ class _InputList:
                 continue
             elif kw.arg in ("low", "high", "fill_value"):
                 out[kw.arg] = None if (isinstance(kw.value, ast.Constant)
-                                       and kw.value.value is None) else _literal_number(kw.value)
+                                       and kw.value.value is None) else self._number(kw.value)
             elif kw.arg == "size":
                 out["size"] = self._ints(kw.value)
             else:
@@ -503,9 +590,9 @@ class _InputList:
         if isinstance(node, (ast.Tuple, ast.List)):
             if len(node.elts) > 16:
                 raise DefinitionError("shape has too many entries")
-            vals = [_literal_number(e) for e in node.elts]
+            vals = [self._number(e) for e in node.elts]
         else:
-            vals = [_literal_number(node)]
+            vals = [self._number(node)]
         for v in vals:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise DefinitionError(f"sizes must be non-negative integers, got {v!r}")
@@ -522,7 +609,7 @@ class _InputList:
         fill: dict[str, Any] = {"fn": fn}
         args = list(node.args)
         if fn == "randint":
-            nums = [_literal_number(a) for a in args if not isinstance(a, (ast.Tuple, ast.List))]
+            nums = [self._number(a) for a in args if not isinstance(a, (ast.Tuple, ast.List))]
             shape_nodes = [a for a in args if isinstance(a, (ast.Tuple, ast.List))]
             low, high = (0, nums[0]) if len(nums) == 1 else tuple(nums[:2]) if nums else (0, 2)
             fill.update(low=low, high=high)
@@ -532,7 +619,7 @@ class _InputList:
             if len(args) != 2:
                 raise DefinitionError("torch.full(size, fill_value) expected")
             shape = self._ints(args[0])
-            fill["value"] = _literal_number(args[1])
+            fill["value"] = self._number(args[1])
         elif fn == "arange":
             if len(args) != 1:
                 raise DefinitionError("torch.arange(n) expected")
@@ -542,7 +629,7 @@ class _InputList:
             if len(args) != 1:
                 raise DefinitionError("torch.tensor(value) expected")
             shape = ()
-            fill["value"] = _literal_number(args[0])
+            fill["value"] = self._number(args[0])
         else:
             shape = self._shape_args(args) if args else kw.get("size", ())
         for key in ("low", "high", "fill_value"):
@@ -577,4 +664,21 @@ class _InputList:
             return base
         if method in ("t", "mT") and base.rank == 2:
             return TensorMeta(base.shape[::-1], base.strides[::-1], base.dtype, base.fill)
+        if method == "permute":
+            return _permuted(base, self._dims(node, base.rank, "permute"))
+        if method == "expand":
+            return _expanded(base, self._dims(node, None, "expand"))
+        if method == "unsqueeze":
+            if len(node.args) != 1 or node.keywords:
+                raise DefinitionError("unsqueeze(dim) expected")
+            dim = self._number(node.args[0])
+            if isinstance(dim, bool) or not isinstance(dim, int) or \
+                    not -base.rank - 1 <= dim <= base.rank:
+                raise DefinitionError(f"unsqueeze dim {dim!r} is out of range for rank "
+                                      f"{base.rank}")
+            dim %= base.rank + 1
+            inner = base.strides[dim] * base.shape[dim] if dim < base.rank else 1
+            return TensorMeta(base.shape[:dim] + (1,) + base.shape[dim:],
+                              base.strides[:dim] + (inner,) + base.strides[dim:], base.dtype,
+                              base.fill)
         raise DefinitionError(f"tensor method '.{method}()' is not allowed in inputs")

@@ -176,7 +176,7 @@ def _scatter_infer(ins, attrs):
         raise DefinitionError(f"scatter: arg, index and src must have the same rank, got "
                               f"{arg.rank}, {index.rank}"
                               f"{', ' + str(src.rank) if isinstance(src, TensorValue) else ''}")
-    dim = norm_axis(attrs["dim"], arg.rank)
+    dim = norm_axis(attrs["dim"], arg.rank, zero_d=False)
     return [OutSig(arg.dtype, tuple(False if a == dim else b for a, b in enumerate(arg.broadcast)))]
 
 
@@ -225,7 +225,7 @@ def _topk_infer(ins, attrs):
     arg = _tensor(ins[0], "topk", "arg")
     if not ins[1].dtype.is_int:
         raise DefinitionError(f"topk: k {ins[1].name} must be an integer scalar")
-    dim = norm_axis(attrs["dim"], arg.rank)
+    dim = norm_axis(attrs["dim"], arg.rank, zero_d=False)
     flags = tuple(False if a == dim else b for a, b in enumerate(arg.broadcast))
     return [OutSig(arg.dtype, flags), OutSig(DType.int64, flags)]
 
@@ -235,7 +235,8 @@ def _topk_shape(in_shapes, attrs, ev):
     dim = attrs["dim"] % len(src)
     k = check_extent(ev.operand(1), "topk k")
     if not 0 <= k <= src[dim]:
-        raise InputError(f"topk: k = {k} is out of range for an axis of extent {src[dim]}")
+        raise InputError(f"Invalid resized domain extent: topk: k = {k} is out of range for an "
+                         f"axis of extent {src[dim]}")
     out = tuple(k if a == dim else e for a, e in enumerate(src))
     return [out, out]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from fusecut.optimizer.errors import DefinitionError, InputError
 from fusecut.optimizer.ir.dtypes import DType
 from fusecut.optimizer.ir.fusion import TensorValue
@@ -31,7 +33,8 @@ def _tensor(v, what: str = "operand") -> TensorValue:
 def reduction_axes(attrs, rank: int) -> tuple[int, ...]:
     """The axes a reduction reduces (all of them when ``dims`` is not given)."""
     dims = attrs["dims"]
-    return tuple(range(rank)) if dims is None else norm_axes(list(dims), rank)
+    return tuple(range(rank)) if dims is None else norm_axes(list(dims), rank,
+                                                             nvfuser="reduction", zero_d=False)
 
 
 def _reduced_flags(arg: TensorValue, attrs) -> tuple[bool, ...]:
@@ -45,9 +48,11 @@ def _reduction_infer(kind: str):
     def infer(ins, attrs):
         arg = _tensor(ins[0])
         dtype = attrs.get("dtype")
+        if kind in ("max", "min") and arg.dtype.is_complex:  # complex values have no order
+            raise DefinitionError(f"{kind} is not supported for {arg.dtype.value} operands")
         if dtype is None:
             dtype = arg.dtype
-            if kind in ("sum", "prod") and not arg.dtype.is_float:
+            if kind in ("sum", "prod") and not (arg.dtype.is_float or arg.dtype.is_complex):
                 dtype = DType.int64
         return [OutSig(dtype, _reduced_flags(arg, attrs))]
 
@@ -102,14 +107,29 @@ register(OpSpec("full", (Param("shape", "SH", aliases=("size",)),
 
 def _iota_infer(ins, attrs):
     dtype = attrs["dtype"] or DType.int64
-    if dtype.is_bool:
-        raise DefinitionError("iota cannot produce bool")
-    if ins[0].dtype.is_float:
-        raise DefinitionError(f"iota length {ins[0].name} must be an integer scalar")
+    if dtype.is_bool or dtype.is_complex:
+        raise DefinitionError(f"iota cannot produce {dtype.value}")
+    if not ins[0].dtype.is_int:
+        raise DefinitionError(f"iota: length must be integer, but {ins[0].name} is "
+                              f"{ins[0].dtype.value}")
+    present = [p for p in ("start", "step") if attrs.get(f"has_{p}")]
+    for what, v in zip(present, ins[1:]):
+        if v.dtype.is_complex or v.dtype.is_int != dtype.is_int or \
+                v.dtype.is_float != dtype.is_float:
+            raise DefinitionError(f"iota: {what} dtype does not match specified dtype "
+                                  f"argument, should be {dtype.value} but {v.name} is "
+                                  f"{v.dtype.value}")
     return [OutSig(dtype, (False,))]
 
 
 def _iota_shape(in_shapes, attrs, ev):
+    present = [p for p in ("start", "step") if attrs.get(f"has_{p}")]
+    values = {p: ev.operand(1 + k) for k, p in enumerate(present)}
+    for v in values.values():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise InputError("iota: length, start, step must be finite numbers.")
+    if values.get("step", 1) == 0:
+        raise InputError("iota: step value must not equal zero.")
     return [(check_extent(ev.operand(0), "iota length"),)]
 
 
@@ -133,7 +153,7 @@ def _take_infer(ins, attrs):
     if arg.rank != index.rank:
         raise DefinitionError(f"{arg.name} has rank {arg.rank} but index {index.name} has rank "
                               f"{index.rank}")
-    norm_axis(attrs["dim"], arg.rank)
+    norm_axis(attrs["dim"], arg.rank, nvfuser="gather", zero_d=False)
     return [OutSig(arg.dtype, tuple(False for _ in range(arg.rank)))]
 
 
@@ -163,7 +183,7 @@ def _index_select_infer(ins, attrs):
     if index.rank > 1:
         raise DefinitionError(f"index_select index {index.name} must have rank 0 or 1, "
                               f"got {index.rank}")
-    dim = norm_axis(attrs["dim"], arg.rank)
+    dim = norm_axis(attrs["dim"], arg.rank, zero_d=False)
     flags = tuple(False if i == dim else b for i, b in enumerate(arg.broadcast))
     return [OutSig(arg.dtype, flags)]
 
@@ -225,6 +245,9 @@ def _linear_infer(ins, attrs):
     dtype = _same_float(a, w, "linear")
     if w.rank not in (1, 2):
         raise DefinitionError(f"linear weight {w.name} must have rank 1 or 2, got {w.rank}")
+    if a.rank < 1:
+        raise DefinitionError(f"Input A must be at least 1D: linear input {a.name} is 0-d (it "
+                              f"needs a feature axis)")
     if len(ins) > 2:
         _same_float(a, _tensor(ins[2], "bias"), "linear")
     rank = a.rank - 1 + (1 if w.rank == 2 else 0)
@@ -252,7 +275,7 @@ register(OpSpec("linear", (Param("arg1", "T", aliases=("input",)),
 
 def _size_infer(ins, attrs):
     arg = _tensor(ins[0])
-    norm_axis(attrs["dim"], arg.rank)
+    norm_axis(attrs["dim"], arg.rank, zero_d=False)
     return [OutSig(DType.int64, None)]
 
 
@@ -269,7 +292,8 @@ register(OpSpec("size", (Param("arg", "T"), Param("dim", "I")), OpClass.SCALAR, 
 def _rng_infer(ins, attrs):
     dtype = attrs["dtype"] or DType.float32
     if dtype not in (DType.float16, DType.bfloat16, DType.float32, DType.float64):
-        raise DefinitionError(f"random numbers must be float16, bfloat16, float32 or float64, "
+        raise DefinitionError(f"Random distributions only create floating point types: random "
+                              f"numbers must be float16, bfloat16, float32 or float64, "
                               f"got {dtype.value}")
     for v in ins:
         if isinstance(v, TensorValue):
@@ -303,11 +327,77 @@ register(OpSpec("stride_order", (Param("arg", "T"), Param("stride_order", "IL"))
                 OpClass.POINTWISE, _stride_order_infer, lambda s, a, ev: [s[0]], cost=0))
 
 
-def _cumsum_infer(ins, attrs):
+def _scan_infer(name: str):
+    """cumsum and cumprod (integers accumulate in int64, as torch's), cummax and cummin (the
+    values only, in the operand's dtype, as nvFuser returns them)."""
+
+    def infer(ins, attrs):
+        arg = _tensor(ins[0])
+        if arg.rank == 0:  # nvFuser scans an axis: a 0-d tensor has none
+            raise DefinitionError(f"Tried to access out of boundary index {attrs['dim']}. total "
+                                  f"index: 0 ({name} of the 0-d tensor {arg.name})")
+        norm_axis(attrs["dim"], arg.rank)
+        if name in ("cummax", "cummin"):
+            if arg.dtype.is_complex:
+                raise DefinitionError(f"{name} is not supported for {arg.dtype.value} operands")
+            return [OutSig(arg.dtype, arg.broadcast)]
+        keep = arg.dtype.is_float or arg.dtype.is_complex
+        return [OutSig(arg.dtype if keep else DType.int64, arg.broadcast)]
+
+    return infer
+
+
+for _scan in ("cumsum", "cumprod", "cummax", "cummin"):
+    register(OpSpec(_scan, (Param("arg", "T"), Param("dim", "I")), OpClass.POINTWISE,
+                    _scan_infer(_scan), lambda s, a, ev: [s[0]], cost=1))
+
+
+# ---- nvFuser ops without a generated kernel (fallback segments through the torch reference) ----
+
+
+def _triu_infer(ins, attrs):
     arg = _tensor(ins[0])
-    norm_axis(attrs["dim"], arg.rank)
-    return [OutSig(arg.dtype if arg.dtype.is_float else DType.int64, arg.broadcast)]
+    if arg.rank < 2:
+        raise DefinitionError(f"input tensor for triu must have 2 or more dims, but got "
+                              f"{arg.rank} dims ({arg.name})")
+    return [OutSig(arg.dtype, arg.broadcast[:-2] + (False, False))]
 
 
-register(OpSpec("cumsum", (Param("arg", "T"), Param("dim", "I")), OpClass.POINTWISE,
-                _cumsum_infer, lambda s, a, ev: [s[0]], cost=1))
+register(OpSpec("triu", (Param("input", "T", aliases=("arg",)), Param("diagonal", "I", 0)),
+                OpClass.FALLBACK, _triu_infer, lambda s, a, ev: [s[0]], cost=1))
+
+
+def _select_infer(ins, attrs):
+    arg = _tensor(ins[0])
+    if not ins[1].dtype.is_int:
+        raise DefinitionError(f"select index {ins[1].name} must be an integer scalar, got "
+                              f"{ins[1].dtype.value}")
+    dim = norm_axis(attrs["dim"], arg.rank, zero_d=False)
+    return [OutSig(arg.dtype, tuple(b for i, b in enumerate(arg.broadcast) if i != dim))]
+
+
+def _select_shape(in_shapes, attrs, ev):
+    src = in_shapes[0]
+    dim = attrs["dim"] % len(src)
+    index = ev.operand(1)
+    if not -src[dim] <= index < src[dim]:
+        raise InputError(f"select index {index} is out of range for axis {dim} of extent "
+                         f"{src[dim]}")
+    return [tuple(e for i, e in enumerate(src) if i != dim)]
+
+
+register(OpSpec("select", (Param("arg", "T"), Param("index", "S"), Param("dim", "I")),
+                OpClass.FALLBACK, _select_infer, _select_shape, cost=0))
+
+
+def _welford_infer(ins, attrs):
+    arg = _tensor(ins[0])
+    flags = _reduced_flags(arg, {**attrs, "keepdim": False})
+    dtype = arg.dtype if arg.dtype.is_float else DType.float32
+    return [OutSig(dtype, flags), OutSig(dtype, flags), OutSig(DType.int64, flags)]
+
+
+register(OpSpec("welford", (Param("arg", "T"), Param("dims", "IL")), OpClass.FALLBACK,
+                _welford_infer,
+                lambda s, a, ev: _reduced_shape(s, {**a, "keepdim": False}, ev) * 3,
+                n_outputs=3, cost=3))

@@ -26,7 +26,8 @@ from fusecut.optimizer.ir.opspec import (
 FLOAT_UNARY = {
     "acos": 8, "acosh": 10, "asin": 8, "asinh": 10, "atan": 8, "atanh": 10, "cos": 8, "cosh": 10,
     "exp": 4, "exp2": 4, "expm1": 8, "erf": 8, "erfc": 8, "erfinv": 12, "lgamma": 24,
-    "digamma": 24, "log": 4, "log10": 4, "log1p": 8, "log2": 4, "reciprocal": 2, "rsqrt": 2,
+    "digamma": 24, "erfcinv": 12, "log": 4, "log10": 4, "log1p": 8, "log2": 4,
+    "reciprocal": 2, "rsqrt": 2,
     "sigmoid": 6, "silu": 6, "sin": 8, "sinh": 10, "sqrt": 2, "tan": 10, "tanh": 6, "frac": 2,
 }
 SAME_UNARY = {
@@ -76,15 +77,57 @@ def _sig(ins: list, dtype: DType) -> list[OutSig]:
 
 
 def _float_of(dtype: DType, scalar_only: bool) -> DType:
-    if dtype.is_float:
+    if dtype.is_float or dtype.is_complex:  # exp of a complex tensor is complex
         return dtype
     return DType.float64 if scalar_only else DType.float32
+
+
+# Op and operand-dtype pairs that neither fusecut nor torch (its reference and fallback path)
+# runs: refused when the definition is made, naming the op and the dtype, instead of failing when
+# it runs. The dtype is the operands' promoted one. (nvFuser's opinfo dtypes agree: no bool
+# negation or shifts, no integer nextafter, no ordering or rounding of complex values; uint64 has
+# barely any arithmetic in torch.)
+_UINT64_OK = {"cast", "set", "eq", "ne", "bitwise_and", "bitwise_or", "bitwise_xor", "where",
+              "isfinite", "isinf", "isnan", "isneginf", "isposinf", "isreal", "signbit"}
+REFUSED_DTYPES: dict[str, frozenset[str]] = {}
+for _names, _category in (
+        (("abs", "neg", "relu", "sub", "fmod", "remainder", "mod", "pow", "nextafter",
+          "bitwise_left_shift", "bitwise_right_shift", "logical_right_shift", "gcd"), "bool"),
+        (("nextafter",), "int"),
+        (("erf", "erfc", "erfinv", "erfcinv", "lgamma", "digamma", "frac", "relu", "sign",
+          "bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor", "isneginf", "isposinf",
+          "signbit", "maximum", "minimum", "fmod", "remainder", "mod", "nextafter",
+          "bitwise_left_shift", "bitwise_right_shift", "logical_right_shift", "gcd", "atan2",
+          "lt", "le", "gt", "ge", "ceil", "floor", "round", "trunc", "clamp", "threshold"),
+         "complex"),
+):
+    for _n in _names:
+        REFUSED_DTYPES[_n] = REFUSED_DTYPES.get(_n, frozenset()) | {_category}
+
+
+def dtype_category(dtype: DType) -> str:
+    if dtype is DType.uint64:
+        return "uint64"
+    return "bool" if dtype.is_bool else "int" if dtype.is_int else \
+        "complex" if dtype.is_complex else "float"
+
+
+def check_operand_dtype(name: str, dtype: DType, what: str = "operands") -> None:
+    """A DefinitionError naming the op and the dtype when fusecut cannot run ``name`` on it."""
+    category = dtype_category(dtype)
+    if category in REFUSED_DTYPES.get(name, ()) or (category == "uint64"
+                                                    and name not in _UINT64_OK):
+        raise DefinitionError(f"{name} is not supported for {dtype.value} {what} (fusecut "
+                              f"and torch have no {name} of {dtype.value})")
 
 
 def _make_infer(name: str, rule: str):
     def infer(ins: list, attrs: dict[str, Any]) -> list[OutSig]:
         tensors, scalars = _split(ins)
         scalar_only = not tensors
+        operand_types = ins[1:] if rule == "ternary_where" else ins
+        if operand_types:
+            check_operand_dtype(name, result_type(*_split(operand_types)))
         if name in INT_ONLY:
             for v in ins:
                 if v.dtype.is_float:
@@ -95,13 +138,16 @@ def _make_infer(name: str, rule: str):
         if rule == "ternary_where":
             pred = ins[0]
             if pred.dtype is not DType.bool:
-                raise DefinitionError(f"where's condition {pred.name} must be bool, "
-                                      f"got {pred.dtype.value}")
+                raise DefinitionError(f"Condition should be of DataType Bool: where's "
+                                      f"condition {pred.name} must be bool, got "
+                                      f"{pred.dtype.value}")
             t2, s2 = _split(ins[1:])
             return _sig(ins, result_type(t2, s2) if (t2 or s2) else DType.bool)
         if rule == "first":  # clamp, threshold: the type of the first operand's category
             return _sig(ins, result_type(tensors, scalars))
         out = result_type(tensors, scalars)
+        if name == "abs" and out.is_complex:  # |z| is real, as torch's and nvFuser's abs
+            out = DType.float64 if out is DType.complex128 else DType.float32
         if rule == "float":
             out = _float_of(out, scalar_only)
         elif scalar_only and out is DType.float32:
@@ -142,6 +188,19 @@ for _name, _pnames in TERNARY.items():
 register(OpSpec("addcmul", (Param("arg", "V"), Param("tensor1", "V"), Param("tensor2", "V"),
                             Param("value", "V")),
                 OpClass.POINTWISE, _make_infer("addcmul", "same"), _shape, cost=2))
+
+
+def _complex_part_infer(ins, attrs):
+    (arg,) = ins
+    if not arg.dtype.is_complex:
+        raise DefinitionError(f"real/imag need a complex operand, {arg.name} is "
+                              f"{arg.dtype.value}")
+    real = DType.float64 if arg.dtype is DType.complex128 else DType.float32
+    return _sig(ins, real)
+
+
+for _name in ("real", "imag"):
+    register(OpSpec(_name, _UNARY, OpClass.POINTWISE, _complex_part_infer, _shape, cost=1))
 
 
 def _cast_infer(ins, attrs):

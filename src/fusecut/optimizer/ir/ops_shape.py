@@ -33,12 +33,18 @@ def _arg(ins) -> TensorValue:
 def _bid_infer(ins, attrs):
     arg = _arg(ins)
     shape, dims = attrs["shape"], list(attrs["broadcast_dims"])
+    if len(shape) < arg.rank:
+        raise DefinitionError(f"The new shape is expected to be greater-then-or-equal to the "
+                              f"input: {len(shape)} output axes for {arg.name} of rank "
+                              f"{arg.rank}")
     if len(dims) != arg.rank:
-        raise DefinitionError(f"broadcast_dims {dims} has {counted(len(dims), 'entry', 'entries')}"
-                              f" but {arg.name} has rank {arg.rank}")
+        raise DefinitionError(f"The broadcast dimensions should match the input dimensions: "
+                              f"broadcast_dims {dims} has "
+                              f"{counted(len(dims), 'entry', 'entries')} but {arg.name} has "
+                              f"rank {arg.rank}")
     if any(not 0 <= d < len(shape) for d in dims) or any(a >= b for a, b in zip(dims, dims[1:])):
-        raise DefinitionError(f"broadcast_dims {dims} must be increasing positions in the output "
-                              f"shape of rank {len(shape)}")
+        raise DefinitionError(f"Invalid broadcast_dims value: broadcast_dims {dims} must be "
+                              f"increasing positions in the output shape of rank {len(shape)}")
     out = [True] * len(shape)
     for i, d in enumerate(dims):
         out[d] = arg.broadcast[i]
@@ -68,8 +74,9 @@ def _bcast_infer(ins, attrs):
     arg = _arg(ins)
     flags = list(attrs["is_broadcast_dim"])
     if flags.count(False) != arg.rank:
-        raise DefinitionError(f"is_broadcast_dim {flags} must have {arg.rank} False entries "
-                              f"(the rank of {arg.name})")
+        raise DefinitionError(f"Invalid broadcast, number of false entries in is_broadcast_dim "
+                              f"expected to be {arg.rank} (the rank of {arg.name}), "
+                              f"is_broadcast_dim is {flags}")
     it = iter(arg.broadcast)
     return [OutSig(arg.dtype, tuple(True if f else next(it) for f in flags))]
 
@@ -116,6 +123,14 @@ register(OpSpec("expand", (Param("arg", "T"), Param("shape", "SH")), OpClass.BRO
 
 def _squeeze_infer(ins, attrs):
     arg = _arg(ins)
+    if len(attrs["dims"]) > arg.rank:
+        raise DefinitionError(f"The dims to squeeze must be <= the number of dims of the input "
+                              f"tensor: {len(attrs['dims'])} dims for {arg.name} of rank "
+                              f"{arg.rank}")
+    for d in attrs["dims"]:
+        if not -arg.rank <= d < arg.rank:
+            raise DefinitionError(f"Squeeze dim is outside of Tensor size! dim {d} for "
+                                  f"{arg.name} of rank {arg.rank}")
     dims = norm_axes(list(attrs["dims"]), arg.rank)
     return [OutSig(arg.dtype, tuple(b for i, b in enumerate(arg.broadcast) if i not in dims))]
 
@@ -142,9 +157,17 @@ register(OpSpec("squeeze",
 
 def _permute_infer(ins, attrs):
     arg = _arg(ins)
+    if len(attrs["dims"]) != arg.rank:
+        raise DefinitionError(f"permute: expects dims argument to have the same length as input "
+                              f"({arg.name} has rank {arg.rank}), got {list(attrs['dims'])}")
+    for d in attrs["dims"]:
+        if not -arg.rank <= d < arg.rank:
+            raise DefinitionError(f"permute: dims argument is out of range, expects >= "
+                                  f"{-arg.rank} and < {arg.rank}, but got {d}")
     dims = [norm_axis(d, arg.rank) for d in attrs["dims"]]
     if sorted(dims) != list(range(arg.rank)):
-        raise DefinitionError(f"permute dims {list(attrs['dims'])} is not a permutation of "
+        raise DefinitionError(f"permute: duplicated dimension entries in dims "
+                              f"{list(attrs['dims'])}: not a permutation of "
                               f"{counted(arg.rank, 'axis', 'axes')}")
     return [OutSig(arg.dtype, tuple(arg.broadcast[d] for d in dims))]
 
@@ -165,7 +188,8 @@ def _reshape_infer(ins, attrs):
     arg = _arg(ins)
     shape = attrs["new_shape"]
     if sum(1 for x in shape if x == -1) > 1:
-        raise DefinitionError("reshape new_shape may infer (-1) at most one extent")
+        raise DefinitionError("A maximum of one value of -1 can be provided to reshape "
+                              "(new_shape may infer at most one extent)")
     return [OutSig(arg.dtype, tuple(False for _ in shape))]
 
 
@@ -178,11 +202,13 @@ def _reshape_shape(in_shapes, attrs, ev):
     known = math.prod(e for e in out if e != -1)
     if -1 in out:
         if known == 0 or numel % known:
-            raise InputError(f"cannot reshape {numel} elements into {out}")
+            raise InputError(f"cannot reshape {numel} elements into {out} (Total element counts "
+                             f"across view operation must match)")
         out[out.index(-1)] = numel // known
     elif known != numel:
-        raise InputError(f"cannot reshape a tensor of shape {list(in_shapes[0])} ({numel} elements)"
-                         f" into {out} ({known} elements)")
+        raise InputError(f"cannot reshape a tensor of shape {list(in_shapes[0])} ({numel} "
+                         f"elements) into {out} ({known} elements): Total element counts across "
+                         f"view operation must match")
     return [tuple(out)]
 
 
@@ -200,9 +226,25 @@ def _slice_infer(ins, attrs):
     arg = _arg(ins)
     starts, ends = attrs["start_indices"], attrs["end_indices"]
     strides = attrs["strides"] or [1] * arg.rank
-    if not len(starts) == len(ends) == len(strides) == arg.rank:
-        raise DefinitionError(f"slice needs one start, end and stride per axis of {arg.name} "
-                              f"(rank {arg.rank}); got {len(starts)}, {len(ends)}, {len(strides)}")
+    counts = (f"(rank {arg.rank}; got {len(starts)} starts, {len(ends)} ends, "
+              f"{len(strides)} strides)")
+    if len(starts) != len(strides):
+        raise DefinitionError(f"Slice start_indices and strides don't match! {counts}")
+    if len(starts) != len(ends):
+        raise DefinitionError(f"Slice indexing attribute dimensions don't match! {counts}")
+    if len(starts) != arg.rank:
+        raise DefinitionError(f"Number of tensor dimensions does not match slice dimensions! "
+                              f"{counts}")
+    for x in starts:
+        if isinstance(x, int) and x < 0 and attrs["manual_normalization"]:
+            raise DefinitionError(f"Slice operation start_indices must be greater than or equal "
+                                  f"to 0. Start Indices: {list(starts)}")
+    for x, y in zip(starts, ends):
+        if isinstance(x, int) and isinstance(y, int) and y < x and x >= 0 and \
+                attrs["manual_normalization"]:
+            raise DefinitionError(f"Slice operation end_indices must be greater than or equal "
+                                  f"to start_indices. Start Indices: {list(starts)} End "
+                                  f"Indices: {list(ends)}")
     if any(s < 1 for s in strides):
         raise DefinitionError(f"slice strides must be >= 1, got {list(strides)}")
     return [OutSig(arg.dtype, arg.broadcast)]
@@ -244,13 +286,18 @@ register(OpSpec("slice",
 def _pad_infer(ins, attrs):
     arg = _arg(ins)
     widths = attrs["pad_widths"]
-    if len(widths) % 2 or len(widths) > 2 * arg.rank:
-        raise DefinitionError(f"pad_widths needs pairs for at most "
-                              f"{counted(arg.rank, 'axis', 'axes')} (innermost first); got "
-                              f"{counted(len(widths), 'entry', 'entries')}")
-    if len(ins) > 1 and ins[1].dtype.category > arg.dtype.category:
-        raise DefinitionError(f"pad value {ins[1].name} ({ins[1].dtype.value}) does not fit "
-                              f"{arg.name} ({arg.dtype.value})")
+    if len(widths) > 2 * arg.rank:
+        raise DefinitionError(f"Number of pad widths must be at most twice the input dimension: "
+                              f"{len(widths)} pad widths for {arg.name} of rank {arg.rank} "
+                              f"(innermost-first pairs)")
+    if len(widths) % 2:
+        raise DefinitionError(f"Invalid number of padding widths: {len(widths)} (pad widths "
+                              f"come in innermost-first (left, right) pairs)")
+    if len(ins) > 1 and (ins[1].dtype.category > arg.dtype.category
+                         or ins[1].dtype.is_complex != arg.dtype.is_complex):
+        raise DefinitionError(f"Tensor arg and pad value must have the same dtype: pad value "
+                              f"{ins[1].name} ({ins[1].dtype.value}) does not fit {arg.name} "
+                              f"({arg.dtype.value})")
     flags = list(arg.broadcast)
     for k in range(len(widths) // 2):
         flags[arg.rank - 1 - k] = False
@@ -271,8 +318,8 @@ def _pad_shape(in_shapes, attrs, ev):
     out = []
     for i, (e, (lo, hi)) in enumerate(zip(src, pad_widths_by_axis(len(src), widths))):
         if e + lo + hi < 0:
-            raise InputError(f"padding axis {i} of extent {e} by ({lo}, {hi}) leaves a negative "
-                             f"extent")
+            raise InputError(f"Invalid resized domain extent: padding axis {i} of extent {e} by "
+                             f"({lo}, {hi}) leaves a negative extent")
         out.append(e + lo + hi)
     return [tuple(out)]
 
@@ -286,16 +333,20 @@ register(OpSpec("pad", (Param("arg", "T"), Param("pad_widths", "SH"), Param("val
 
 def _cat_infer(ins, attrs):
     if not ins:
-        raise DefinitionError("cat needs at least one tensor")
+        raise DefinitionError("Attempting to concatenate empty list of tensors (cat needs at "
+                              "least one)")
     tensors = [_arg([t]) for t in ins]
     rank, dtype = tensors[0].rank, tensors[0].dtype
     for t in tensors:
         if t.rank != rank:
-            raise DefinitionError(f"cat operands must have one rank: {tensors[0].name} has "
-                                  f"{rank}, {t.name} has {t.rank}")
+            raise DefinitionError(f"Unexpected number of dimensions: cat operands must have one "
+                                  f"rank: {tensors[0].name} has {rank}, {t.name} has {t.rank}")
         if t.dtype != dtype:
             raise DefinitionError(f"cat operands must have one dtype: {tensors[0].name} is "
                                   f"{dtype.value}, {t.name} is {t.dtype.value}")
+    if not -rank <= attrs["dim"] < rank:  # a 0-d operand has no axis to concatenate
+        raise DefinitionError(f"Invalid dimension to cat: dim {attrs['dim']} for operands of "
+                              f"rank {rank}")
     dim = norm_axis(attrs["dim"], rank)
     flags = [all(t.broadcast[i] for t in tensors) for i in range(rank)]
     flags[dim] = False
@@ -310,7 +361,7 @@ def _cat_shape(in_shapes, attrs, ev):
         for i in range(rank):
             if i != dim and s[i] != out[i]:
                 raise InputError(f"cat operand {k} has extent {s[i]} on axis {i}, operand 0 has "
-                                 f"{out[i]}")
+                                 f"{out[i]}: a conflict was found with 2 different sizes")
     out[dim] = sum(s[dim] for s in in_shapes)
     return [tuple(out)]
 

@@ -14,6 +14,7 @@ The op families register themselves from ``ops_pointwise``, ``ops_shape``, ``ops
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -98,9 +99,17 @@ def register(spec: OpSpec) -> OpSpec:
 def get_spec(name: str) -> OpSpec:
     spec = REGISTRY.get(name)
     if spec is None:
-        raise DefinitionError(f"unknown op '{name}' (fusecut supports: "
-                              f"{', '.join(sorted(REGISTRY))})")
+        raise DefinitionError(unknown_op_message(name))
     return spec
+
+
+def unknown_op_message(name: str, lead: str = "unknown op") -> str:
+    """``unknown op 'sqrtt'; did you mean 'sqrt'?``: the nearest op names, not all of them
+    (docs/ops.md lists every op)."""
+    near = difflib.get_close_matches(name, sorted(REGISTRY), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else \
+        " (docs/ops.md lists the ops fusecut supports)"
+    return f"{lead} {name[:80]!r}{hint}"
 
 
 def all_specs() -> dict[str, OpSpec]:
@@ -110,6 +119,9 @@ def all_specs() -> dict[str, OpSpec]:
 def bind_arguments(spec: OpSpec, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """Bind call arguments to parameter names the way Python (and pybind11) would."""
     names = [p.name for p in spec.params]
+    if len(args) == 2 and isinstance(args[1], DType) and "dtype" in names[2:] \
+            and "dtype" not in kwargs:  # nvFuser's reduction overload op(arg, dtype)
+        args, kwargs = args[:1], {**kwargs, "dtype": args[1]}
     if spec.legacy and len(args) in spec.legacy:
         names = list(spec.legacy[len(args)])
     if len(args) > len(names):
@@ -139,14 +151,33 @@ def tensor_operands(ins: list[Operand]) -> list[TensorValue]:
     return [v for v in ins if isinstance(v, TensorValue)]
 
 
-def norm_axis(axis: int, rank: int, what: str = "dim") -> int:
-    if not -rank <= axis < max(rank, 1):
-        raise DefinitionError(f"{what} {axis} is out of range for a tensor of rank {rank}")
+# nvFuser's words for an axis out of range, by what the axis indexes (programs written against
+# nvFuser match on them); fusecut's own explanation follows
+AXIS_ERRORS = {
+    "index": "Tried to access out of boundary index {wrapped}. total index: {rank}",
+    "gather": "Tensor arguments have dimension {rank}; dim {axis} is outside it",
+    "reduction": "Reduction on invalid axis, received: {axis} however tensor view only has "
+                 "{rank} non-reduction dims",
+}
+
+
+def norm_axis(axis: int, rank: int, what: str = "dim", nvfuser: str = "index",
+              zero_d: bool = True) -> int:
+    """``axis`` in [0, rank) (negative counts from the end); out of range is a DefinitionError in
+    nvFuser's words for that kind of axis (``AXIS_ERRORS``) and then fusecut's. A 0-d tensor
+    takes axis 0 or -1 where nvFuser (and torch) do, as argsort and topk do (``zero_d``); a
+    reduction or a size has no axis of a 0-d tensor to name (``zero_d=False``)."""
+    if not -max(rank, 1 if zero_d else 0) <= axis < max(rank, 1 if zero_d else 0):
+        wrapped = axis + rank if axis < 0 else axis
+        head = AXIS_ERRORS[nvfuser].format(axis=axis, rank=rank, wrapped=wrapped)
+        raise DefinitionError(f"{head} ({what} {axis} is out of range for a tensor of rank "
+                              f"{rank})")
     return axis % rank if rank else 0
 
 
-def norm_axes(axes: list[int], rank: int, what: str = "dims") -> tuple[int, ...]:
-    out = tuple(sorted({norm_axis(a, rank, what) for a in axes}))
+def norm_axes(axes: list[int], rank: int, what: str = "dims",
+              nvfuser: str = "index", zero_d: bool = True) -> tuple[int, ...]:
+    out = tuple(sorted({norm_axis(a, rank, what, nvfuser, zero_d) for a in axes}))
     if len(out) != len(axes):
         raise DefinitionError(f"{what} {list(axes)} repeats an axis")
     return out

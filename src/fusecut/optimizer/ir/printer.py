@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fusecut.optimizer.ir.descriptor import allocation_contiguity
 from fusecut.optimizer.ir.dtypes import NVFUSER_NAME, DType
 from fusecut.optimizer.ir.fusion import Fusion, Op, Ref
 from fusecut.optimizer.ir.inputs import InputMeta, TensorMeta, contiguous_strides
@@ -22,6 +23,12 @@ _DRAWN_AS_FLOAT32 = frozenset({DType.float8_e4m3fn, DType.float8_e5m2, DType.flo
 
 
 def format_number(v: Any) -> str:
+    if isinstance(v, complex):
+        return f"complex({_format_real(v.real)}, {_format_real(v.imag)})"
+    return _format_real(v)
+
+
+def _format_real(v: Any) -> str:
     if isinstance(v, bool):
         return repr(v)
     if isinstance(v, float):
@@ -50,7 +57,24 @@ def print_fusion(fusion: Fusion, name: str = "nvfuser_fusion_id0",
                  inputs: list[InputMeta] | None = None, device: str = "cuda:0") -> str:
     lines = ["import torch", "from nvfuser import FusionDefinition, DataType"
              + (", ParallelType" if fusion.stream_axes else ""), "",
-             f"def {name}(fd : FusionDefinition) -> None :"]
+             print_definition(fusion, name).rstrip("\n")]
+    lines += ["", "with FusionDefinition() as fd:", f"    {name}(fd)", ""]
+    missing = sorted({m.dtype.value for m in inputs or () if isinstance(m, TensorMeta)
+                      and m.dtype not in _TORCH_NAME})
+    if missing:
+        lines.append(f"# no inputs list: torch has no {', '.join(missing)} tensors")
+    elif inputs is not None:
+        lines.append("inputs = [")
+        lines += [f"    {format_input(m, device)}," for m in inputs]
+        lines += ["]", "fd.execute(inputs)", ""]
+    return "\n".join(lines)
+
+
+def print_definition(fusion: Fusion, name: str = "nvfuser_fusion_id0") -> str:
+    """The definition function alone (``def name(fd : FusionDefinition) -> None :`` and its
+    body), as nvFuser prints a FusionDefinition; it needs ``FusionDefinition`` and ``DataType``
+    (and ``ParallelType`` for stream axes) in scope."""
+    lines = [f"def {name}(fd : FusionDefinition) -> None :"]
     defined: set[str] = set()
 
     def ensure(ref: str) -> None:
@@ -67,8 +91,8 @@ def print_fusion(fusion: Fusion, name: str = "nvfuser_fusion_id0",
             t = fusion.tensors[inp]
             shape = list(t.declared_shape) if t.declared_shape is not None else [
                 1 if b else -1 for b in t.broadcast]
-            contiguity = list(t.contiguity) if t.contiguity is not None else [
-                None if b else True for b in t.broadcast]
+            contiguity = allocation_contiguity(t.contiguity, t.stride_order) \
+                if t.contiguity is not None else [None if b else True for b in t.broadcast]
             order = list(t.stride_order) if t.stride_order else list(range(t.rank - 1, -1, -1))
             lines.append(f"    {inp} = fd.define_tensor(shape={shape}, contiguity={contiguity}, "
                          f"dtype={_dtype(t.dtype)}, is_cpu=False, stride_order={order})")
@@ -81,21 +105,43 @@ def print_fusion(fusion: Fusion, name: str = "nvfuser_fusion_id0",
             ensure(ref)
         lines.append("    " + format_op(op))
         defined.update(op.outputs)
+    aliased: set[str] = set()
     for out in fusion.outputs:
-        alias = fusion.aliases.get(out)
+        alias = fusion.aliases.get(out) if out not in aliased else None
+        aliased.add(out)  # a tensor output twice updates its input once (the first time)
         lines.append(f"    fd.add_output({out}" + (f", {alias})" if alias else ")"))
     for tensor, axis in fusion.stream_axes:
         lines.append(f"    fd.sched.parallelize({tensor}, {axis}, ParallelType.stream)")
-    lines += ["", "with FusionDefinition() as fd:", f"    {name}(fd)", ""]
-    missing = sorted({m.dtype.value for m in inputs or () if isinstance(m, TensorMeta)
-                      and m.dtype not in _TORCH_NAME})
-    if missing:
-        lines.append(f"# no inputs list: torch has no {', '.join(missing)} tensors")
-    elif inputs is not None:
-        lines.append("inputs = [")
-        lines += [f"    {format_input(m, device)}," for m in inputs]
-        lines += ["]", "fd.execute(inputs)", ""]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"
+
+
+def print_math(fusion: Fusion) -> str:
+    """The fusion as math, in the shape of nvFuser's ``print_math``: inputs and outputs with
+    their dtypes and declared extents, then one line per op."""
+
+    def tensor(name: str) -> str:
+        t = fusion.tensors[name]
+        dims = list(t.declared_shape) if t.declared_shape is not None else \
+            ["1" if b else "?" for b in t.broadcast]
+        return f"{name}_{t.dtype.value}[{', '.join(str(d) for d in dims)}]"
+
+    def value(name: str) -> str:
+        if name in fusion.tensors:
+            return tensor(name)
+        sv = fusion.scalars[name]
+        return format_number(sv.value) if sv.value is not None else f"{name}_{sv.dtype.value}"
+
+    lines = ["Inputs:"] + [f"  {value(n)}" for n in fusion.inputs]
+    lines += ["Outputs:"] + [f"  {tensor(n)}" for n in fusion.outputs]
+    lines += ["", "%kernel_math {"]
+    for op in fusion.ops:
+        attrs = ", ".join(f"{k}={_attr(v)}" for k, v in op.attrs.items()
+                          if not k.startswith("has_"))
+        args = ", ".join([value(n) for n in op.inputs] + ([attrs] if attrs else []))
+        lines.append(f"{', '.join(value(o) for o in op.outputs)}")
+        lines.append(f"   = {op.name}({args});")
+    lines.append("} // %kernel_math")
+    return "\n".join(lines) + "\n"
 
 
 def format_op(op: Op) -> str:

@@ -18,16 +18,28 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, WithJsonS
 
 from fusecut.optimizer.errors import DefinitionError, InputError
 from fusecut.optimizer.ir.builder import FusionBuilder, TensorHandle
+from fusecut.optimizer.ir.descriptor import allocation_contiguity
 from fusecut.optimizer.ir.dtypes import INT_RANGES, DType
 from fusecut.optimizer.ir.fusion import Fusion, Ref
 from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta, contiguous_strides
 
 
+class ComplexNumber(BaseModel):
+    """A complex constant: real and imaginary parts (non-finite ones as "inf", "-inf", "nan")."""
+
+    model_config = ConfigDict(extra="forbid")
+    re: float | Literal["inf", "-inf", "nan"]
+    im: float | Literal["inf", "-inf", "nan"]
+
+
 def _number_form(value: Any) -> str | None:
     return "boolean" if isinstance(value, bool) else "integer" if isinstance(value, int) else \
         "real number" if isinstance(value, float) else \
-        "non-finite number" if isinstance(value, str) else None
+        "non-finite number" if isinstance(value, str) else \
+        "complex number" if isinstance(value, dict | ComplexNumber) else None
 
+
+_NON_FINITE = {"enum": ["inf", "-inf", "nan"], "type": "string"}
 
 # Told apart by JSON type, so that an error names what the value was read as ("value
 # (non-finite number): Input should be 'inf', '-inf' or 'nan'"), not one error per branch of
@@ -36,11 +48,16 @@ def _number_form(value: Any) -> str | None:
 Number = Annotated[
     Annotated[bool, Tag("boolean")] | Annotated[int, Tag("integer")]
     | Annotated[float, Tag("real number")]
-    | Annotated[Literal["inf", "-inf", "nan"], Tag("non-finite number")],
+    | Annotated[Literal["inf", "-inf", "nan"], Tag("non-finite number")]
+    | Annotated[ComplexNumber, Tag("complex number")],
     Discriminator(_number_form, custom_error_type="number",
-                  custom_error_message='a number, or "inf", "-inf" or "nan"'),
-    WithJsonSchema({"anyOf": [{"type": "boolean"}, {"type": "integer"}, {"type": "number"},
-                              {"enum": ["inf", "-inf", "nan"], "type": "string"}]})]
+                  custom_error_message='a number, "inf", "-inf" or "nan", or a complex number '
+                                       '{"re": ..., "im": ...}'),
+    WithJsonSchema({"anyOf": [
+        {"type": "boolean"}, {"type": "integer"}, {"type": "number"}, _NON_FINITE,
+        {"type": "object", "additionalProperties": False, "required": ["re", "im"],
+         "properties": {part: {"anyOf": [{"type": "number"}, _NON_FINITE]}
+                        for part in ("re", "im")}}]})]
 
 
 class _Strict(BaseModel):
@@ -53,7 +70,9 @@ class TensorDecl(_Strict):
     id: str
     dtype: DType
     shape: list[int] = Field(description="-1 for a symbolic extent, 1 for a broadcast axis")
-    contiguity: list[bool | None] | None = None
+    contiguity: list[bool | None] | None = Field(
+        None, description="per axis in allocation order (the stride order's, when given), as "
+                          "nvFuser reads it")
     stride_order: list[int] | None = None
 
 
@@ -104,12 +123,26 @@ class InputMetaJSON(_Strict):
 
 
 def _num_out(v: Any) -> Any:
+    if isinstance(v, complex):
+        return {"re": _real_out(v.real), "im": _real_out(v.imag)}
+    return _real_out(v)
+
+
+def _real_out(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
     return v
 
 
 def _num_in(v: Any) -> Any:
+    if isinstance(v, ComplexNumber):
+        return complex(_real_in(v.re), _real_in(v.im))
+    if isinstance(v, dict) and set(v) == {"re", "im"}:
+        return complex(_real_in(v["re"]), _real_in(v["im"]))
+    return _real_in(v)
+
+
+def _real_in(v: Any) -> Any:
     return float(v) if isinstance(v, str) else v
 
 
@@ -140,7 +173,8 @@ def fusion_to_model(fusion: Fusion) -> FusionJSON:
         tensors=[TensorDecl(id=n, dtype=t.dtype,
                             shape=list(t.declared_shape) if t.declared_shape is not None
                             else [1 if b else -1 for b in t.broadcast],
-                            contiguity=list(t.contiguity) if t.contiguity is not None else None,
+                            contiguity=allocation_contiguity(t.contiguity, t.stride_order)
+                            if t.contiguity is not None else None,
                             stride_order=list(t.stride_order) if t.stride_order else None)
                  for n, t in fusion.tensors.items() if n in fusion.inputs],
         scalars=[ScalarDecl(id=n, dtype=s.dtype, value=_num_out(s.value))
@@ -197,11 +231,12 @@ def fusion_from_json(data: dict[str, Any] | FusionJSON, max_ops: int = 100_000) 
             raise DefinitionError(f"scalar id {s.id!r} is not a valid fresh identifier")
     for op in model.ops:
         b.add_op(op.name, op.inputs, {k: _attr_in(v) for k, v in op.attrs.items()}, op.outputs)
-    for out in model.outputs:
+    for k, out in enumerate(model.outputs):
         if out not in b.fusion.tensors:
             raise DefinitionError(f"output {out!r} is not a tensor of the definition")
-        b.add_output(_handle(b, out), _handle(b, model.aliases[out]) if out in model.aliases
-                     else None)
+        first = model.outputs.index(out) == k  # an output listed twice updates its input once
+        b.add_output(_handle(b, out), _handle(b, model.aliases[out])
+                     if out in model.aliases and first else None)
     if set(model.aliases) - set(model.outputs):
         raise DefinitionError("aliases name tensors that are not outputs")
     for axis in model.stream_parallel:

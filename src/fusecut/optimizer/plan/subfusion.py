@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.ir.builder import FusionBuilder, ScalarHandle, TensorHandle
+from fusecut.optimizer.ir.descriptor import allocation_contiguity
 from fusecut.optimizer.ir.fusion import Fusion, Ref
 from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta, contiguous_strides
 from fusecut.optimizer.kinds.rules import Schedule
@@ -46,7 +47,8 @@ def translate(bound: Bound, schedule: Schedule) -> SubFusion:
     for t in schedule.inputs:
         tv = fusion.tensors[t]
         if t in bound.inputs:
-            h = b.define_tensor(list(tv.declared_shape), list(tv.contiguity), tv.dtype,
+            h = b.define_tensor(list(tv.declared_shape),
+                                allocation_contiguity(tv.contiguity, tv.stride_order), tv.dtype,
                                 stride_order=list(tv.stride_order) if tv.stride_order else None,
                                 name=t)
             input_map[h.name] = t
