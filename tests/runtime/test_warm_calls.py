@@ -87,7 +87,7 @@ def test_warm_calls_neither_plan_nor_compile(name, monkeypatch, native_built):
     torch.cuda.synchronize()
     close(outs, run_reference(fusion, args), name)
     close(outs, first, name)
-    program = next(iter(fd._local.programs.values()))
+    program = next(iter(fd._local_state().programs.values()))
     assert program.native is not None  # C++ runs kernel and linear/matmul plans
 
 
@@ -95,7 +95,7 @@ def test_warm_calls_neither_plan_nor_compile(name, monkeypatch, native_built):
 def test_python_and_native_paths_agree(monkeypatch, native_built):
     fusion, fd, args = definition("layernorm_bwd", device="cuda")
     native_outs = fd.execute(args)
-    program = next(iter(fd._local.programs.values()))
+    program = next(iter(fd._local_state().programs.values()))
     assert program.native is not None
     python_outs = program.run_python(args)
     torch.cuda.synchronize()
@@ -116,7 +116,7 @@ def test_signature_changes_take_the_slow_path(native_built):
         close([got], run_reference(fusion, [other]))
     (again,) = fd.execute(args)
     close([again], run_reference(fusion, args))
-    assert len(fd._local.programs) == 3
+    assert len(fd._local_state().programs) == 3
 
 
 @gpu
