@@ -36,8 +36,8 @@ def test_half_sent_requests_are_dropped(tmp_path):
     with Server(tmp_path / "plans.sqlite", read_timeout_s=1) as server:
         port = int(server.url.rsplit(":", 1)[1])
         baseline = open_fds(server.proc.pid)
-        halves = [b"", b"GET /healthz HT", b"POST /v1/plan HTTP/1.1\r\nhost: x\r\n",
-                  b"POST /v1/plan HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        halves = [b"", b"GET /healthz HT", b"POST /v1/plan HTTP/1.1\r\nhost: localhost\r\n",
+                  b"POST /v1/plan HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
                   b"content-length: 100\r\n\r\n{\"definition\": "]
         sockets = []
         for k in range(200):
@@ -59,7 +59,7 @@ def test_half_sent_requests_are_dropped(tmp_path):
                  "the dropped connections' descriptors stayed open")
         # a slow but steady client is not dropped: 2.5 s, a byte every 0.5 s
         with socket.create_connection(("127.0.0.1", port)) as s:
-            request = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
+            request = b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n"
             for k in range(0, len(request), 7):
                 s.sendall(request[k:k + 7])
                 time.sleep(0.5)
@@ -109,8 +109,8 @@ def test_a_byte_at_a_time_does_not_keep_a_request_open(tmp_path):
     with Server(tmp_path / "plans.sqlite", read_timeout_s=1, header_timeout_s=2,
                 min_body_rate=1000) as server:
         port = int(server.url.rsplit(":", 1)[1])
-        head = b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-slow: "
-        body = (b"POST /v1/plan HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        head = b"GET /healthz HTTP/1.1\r\nhost: localhost\r\nx-slow: "
+        body = (b"POST /v1/plan HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
                 b"content-length: 100000\r\n\r\n")
         until = time.monotonic() + 8
         for start, deadline in ((head, 2), (body, 1 + 10 / 1000)):
@@ -151,8 +151,8 @@ def test_headers_are_bounded_in_number_and_bytes_before_the_app_sees_them(http):
     for extra, limit in ((many, b"100 headers"), (long, b"65536 bytes")):
         with socket.create_connection(("127.0.0.1", port)) as s:
             try:
-                s.sendall(b"GET /v1/plans/" + b"0" * 32 + b" HTTP/1.1\r\nhost: x\r\n" + extra
-                          + b"\r\n")
+                s.sendall(b"GET /v1/plans/" + b"0" * 32 + b" HTTP/1.1\r\nhost: localhost\r\n"
+                          + extra + b"\r\n")
             except OSError:  # closed while sending: read what it said
                 pass
             answer = recv_all(s, 10)
@@ -160,6 +160,6 @@ def test_headers_are_bounded_in_number_and_bytes_before_the_app_sees_them(http):
         assert limit in answer
     fine = b"".join(b"x-h%d: v\r\n" % k for k in range(90))
     with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n" + fine
+        s.sendall(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n" + fine
                   + b"\r\n")
         assert recv_all(s, 10).startswith(b"HTTP/1.1 200")

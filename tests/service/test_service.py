@@ -560,7 +560,8 @@ def test_validation_errors_name_fields_not_validators(http):
         ({"definition": SMALL, "inputs": [{"dtype": "float64", "value": "x"}]},
          "inputs.0.value (non-finite number): Input should be 'inf', '-inf' or 'nan'"),
         ({"definition": SMALL, "inputs": [{"dtype": "float64", "value": []}]},
-         'inputs.0.value: a number, or "inf", "-inf" or "nan"'),
+         'inputs.0.value: a number, "inf", "-inf" or "nan", or a complex number '
+         '{"re": ..., "im": ...}'),
     ]
     for body, detail in cases:
         for route in ("/v1/plan", "/v1/execute"):

@@ -30,10 +30,15 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 @pytest.fixture(autouse=True)
 def no_shared_definitions(monkeypatch):
-    """Regions share definitions, and with them plans and programs, across executors: a plan an
-    earlier test made would not be made again, and the failure injected into making it would
-    never happen."""
+    """Regions share definitions, and with them plans and programs, across executors (and the
+    process's FusionCache holds every definition's plans): a plan an earlier test made would not
+    be made again, and the failure injected into making it would never happen."""
+    from fusecut.fusion_cache import FusionCache
+
     monkeypatch.setattr(fusecut.thunder.executor, "_definitions", {})
+    FusionCache.reset()
+    yield
+    FusionCache.reset()
 
 
 def broken(error: Exception):
