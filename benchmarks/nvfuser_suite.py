@@ -112,8 +112,10 @@ HEADERS = ["", "in scope (ran)", "passed", "failed", "error", "skipped/xfail", "
            "pass rate"]
 
 
-def build_report(recs: dict[tuple[str, str], dict], top: int = 40) -> tuple[str, dict]:
-    """The markdown tables (per suite, per file, per failure reason) and the totals."""
+def build_report(recs: dict[tuple[str, str], dict], top: int | None = None
+                 ) -> tuple[str, dict]:
+    """The markdown tables (per suite, per file, per failure reason: the ``top`` most common,
+    every one when None) and the totals."""
     total, suites, files = Tally(), defaultdict(Tally), defaultdict(Tally)
     reasons: Counter = Counter()
     examples: dict[str, str] = {}
@@ -132,7 +134,7 @@ def build_report(recs: dict[tuple[str, str], dict], top: int = 40) -> tuple[str,
     reason_rows = [[str(n), f"`{_cell(r)}`", _cell(examples[r])] for r, n in listed]
     rest = failing - sum(n for _, n in listed)
     if rest:
-        reason_rows.append([str(rest), f"({len(reasons) - top} other reasons)", ""])
+        reason_rows.append([str(rest), f"({len(reasons) - len(listed)} other reasons)", ""])
     text = "\n\n".join([
         "## Per suite\n\n" + markdown_table(HEADERS, suite_rows),
         "## Per file\n\n" + markdown_table(HEADERS, file_rows),
@@ -202,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--helpers", choices=("strict", "core"), default="strict")
     ap.add_argument("--from-jsonl", nargs="+", type=Path,
                     help="build the table from these results instead of running")
-    ap.add_argument("--top", type=int, default=40, help="failure reasons listed")
+    ap.add_argument("--top", type=int, default=0,
+                    help="failure reasons listed (default 0: every one, as the table must hold "
+                         "every remaining failure)")
     ap.add_argument("--no-write", action="store_true", help="print only")
     a = ap.parse_args(argv)
 
@@ -219,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no test records", file=sys.stderr)
         return 1
     cpu = a.cpu or info.get("cuda") is False
-    text, totals = build_report(recs, a.top)
+    text, totals = build_report(recs, a.top or None)
     device = device_name(info, cpu)
     mode = "CPU mode (cuda mapped to the CPU)" if cpu else "GPU"
     head = (f"{totals['passed']} of {totals['ran']} in-scope tests pass ({totals['pass_rate']}), "

@@ -396,3 +396,16 @@ def test_a_stride_ordered_output_places_its_extent_1_axes_as_nvfuser_does():
     (out,) = fd.execute([x])
     torch.testing.assert_close(out, x.unsqueeze(1))
     assert out.stride() == (1, 2, 2, 6)  # axis 1 sits between axes 0 and 2 in memory
+
+
+def test_complex_variance_is_real_and_the_mean_complex():
+    x = torch.randn(3, 5, dtype=torch.complex64)
+    with FusionDefinition() as fd:
+        var, mean = fd.ops.var_mean(fd.from_pytorch(x), dims=[1], correction=1)
+        fd.add_output(var)
+        fd.add_output(mean)
+    got_var, got_mean = fd.execute([x])
+    want_var, want_mean = torch.var_mean(x, dim=1, correction=1)
+    assert got_var.dtype == torch.float32 and got_mean.dtype == torch.complex64
+    torch.testing.assert_close(got_var, want_var)
+    torch.testing.assert_close(got_mean, want_mean)

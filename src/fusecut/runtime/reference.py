@@ -306,7 +306,8 @@ def _reduce(op, args, env, outs):
 
 def _var(op, args, env, outs):
     x = args[0]
-    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+    ct = x.dtype if x.is_complex() else torch.float64 if x.dtype == torch.float64 else \
+        torch.float32
     axes = list(reduction_axes(op.attrs, x.dim()))
     var, mean = torch.var_mean(x.to(ct), dim=axes, correction=op.attrs["correction"],
                                keepdim=op.attrs["keepdim"])

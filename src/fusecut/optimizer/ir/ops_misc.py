@@ -77,8 +77,12 @@ for _kind in ("sum", "max", "min", "prod"):
 def _var_infer(n_out: int):
     def infer(ins, attrs):
         arg = _tensor(ins[0])
+        flags = _reduced_flags(arg, attrs)
+        if arg.dtype.is_complex:  # the variance of complex values is real, their mean complex
+            real = DType.float64 if arg.dtype is DType.complex128 else DType.float32
+            return [OutSig(real, flags), OutSig(arg.dtype, flags)][:n_out]
         dtype = arg.dtype if arg.dtype.is_float else DType.float32
-        return [OutSig(dtype, _reduced_flags(arg, attrs))] * n_out
+        return [OutSig(dtype, flags)] * n_out
 
     return infer
 
