@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from thunder.core import devices, dtypes
 from thunder.core.prims import OpTags
-from thunder.core.proxies import TensorProxy
+from thunder.core.proxies import TensorProxy, pyval
 from thunder.core.transforms import get_grad, put_grads
 from thunder.extend import OperatorExecutor, register_executor
 from thunder.torch import scaled_dot_product_attention as thunder_sdpa
@@ -50,16 +50,12 @@ def cudnn_attention_available() -> bool:
     return torch.backends.cuda.cudnn_sdp_enabled()
 
 
-def _number(value: Any) -> Any:
-    return getattr(value, "value", value)  # Thunder's number proxies carry their value
-
-
 def claims(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: Any = 0.0,
            is_causal: Any = False, *, scale: Any = None) -> bool:
     """Whether this call of ``scaled_dot_product_attention`` runs on cuDNN here (see the module
     docstring for the conditions)."""
     tensors = (query, key, value)
-    if attn_mask is not None or _number(dropout_p) != 0.0:
+    if attn_mask is not None or pyval(dropout_p) != 0.0:
         return False
     if not all(isinstance(t, TensorProxy) and t.ndim == 4 for t in tensors):
         return False
@@ -71,7 +67,7 @@ def claims(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: A
         return False
     if d % 8 or d > MAX_HEAD_SIZE:
         return False
-    if _number(is_causal) and s_q != s_k:  # which corner the causal mask starts from differs
+    if pyval(is_causal) and s_q != s_k:  # which corner the causal mask starts from differs
         return False
     return cudnn_attention_available()
 
@@ -79,11 +75,14 @@ def claims(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: A
 # ---- the operators ------------------------------------------------------------------------------
 
 
+def _output_meta(query, key, value, is_causal, scale):
+    return TensorProxy(like=query, shape=(*query.shape[:3], value.shape[-1]))
+
+
 def _forward_meta(query, key, value, is_causal, scale):
-    b, h, s_q, _ = query.shape
     scalar = {"shape": (), "dtype": dtypes.int64, "device": query.device, "requires_grad": False}
-    return (TensorProxy(like=query, shape=(b, h, s_q, value.shape[-1])),
-            TensorProxy(shape=(b, h, s_q), dtype=dtypes.float32, device=query.device,
+    return (_output_meta(query, key, value, is_causal, scale),
+            TensorProxy(shape=tuple(query.shape[:3]), dtype=dtypes.float32, device=query.device,
                         requires_grad=False),
             TensorProxy(**scalar), TensorProxy(**scalar))
 
@@ -102,17 +101,13 @@ cudnn_attention_forward = cudnn_attention_ex.register_operator(
     tags=(OpTags.DONT_AUTO_RECOMPUTE_IN_BACKWARD,))
 
 
-def _inference_meta(query, key, value, is_causal, scale):
-    return _forward_meta(query, key, value, is_causal, scale)[0]
-
-
 def _inference(query, key, value, is_causal, scale):
     return torch.ops.aten._scaled_dot_product_cudnn_attention(
         query, key, value, None, False, 0.0, bool(is_causal), False, scale=scale)[0]
 
 
 cudnn_attention = cudnn_attention_ex.register_operator(
-    "fusecut_cudnn_attention", meta=_inference_meta, fn=_inference)
+    "fusecut_cudnn_attention", meta=_output_meta, fn=_inference)
 
 
 def _backward_meta(grad, query, key, value, out, logsumexp, seed, offset, is_causal, scale):
@@ -139,11 +134,11 @@ cudnn_attention_backward = cudnn_attention_ex.register_operator(
 
 
 def _execution(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
-    return cudnn_attention(query, key, value, _number(is_causal), scale)
+    return cudnn_attention(query, key, value, pyval(is_causal), scale)
 
 
 def _grad(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
-    causal = _number(is_causal)
+    causal = pyval(is_causal)
     out, logsumexp, seed, offset = cudnn_attention_forward(query, key, value, causal, scale)
     grads = cudnn_attention_backward(get_grad(out), query, key, value, out, logsumexp, seed,
                                      offset, causal, scale)
