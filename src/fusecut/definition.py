@@ -338,9 +338,12 @@ class FusionDefinition:
         to the compiled kernels. ``return_execution=True`` returns the outputs with per-segment
         timings; ``remote=URL`` runs on a fusecut service instead.
         """
+        from fusecut.runtime.tensors import with_cpu_scalars_on_device  # torch, imported late
+
         warm = self._warm
+        inputs = with_cpu_scalars_on_device(_flat_arguments(inputs))
         if warm is not None and (not options or _only_defaults(options)):
-            outputs = warm(_flat_arguments(inputs))
+            outputs = warm(inputs)
             if outputs is not None:
                 return self._returned(outputs)
         self._ensure_defined()
@@ -351,7 +354,6 @@ class FusionDefinition:
         return_execution = options.pop("return_execution", False)
         opts = parse_execute_options(options)
         opts.check_fusion(self.fusion)
-        inputs = _flat_arguments(inputs)
         if remote is not None:
             from fusecut.client import Client
 

@@ -22,7 +22,7 @@ from fusecut.runtime.executor import Execution
 from fusecut.runtime.program import Program, baked_positions, signature
 from fusecut.runtime.run import compile_plan, on_gpu, run_plan
 from fusecut.runtime.streams import HostCall
-from fusecut.runtime.tensors import meta_of
+from fusecut.runtime.tensors import meta_of, with_cpu_scalars_on_device
 
 
 def as_metadata(inputs: list[Any]) -> list[InputMeta]:
@@ -86,7 +86,7 @@ class Local:
     def execute(self, inputs: list[Any], return_execution: bool = False,
                 **options: Any) -> list[torch.Tensor] | Execution:
         """Plan (cached per input metadata), compile (cached) and run on real inputs."""
-        inputs = list(inputs)
+        inputs = with_cpu_scalars_on_device(list(inputs))
         if return_execution or not on_gpu(inputs):
             result = run_plan(self.plan(inputs, **options)._internal, inputs,
                               timed=return_execution)

@@ -409,3 +409,31 @@ def test_complex_variance_is_real_and_the_mean_complex():
     assert got_var.dtype == torch.float32 and got_mean.dtype == torch.complex64
     torch.testing.assert_close(got_var, want_var)
     torch.testing.assert_close(got_mean, want_mean)
+
+
+@pytest.mark.gpu
+def test_a_cpu_scalar_tensor_beside_gpu_tensors_is_a_scalar_on_every_call():
+    # nvFuser's test_cpu_add: the kernel once got the CPU tensor's host pointer and faulted,
+    # poisoning the process's CUDA context. The second call takes the warm path.
+    scalar = torch.tensor(2.0, dtype=torch.float)
+    x = torch.randn(3, device="cuda")
+    with FusionDefinition() as fd:
+        t0 = fd.from_pytorch(scalar)
+        t1 = fd.from_pytorch(x)
+        fd.add_output(fd.ops.add(t0, t1))
+    for _ in range(2):
+        (out,) = fd.execute([scalar, x])
+        assert out.device == x.device
+        torch.testing.assert_close(out, scalar + x)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_a_cpu_tensor_with_dimensions_beside_gpu_tensors_is_refused_by_name():
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([-1], dtype=DataType.Float)
+        t1 = fd.define_tensor([-1], dtype=DataType.Float)
+        fd.add_output(fd.ops.add(t0, t1))
+    with pytest.raises(fusecut.optimizer.errors.InputError,
+                       match=r"input 0 is a CPU tensor of shape \(3,\) beside tensors on cuda"):
+        fd.execute([torch.ones(3), torch.ones(3, device="cuda")])

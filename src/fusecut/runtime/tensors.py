@@ -37,6 +37,35 @@ def from_torch_dtype(dtype: torch.dtype) -> DType:
         raise InputError(f"unsupported tensor dtype {dtype}") from None
 
 
+def with_cpu_scalars_on_device(args: list) -> list:
+    """``args`` with 0-d CPU tensors moved to the GPU of the other tensors.
+
+    nvFuser takes a 0-d CPU tensor beside GPU tensors as a scalar (``from_pytorch`` declares it
+    ``is_cpu``). A kernel handed its host pointer would fault and poison the CUDA context, so it
+    goes to the device first. A CPU tensor with dimensions beside GPU tensors is refused: nvFuser
+    refuses it too, and copying it each call would hide a slow program."""
+    device = None
+    cpu = False
+    for a in args:
+        if type(a) is torch.Tensor or isinstance(a, torch.Tensor):
+            if a.is_cuda:
+                device = device or a.device
+            else:
+                cpu = True
+    if device is None or not cpu:
+        return args
+    out = list(args)
+    for k, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and not a.is_cuda:
+            if a.dim() != 0:
+                raise InputError(
+                    f"input {k} is a CPU tensor of shape {tuple(a.shape)} beside tensors on "
+                    f"{device}: only 0-d CPU tensors (scalars) may be mixed with GPU tensors; "
+                    f"move it with .to('{device}')")
+            out[k] = a.to(device)
+    return out
+
+
 def meta_of(value) -> InputMeta:
     """Metadata of a fusion argument: a tensor, or a Python number for a scalar input."""
     if isinstance(value, torch.Tensor):
