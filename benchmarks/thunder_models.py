@@ -29,8 +29,12 @@ bootstrap interval of its ratio to torch.compile's, ``benchmarks.intervals``), t
 first step's seconds from empty caches, GPU busy ms per step and the top GPU ops (torch.profiler).
 Rows are appended to the result file as they come.
 
+With ``--paired`` (or ``--only-paired``), each model also runs in one more process holding every
+system but Thunder + nvFuser beside torch.compile, their rounds interleaved: the same clocks for
+all, so the fairest step-time ratios (one-system processes can land on different GPU clocks).
+
     python -m benchmarks.thunder_models [--models nanogpt,llama3] [--systems ...]
-        [--steps train,infer1,infer8] [--gpus 0,1] [--iters 20]
+        [--steps train,infer1,infer8] [--gpus 0,1] [--iters 24] [--paired | --only-paired]
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ BASELINE = "torch.compile"
 PIPELINED = 10  # steps back to back
 ROW_MARK = "ROW\t"
 HEADERS = ["model", "step", "system", "sync ms", f"vs {BASELINE} (95% interval)", "pipelined ms",
-           "peak GiB", "first step s", "GPU busy ms", "note"]
+           f"pipelined vs {BASELINE} (95%)", "peak GiB", "first step s", "GPU busy ms", "note"]
 
 
 def batch_of(model: str, step: str, max_seq: int) -> tuple[int, int]:
@@ -136,40 +140,84 @@ def step_fn(fn: Callable, module: torch.nn.Module, tokens, targets, train: bool)
 @dataclass
 class Measured:
     sync_s: list[float]
+    pipelined_s: list[float]  # per step, one value per burst of PIPELINED steps
     pipelined_ms: float
-    peak_gib: float
-    first_s: float
+    peak_gib: float | None
+    first_s: float | None
     busy_ms: float
     top: str
 
 
-def measure(run: Callable[[], None], iters: int, rounds: int = 4) -> Measured:
+ROUNDS = 6
+
+
+def first_step(run: Callable[[], None]) -> float:
     start = time.perf_counter()
     run()
     torch.cuda.synchronize()
-    first = time.perf_counter() - start
-    for _ in range(2):  # warm: allocator, autotuning, CUDA graph capture
+    return time.perf_counter() - start
+
+
+def one_round(run: Callable[[], None], sync: list[float], pipelined: list[float],
+              steps: int) -> None:
+    """``steps`` synchronized steps, then a burst of PIPELINED steps back to back."""
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        sync.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for _ in range(PIPELINED):
         run()
     torch.cuda.synchronize()
-    sync: list[float] = []
-    for _ in range(rounds):  # rounds with a pipelined burst between: clocks settle alike
-        for _ in range(max(1, iters // rounds)):
-            t0 = time.perf_counter()
-            run()
-            torch.cuda.synchronize()
-            sync.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        for _ in range(PIPELINED):
-            run()
-        torch.cuda.synchronize()
-        pipelined = (time.perf_counter() - t0) / PIPELINED
+    pipelined.append((time.perf_counter() - t0) / PIPELINED)
+
+
+def step_peak_gib(run: Callable[[], None]) -> float:
     torch.cuda.reset_peak_memory_stats()
     run()
     torch.cuda.synchronize()
     # all the step holds at its peak, weights and a CUDA graph's pool included: what it needs
-    peak = torch.cuda.max_memory_allocated() / 2**30
+    return torch.cuda.max_memory_allocated() / 2**30
+
+
+def measure(run: Callable[[], None], iters: int, rounds: int = ROUNDS) -> Measured:
+    first = first_step(run)
+    for _ in range(2):  # warm: allocator, autotuning, CUDA graph capture
+        run()
+    torch.cuda.synchronize()
+    sync: list[float] = []
+    pipelined: list[float] = []
+    for _ in range(rounds):  # rounds with a pipelined burst between: clocks settle alike
+        one_round(run, sync, pipelined, max(1, iters // rounds))
+    peak = step_peak_gib(run)
     busy, top = profile(run)
-    return Measured(sync, pipelined * 1e3, peak, first, busy, top)
+    return Measured(sync, pipelined, statistics.median(pipelined) * 1e3, peak, first, busy, top)
+
+
+def measure_paired(runs: dict[str, Callable[[], None]], iters: int, rounds: int = ROUNDS
+                   ) -> dict[str, Measured]:
+    """Several systems in one process, their rounds interleaved (the order rotating each round),
+    so that clock and thermal drift fall on all of them alike: the fairest ratio of step times.
+    First step and peak memory are left to the one-system processes (here they would include
+    the other systems' caches and CUDA graph pools)."""
+    names = list(runs)
+    for name in names:
+        first_step(runs[name])
+        for _ in range(2):
+            runs[name]()
+    torch.cuda.synchronize()
+    sync = {n: [] for n in names}
+    pipelined = {n: [] for n in names}
+    for r in range(rounds * 2):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            one_round(runs[name], sync[name], pipelined[name], max(1, iters // rounds))
+    out = {}
+    for name in names:
+        busy, top = profile(runs[name])
+        out[name] = Measured(sync[name], pipelined[name],
+                             statistics.median(pipelined[name]) * 1e3, None, None, busy, top)
+    return out
 
 
 def profile(run: Callable[[], None], steps: int = 3) -> tuple[float, str]:
@@ -188,34 +236,52 @@ def profile(run: Callable[[], None], steps: int = 3) -> tuple[float, str]:
     return busy, text.replace("|", "/")
 
 
-def run_child(model_name: str, system: str, steps: list[str], iters: int, emit) -> None:
+def run_child(model_name: str, systems: list[str], steps: list[str], iters: int, emit) -> None:
+    """One system (or, paired, several in rounds interleaved) on one model, step by step."""
     from benchmarks.whole_models import SIZES, whole_model
 
-    if "fusecut" in system:
+    if any("fusecut" in s for s in systems):
         from fusecut.runtime import launcher
 
         launcher.native(wait=True)  # steps are timed on the path users get once it is built
     size = MODELS[model_name]
     module, make_batch = whole_model(model_name, size)
     module = module.to("cuda", torch.bfloat16)
-    with attention_preference(system):
-        for step in steps:
-            train = step == "train"
-            module.train(train)
-            batch, seq = batch_of(model_name, step, SIZES[size].max_seq)
-            tokens, targets = make_batch(batch, seq, "cuda")
-            try:
-                fn = build(system, module)  # a jitted function per step: its own traces
-                m = measure(step_fn(fn, module, tokens, targets if train else None, train),
-                            iters)
-                note = fusecut_note(fn) if "fusecut" in system else ""
-                emit({"model": model_name, "step": step, "system": system,
-                      "batch": f"{batch}x{seq}", **m.__dict__, "note": note})
-            except Exception as e:  # the next step may still run
-                traceback.print_exc()
-                emit({"model": model_name, "step": step, "system": system,
-                      "batch": f"{batch}x{seq}", "error": one_line(e)})
-            torch.cuda.empty_cache()
+    for step in steps:
+        train = step == "train"
+        module.train(train)
+        batch, seq = batch_of(model_name, step, SIZES[size].max_seq)
+        tokens, targets = make_batch(batch, seq, "cuda")
+        row = {"model": model_name, "step": step, "batch": f"{batch}x{seq}"}
+        try:
+            fns, runs = {}, {}
+            for system in systems:
+                with attention_preference(system):
+                    fns[system] = build(system, module)  # a jitted function per step
+                runs[system] = _with_preference(system, step_fn(
+                    fns[system], module, tokens, targets if train else None, train))
+            if len(systems) == 1:
+                measured = {systems[0]: measure(runs[systems[0]], iters)}
+            else:
+                measured = measure_paired(runs, iters)
+            for system, m in measured.items():
+                note = fusecut_note(fns[system]) if "fusecut" in system else ""
+                if len(systems) > 1:
+                    note = ("paired; " + note) if note else "paired"
+                emit({**row, "system": system, **m.__dict__, "note": note})
+        except Exception as e:  # the next step may still run
+            traceback.print_exc()
+            for system in systems:
+                emit({**row, "system": system, "error": one_line(e)})
+        torch.cuda.empty_cache()
+
+
+def _with_preference(system: str, run: Callable[[], None]) -> Callable[[], None]:
+    def preferred():
+        with attention_preference(system):
+            run()
+
+    return preferred
 
 
 def fusecut_note(fn) -> str:
@@ -259,6 +325,7 @@ def child_results(model: str, system: str, steps: list[str], iters: int, gpu: st
             env["CUDA_VISIBLE_DEVICES"] = gpu
         command = [sys.executable, "-m", "benchmarks.thunder_models", "--child", "--models", model,
                    "--systems", system, "--steps", ",".join(steps), "--iters", str(iters)]
+        systems = system.split(",")
         results, last = [], "no output"
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True,
@@ -272,44 +339,65 @@ def child_results(model: str, system: str, steps: list[str], iters: int, gpu: st
                 results.append(json.loads(line[len(ROW_MARK):]))
             elif line.strip():
                 last = line.strip()
-        done_steps = {r["step"] for r in results}
+        done = {(r["step"], r["system"]) for r in results}
         for step in steps:
-            if step not in done_steps:
-                results.append({"model": model, "step": step, "system": system,
-                                "error": f"not run: the process ended ({code}): {one_line(last)}"})
+            for one in systems:
+                if (step, one) not in done:
+                    results.append({"model": model, "step": step, "system": one,
+                                    "error": f"not run: the process ended ({code}): "
+                                             f"{one_line(last)}"})
+        if len(systems) > 1:
+            for r in results:
+                r["paired"] = True
         log(f"{model} {system}: {len(results)} rows")
         return results
 
 
 def table_rows(results: list[dict]) -> list[list[str]]:
-    baseline = {(r["model"], r["step"]): r["sync_s"] for r in results
-                if r["system"] == BASELINE and "sync_s" in r}
+    """One row per result; ratios to the baseline measured the same way (paired rows to the
+    paired baseline, one-system processes to the baseline's own process)."""
+    def key(r):
+        return r["model"], r["step"], bool(r.get("paired"))
+
+    baseline = {key(r): r for r in results if r["system"] == BASELINE and "sync_s" in r}
     rows = []
     order = {s: i for i, s in enumerate(SYSTEMS)}
     for r in sorted(results, key=lambda r: (r["model"], STEPS.index(r["step"]),
-                                            order.get(r["system"], 99))):
+                                            bool(r.get("paired")), order.get(r["system"], 99))):
         head = [r["model"], f"{r['step']} ({r.get('batch', '?')})", r["system"]]
         if "error" in r:
             rows.append(head + ["-"] * (len(HEADERS) - 4) + [r["error"]])
             continue
-        base = baseline.get((r["model"], r["step"]))
-        ratio = ("-" if base is None or r["system"] == BASELINE
-                 else str(median_ratio_interval(r["sync_s"], base)))
+        base = baseline.get(key(r))
+        mine = r["system"] == BASELINE or base is None
+        ratio = "-" if mine else str(median_ratio_interval(r["sync_s"], base["sync_s"]))
+        pipelined = r.get("pipelined_s") or []
+        piped = ("-" if mine or not pipelined or not base.get("pipelined_s")
+                 else str(median_ratio_interval(pipelined, base["pipelined_s"])))
         rows.append(head + [f"{statistics.median(r['sync_s']) * 1e3:.2f}", ratio,
-                            f"{r['pipelined_ms']:.2f}", f"{r['peak_gib']:.2f}",
-                            f"{r['first_s']:.1f}", f"{r['busy_ms']:.2f}", r["note"]])
+                            f"{r['pipelined_ms']:.2f}", piped, _number(r.get("peak_gib"), 2),
+                            _number(r.get("first_s"), 1), f"{r['busy_ms']:.2f}", r["note"]])
     return rows
 
 
+def _number(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def report(results: list[dict], iters: int) -> tuple[str, str]:
-    tops = [[r["model"], r["step"], r["system"], r["top"]] for r in results if "top" in r]
+    tops = [[r["model"], r["step"], r["system"] + (" (paired)" if r.get("paired") else ""),
+             r["top"]] for r in results if "top" in r]
     table = (markdown_table(HEADERS, table_rows(results)) + "\n\n## Top GPU ops per step\n\n"
              + markdown_table(["model", "step", "system", "top GPU ops (ms / step, calls)"],
                               tops))
-    notes = (f"bf16. sync ms: median of {iters} steps, each synchronized, taken in 4 rounds with a "
-             f"pipelined burst between; the ratio to {BASELINE} with the middle 95% of 2000 "
-             f"bootstrap resamples of both. pipelined ms: {PIPELINED} steps back to back, one "
-             f"synchronize. peak GiB: the most allocated during one step, weights and CUDA graph "
+    notes = (f"bf16. sync ms: median of {iters} steps, each synchronized, taken in {ROUNDS} rounds "
+             f"with a pipelined burst between; the ratio to {BASELINE} with the middle 95% of 2000 "
+             f"bootstrap resamples of both. pipelined ms: the median over the rounds' bursts of "
+             f"{PIPELINED} steps back to back, one synchronize each, per step, and its ratio the "
+             f"same way. Rows noted 'paired' ran in one process with the baseline, their rounds "
+             f"interleaved (clock drift falls on both alike); their ratios are to the paired "
+             f"baseline, their peak and first step are left to the one-system rows. "
+             f"peak GiB: the most allocated during one step, weights and CUDA graph "
              f"pools included. first step s: from a new process's empty fusecut, Inductor and "
              f"Triton caches (Thunder's tracing and fusecut's planning and NVRTC compiles, or "
              f"torch.compile's). GPU busy ms: torch.profiler over 3 steps. A training step is "
@@ -323,10 +411,15 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--steps", default=",".join(STEPS))
-    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--iters", type=int, default=24)
     parser.add_argument("--gpus", default=None, help="comma-separated devices to run processes "
                         "on side by side (default: one process at a time on the visible GPU)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per process")
+    parser.add_argument("--paired", action="store_true",
+                        help=f"also run the systems with {BASELINE} in one process per model, "
+                             "rounds interleaved, for the fairest step-time ratios")
+    parser.add_argument("--only-paired", action="store_true",
+                        help="only the paired processes (no one-system processes)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     models, systems = args.models.split(","), args.systems.split(",")
@@ -339,15 +432,18 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.thunder_models needs a CUDA GPU")
     if args.child:
-        [model], [system] = models, systems
-        run_child(model, system, steps, args.iters,
+        [model] = models
+        run_child(model, systems, steps, args.iters,
                   lambda row: print(ROW_MARK + json.dumps(row), flush=True))
         return
     device = torch.cuda.get_device_name()
     gpus = args.gpus.split(",") if args.gpus else [None]
     # system by system, in the order given (each system's models side by side on --gpus): a run
     # cut short keeps whole systems
-    jobs = [(m, s) for s in systems for m in models]
+    jobs = [] if args.only_paired else [(m, s) for s in systems for m in models]
+    if args.paired or args.only_paired:  # the safe systems beside the baseline, one process
+        paired = [s for s in systems if s not in (BASELINE, "thunder+nvfuser")] + [BASELINE]
+        jobs += [(m, ",".join(paired)) for m in models]
     results: list[dict] = []
 
     def save(final: bool = False) -> str:

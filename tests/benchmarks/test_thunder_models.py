@@ -38,6 +38,32 @@ def test_rows_give_each_system_its_ratio_to_torch_compile_with_an_interval():
     assert "Top GPU ops" in table and "gemm 1 ms" in table and "no optimizer" in notes
 
 
+def test_paired_rows_take_their_ratios_from_the_paired_baseline_pipelined_included():
+    alone = measured("llama3", "train", "torch.compile", [0.010] * 8, pipelined_s=[0.010] * 6)
+    paired_base = measured("llama3", "train", "torch.compile", [0.020] * 8,
+                           pipelined_s=[0.020] * 6, paired=True)
+    ours = measured("llama3", "train", "thunder+fusecut", [0.019] * 8,
+                    pipelined_s=[0.018] * 3 + [0.019] * 3, paired=True, peak_gib=None,
+                    first_s=None)
+    rows = bench.table_rows([alone, paired_base, ours])
+    row = next(r for r in rows if r[2] == "thunder+fusecut")
+    assert row[4].startswith("0.950x")  # 19 / 20 ms: the paired baseline, not the 10 ms one
+    assert row[6].startswith("0.925x")  # pipelined: median 18.5 / 20 ms, with its interval
+    assert row[7] == "-" and row[8] == "-"  # peak and first step: left to one-system rows
+    assert [r[2] for r in rows] == ["torch.compile", "thunder+fusecut", "torch.compile"]
+
+
+def test_a_paired_process_that_dies_leaves_a_row_per_system_and_step(monkeypatch):
+    def dying(command, **kwargs):
+        return subprocess.CompletedProcess(command, -6, stdout="Segmentation fault\n", stderr="")
+
+    monkeypatch.setattr(bench.subprocess, "run", dying)
+    rows = bench.child_results("llama3", "thunder+fusecut,torch.compile", ["train"], 4, None, 60,
+                               lambda line: None)
+    assert sorted(r["system"] for r in rows) == ["thunder+fusecut", "torch.compile"]
+    assert all(r["paired"] and r["error"].startswith("not run") for r in rows)
+
+
 def test_a_row_without_its_baseline_has_no_ratio():
     rows = bench.table_rows([measured("llama3", "infer1", "eager", [0.01, 0.011])])
     assert rows[0][4] == "-"
