@@ -103,15 +103,17 @@ __device__ __forceinline__ double fc_remainder(double a, double b) {
   return (r != 0.0 && ((r < 0.0) != (b < 0.0))) ? r + b : r;
 }
 """),
+    # Integer division and remainder are C's, unguarded: a zero divisor gives the GPU's own
+    # value, as in torch's CUDA kernels (``a / b``, ``a % b``) and nvFuser's (its div, fmod and
+    # remainder), which a zero guard returning 0 did not match (test_integer_division).
     Piece("fc_div", ("fc_div",), """\
-template <typename T> __device__ __forceinline__ T fc_div(T a, T b) { return b == 0 ? 0 : a / b; }
+template <typename T> __device__ __forceinline__ T fc_div(T a, T b) { return a / b; }
 """),
     Piece("fc_div_rem", ("fc_div_rem",), """\
-template <typename T> __device__ __forceinline__ T fc_div_rem(T a, T b) { return b == 0 ? 0 : a % b; }
-"""),  # noqa: E501
+template <typename T> __device__ __forceinline__ T fc_div_rem(T a, T b) { return a % b; }
+"""),
     Piece("fc_remainder_int", ("fc_remainder_int",), """\
 template <typename T> __device__ __forceinline__ T fc_remainder_int(T a, T b) {
-  if (b == 0) return 0;
   T r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
