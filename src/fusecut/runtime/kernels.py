@@ -111,12 +111,28 @@ def _functions(kernels: SegmentKernels) -> list[Any]:
     functions = []
     for k in kernels.kernels:
         fn = check(driver.cuModuleGetFunction(mod, k.name.encode()))
-        if k.smem > 48 * 1024:
-            check(driver.cuFuncSetAttribute(
-                fn, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                k.smem))
+        if k.smem:
+            static = check(driver.cuFuncGetAttribute(
+                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn))
+            if needs_smem_opt_in(static, k.smem):
+                check(driver.cuFuncSetAttribute(
+                    fn,
+                    driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    k.smem))
         functions.append(fn)
     return functions
+
+
+# A block's static and dynamic shared memory together, without the opt-in attribute
+DEFAULT_SMEM = 48 * 1024
+
+
+def needs_smem_opt_in(static: int, dynamic: int) -> bool:
+    """Whether a kernel with ``static`` bytes of ``__shared__`` arrays must opt in before it
+    launches with ``dynamic`` bytes: the 48 KiB default caps their sum, not the dynamic bytes
+    alone (an inner-outer kernel of 48 KiB dynamic and 2.5 KiB static, its barriers and group
+    scratch, failed its launch with CUDA_ERROR_INVALID_VALUE: nvFuser's test_issue1310)."""
+    return dynamic > 0 and static + dynamic > DEFAULT_SMEM
 
 
 def segment_code(plan: Plan, segment: Segment, vector: int | None = None,
