@@ -366,6 +366,10 @@ class FusionDefinition:
 
         device = opts.device
         tensors = [a for a in inputs if isinstance(a, torch.Tensor)]
+        if device is None and not tensors and torch.cuda.is_available():
+            # nvFuser runs a fusion without tensor inputs (a random or iota one) on the current
+            # GPU: its outputs are there, beside the tensors the caller compares them with
+            device = torch.device("cuda", torch.cuda.current_device())
         if device is not None and any(t.device.type == "cuda" and t.device != device
                                       and device.index is not None for t in tensors):
             raise DefinitionError(f"device={device} was given, but input tensors are on "

@@ -209,6 +209,33 @@ def test_factory_only_fusion_goes_to_the_device_given():
     assert out.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def test_a_fusion_without_tensor_inputs_runs_for_the_current_gpu(monkeypatch):
+    # nvFuser's test_random_distinct_values compares such outputs with CUDA tensors: without a
+    # device= hint they must still land on the current GPU, not on the CPU
+    import fusecut.definition
+
+    placed = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(fusecut.definition, "_placed",
+                        lambda outs, device, tensors: placed.append(device) or outs)
+    with FusionDefinition() as fd:
+        s0, s1 = fd.define_scalar(0.0), fd.define_scalar(1.0)
+        fd.add_output(fd.ops.uniform(s0, s1, shape=[2, 2], dtype=DataType.Float))
+    fd.execute([])
+    assert placed == [torch.device("cuda", 0)]
+
+
+@pytest.mark.gpu
+def test_random_values_without_tensor_inputs_are_on_the_gpu_and_new_each_call():
+    with FusionDefinition() as fd:
+        s0, s1 = fd.define_scalar(0.0), fd.define_scalar(1.0)
+        fd.add_output(fd.ops.normal(s0, s1, shape=[2, 2], dtype=DataType.BFloat16))
+    (a,) = fd.execute([])
+    (b,) = fd.execute([])
+    assert a.device.type == "cuda" and not torch.equal(a, b)
+
+
 def test_validate_against_the_reference():
     x = torch.randn(8, 16)
     with FusionDefinition() as fd:
