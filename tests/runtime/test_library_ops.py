@@ -280,6 +280,29 @@ fd.add_output(D)
     torch.testing.assert_close(ref[0], expect.relu())
 
 
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="torch has no _grouped_mm")
+@pytest.mark.parametrize("s1, s2, grouped", [((128, 256), (256, 64), 256),
+                                             ((128, 256), (4, 256, 64), 128),
+                                             ((4, 128, 256), (256, 64), 64)])
+def test_bf16_grouped_mm_is_torchs_grouped_mm(s1, s2, grouped):
+    # nvFuser's grouped_mm evaluates to ATen's: a float32 loop rounded to bf16 differed from it
+    # by a bf16 step where sums cancel (nvFuser's opinfo test_correctness_grouped_mm_bfloat16)
+    d1, d2 = ", ".join(["-1"] * len(s1)), ", ".join(["-1"] * len(s2))
+    f = fusion(f"""
+A = fd.define_tensor(shape=[{d1}], contiguity=True, dtype=DataType.BFloat16)
+B = fd.define_tensor(shape=[{d2}], contiguity=True, dtype=DataType.BFloat16)
+O = fd.define_tensor(shape=[-1], contiguity=True, dtype=DataType.Int32)
+C = fd.ops.grouped_mm(A, B, O)
+fd.add_output(C)
+""")
+    torch.manual_seed(0)
+    a = torch.testing.make_tensor(s1, dtype=torch.bfloat16, device="cpu")
+    b = torch.testing.make_tensor(s2, dtype=torch.bfloat16, device="cpu")
+    offsets = torch.arange(grouped // 4, grouped + 1, grouped // 4, dtype=torch.int32)
+    (got,) = run_reference(f, [a, b, offsets])
+    assert torch.equal(got, torch._grouped_mm(a, b, offsets))
+
+
 def test_grouped_mm_rejects_two_3d_operands():
     with pytest.raises(DefinitionError, match="grouped_mm: operand ranks 3 and 3"):
         fusion("""

@@ -159,20 +159,42 @@ def _group_bounds(offsets: torch.Tensor, extent: int) -> list[tuple[int, int]]:
 
 def _grouped_mm(op, args, env, outs):
     m1, m2, offsets = args
+    if m1.dim() == 2 and m2.dim() == 3:  # groups of rows of mat1
+        bounds = _group_bounds(offsets, m1.shape[0])
+    elif m1.dim() == 3:  # groups of columns of mat2
+        bounds = _group_bounds(offsets, m2.shape[1])
+    else:  # groups along K
+        bounds = _group_bounds(offsets, m1.shape[1])
+    library = _torch_grouped_mm(m1, m2, offsets, outs[0])
+    if library is not None:
+        return [library]
     ct = _compute(m1)
     a, b = m1.to(ct), m2.to(ct)
     shape = grouped_mm_shape(tuple(m1.shape), tuple(m2.shape), offsets.shape[0])
     out = torch.zeros(shape, dtype=ct, device=m1.device)
-    if m1.dim() == 2 and m2.dim() == 3:  # groups of rows of mat1
-        for g, (s, e) in enumerate(_group_bounds(offsets, m1.shape[0])):
+    for g, (s, e) in enumerate(bounds):
+        if m1.dim() == 2 and m2.dim() == 3:
             out[s:e] = a[s:e] @ b[g]
-    elif m1.dim() == 3:  # groups of columns of mat2
-        for g, (s, e) in enumerate(_group_bounds(offsets, m2.shape[1])):
+        elif m1.dim() == 3:
             out[:, s:e] = a[g] @ b[:, s:e]
-    else:  # groups along K
-        for g, (s, e) in enumerate(_group_bounds(offsets, m1.shape[1])):
+        else:
             out[g] = a[:, s:e] @ b[s:e]
     return [out.to(outs[0])]
+
+
+def _torch_grouped_mm(m1: torch.Tensor, m2: torch.Tensor, offsets: torch.Tensor,
+                      out: torch.dtype) -> torch.Tensor | None:
+    """torch._grouped_mm's result for bf16 operands, which is what nvFuser's grouped_mm
+    evaluates to (ATen's kernel): float32 products rounded to bf16 once per group differ from
+    its accumulation order by more than the bf16 comparison allows where sums cancel. None
+    where torch lacks it or its kernels refuse these operands (then the group loop above)."""
+    library = getattr(torch, "_grouped_mm", None)
+    if library is None or not (m1.dtype == m2.dtype == out == torch.bfloat16):
+        return None
+    try:
+        return library(m1, m2, offsets.to(torch.int32))
+    except (RuntimeError, NotImplementedError):  # shapes, strides or a device it refuses
+        return None
 
 
 def _preprocess_grouped_matmul_input_sf(op, args, env, outs):
