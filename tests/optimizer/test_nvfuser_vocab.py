@@ -211,3 +211,30 @@ fd.add_output(T1)
         assert g.tensors["T1"].dtype.reference_only
     with pytest.raises(DefinitionError, match="DataType.Int8 is not supported"):
         fusion("T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Int8)")
+
+
+@pytest.mark.parametrize("manual", [False, True])
+@pytest.mark.parametrize("starts, ends, message", [
+    ([-1, 0], [5, 5], "start_indices must be greater than or equal to 0"),
+    ([3, 4], [1, 2], "end_indices must be greater than or equal to start_indices"),
+])
+def test_slice_refuses_negative_or_backward_constant_indices(starts, ends, message, manual):
+    # as nvFuser's frontends do whatever manual_normalization says (its test_errors_slice_*)
+    with pytest.raises(DefinitionError, match=f"op #0 slice: Slice operation {message}"):
+        fusion(f"""
+T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+T1 = fd.ops.slice(T0, start_indices={starts}, end_indices={ends}, manual_normalization={manual})
+fd.add_output(T1)
+""")
+
+
+def test_slice_normalises_symbolic_negative_indices():
+    f = fusion("""
+T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)
+S1 = fd.define_scalar(None, dtype=DataType.Int)
+T1 = fd.ops.slice(T0, start_indices=[S1], end_indices=[8])
+fd.add_output(T1)
+""")
+    x = torch.arange(8.0)
+    (out,) = run_reference(f, [x, -3])
+    assert torch.equal(out, x[-3:])

@@ -235,13 +235,14 @@ def _slice_infer(ins, attrs):
     if len(starts) != arg.rank:
         raise DefinitionError(f"Number of tensor dimensions does not match slice dimensions! "
                               f"{counts}")
-    for x in starts:
-        if isinstance(x, int) and x < 0 and attrs["manual_normalization"]:
+    # nvFuser's frontends refuse constant indices that are negative or run backwards whatever
+    # manual_normalization says (it decides how symbolic ones and ends past the extent are
+    # taken); only symbolic indices are normalised Python-style
+    for x, y in zip(starts, ends):
+        if isinstance(x, int) and x < 0:
             raise DefinitionError(f"Slice operation start_indices must be greater than or equal "
                                   f"to 0. Start Indices: {list(starts)}")
-    for x, y in zip(starts, ends):
-        if isinstance(x, int) and isinstance(y, int) and y < x and x >= 0 and \
-                attrs["manual_normalization"]:
+        if isinstance(x, int) and isinstance(y, int) and y < x:
             raise DefinitionError(f"Slice operation end_indices must be greater than or equal "
                                   f"to start_indices. Start Indices: {list(starts)} End "
                                   f"Indices: {list(ends)}")
