@@ -383,7 +383,10 @@ def _gather_index(index: torch.Tensor, extent: int) -> torch.Tensor:
 def _take_along_axis(op, args, env, outs):
     x, idx = args
     dim = op.attrs["dim"] % x.dim()
-    return [torch.gather(x, dim, _gather_index(idx, x.shape[dim]))]
+    idx = _gather_index(idx, x.shape[dim])
+    if op.name == "take_along_axis":  # input and index broadcast against each other
+        return [torch.take_along_dim(x, idx, dim)]
+    return [torch.gather(x, dim, idx)]
 
 
 def _index_select(op, args, env, outs):

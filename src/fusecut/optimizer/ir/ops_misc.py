@@ -162,17 +162,26 @@ def _take_infer(ins, attrs):
 
 
 def _take_shape(exact: bool):
+    """take_along_axis (``exact``) broadcasts its input and index against each other on the
+    axes other than ``dim``, as torch.take_along_dim and nvFuser's takeAlongAxis do (an index
+    of extent 1 takes the input's extent, an input of extent 1 the index's); gather takes the
+    index's extents, at most the input's."""
     def shape(in_shapes, attrs, ev):
         src, idx = in_shapes[0], in_shapes[1]
         dim = attrs["dim"] % len(src)
+        out = list(idx)
         for i, (e, j) in enumerate(zip(src, idx)):
             if i == dim:
                 continue
-            if (exact and e != j) or j > e:
-                rel = "equal" if exact else "be at most"
-                raise InputError(f"index axis {i} has extent {j}; it must {rel} the input's "
-                                 f"extent {e}")
-        return [tuple(idx)]
+            if exact and e != j:
+                if j != 1 and e != 1:
+                    raise InputError(f"index axis {i} has extent {j}; it must equal the input's "
+                                     f"extent {e} or either must be 1 (broadcast)")
+                out[i] = e if j == 1 else j
+            elif j > e:
+                raise InputError(f"index axis {i} has extent {j}; it must be at most the "
+                                 f"input's extent {e}")
+        return [tuple(out)]
 
     return shape
 
