@@ -368,7 +368,9 @@ class FusionDefinition:
         tensors = [a for a in inputs if isinstance(a, torch.Tensor)]
         if device is None and not tensors and torch.cuda.is_available():
             # nvFuser runs a fusion without tensor inputs (a random or iota one) on the current
-            # GPU: its outputs are there, beside the tensors the caller compares them with
+            # GPU: its kernels and its CUDA generator, its outputs there beside the tensors the
+            # caller compares them with (computed on the CPU and moved, 2**29 uniform values
+            # took minutes: test_uniform_range)
             device = torch.device("cuda", torch.cuda.current_device())
         if device is not None and any(t.device.type == "cuda" and t.device != device
                                       and device.index is not None for t in tensors):
@@ -385,10 +387,11 @@ class FusionDefinition:
         self.profiled = opts.profile
         timed = opts.profile or return_execution
         if self.fec is not None and not timed and not opts.planning:
-            outputs = self.fec.execute(inputs)
+            outputs = self.fec.execute(inputs, device=device if not tensors else None)
             return self._returned(_placed(outputs, device, tensors))
         local = self._local_state()
-        result = local.execute(inputs, return_execution=timed, **opts.planning)
+        result = local.execute(inputs, return_execution=timed,
+                               device=device if not tensors else None, **opts.planning)
         if opts.capture_debug_output:
             self._debug_output = self._debug_text(inputs, opts.planning)
         if timed:

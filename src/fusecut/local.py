@@ -84,13 +84,25 @@ class Local:
                                                                           internal)
 
     def execute(self, inputs: list[Any], return_execution: bool = False,
+                device: torch.device | None = None,
                 **options: Any) -> list[torch.Tensor] | Execution:
-        """Plan (cached per input metadata), compile (cached) and run on real inputs."""
+        """Plan (cached per input metadata), compile (cached) and run on real inputs.
+        ``device``: the GPU to run on when no argument is a tensor (nvFuser runs a random or
+        iota fusion without tensor inputs there: its kernels, its CUDA generator); ignored
+        otherwise, the arguments' device decides."""
         inputs = with_cpu_scalars_on_device(list(inputs))
-        if return_execution or not on_gpu(inputs):
+        tensorless = not any(isinstance(a, torch.Tensor) for a in inputs)
+        gpu = on_gpu(inputs) or (tensorless and device is not None and device.type == "cuda")
+        if return_execution or not gpu:
             result = run_plan(self.plan(inputs, **options)._internal, inputs,
                               timed=return_execution)
             return result if return_execution else result.outputs
+        if tensorless:
+            with torch.cuda.device(device):
+                program = self.program(inputs, **options)
+                if not options:
+                    self.warm = program.call
+                return program.run(inputs)
         program = self.program(inputs, **options)
         if not options:
             self.warm = program.call
@@ -103,6 +115,9 @@ class Local:
             self._baked = baked_positions(self.fusion)
         sig = signature(inputs, self._baked)
         key = (sig, json.dumps(options, sort_keys=True, default=str)) if options else sig
+        if not any(isinstance(a, torch.Tensor) for a in inputs) and torch.cuda.is_available():
+            key = (key, torch.cuda.current_device())  # no tensor names the device: the program
+            # is built for the current one
         program = self.programs.get(key)
         if program is None:
             planned = self.plan(inputs, **options)._internal

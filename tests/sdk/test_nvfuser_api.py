@@ -5,6 +5,7 @@ definitions, the full DataType, and manual scheduling refused."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 import torch
@@ -209,21 +210,34 @@ def test_factory_only_fusion_goes_to_the_device_given():
     assert out.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def test_a_fusion_without_tensor_inputs_runs_for_the_current_gpu(monkeypatch):
-    # nvFuser's test_random_distinct_values compares such outputs with CUDA tensors: without a
-    # device= hint they must still land on the current GPU, not on the CPU
-    import fusecut.definition
+def test_a_fusion_without_tensor_inputs_runs_on_the_current_gpu(monkeypatch):
+    # nvFuser's test_random_distinct_values compares such outputs with CUDA tensors, and its
+    # test_uniform_range draws 2**29 values a call: without a device= hint they must still be
+    # computed on the current GPU (fusecut's kernels), not on the CPU
+    import fusecut.local
 
-    placed = []
+    asked = []
+    run = fusecut.local.Local.execute
+
+    def execute(self, inputs, return_execution=False, device=None, **options):
+        asked.append(device)
+        return run(self, inputs, return_execution, None, **options)
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(fusecut.definition, "_placed",
-                        lambda outs, device, tensors: placed.append(device) or outs)
+    monkeypatch.setattr(fusecut.local.Local, "execute", execute)
+    monkeypatch.setattr(fusecut.definition, "_placed", lambda outs, device, tensors: outs)
     with FusionDefinition() as fd:
         s0, s1 = fd.define_scalar(0.0), fd.define_scalar(1.0)
         fd.add_output(fd.ops.uniform(s0, s1, shape=[2, 2], dtype=DataType.Float))
     fd.execute([])
-    assert placed == [torch.device("cuda", 0)]
+    x = torch.ones(2, 2)
+    with FusionDefinition() as fd:
+        t0 = fd.from_pytorch(x)
+        s0, s1 = fd.define_scalar(0.0), fd.define_scalar(1.0)
+        fd.add_output(fd.ops.add(t0, fd.ops.uniform(s0, s1, shape=[2, 2])))
+    fd.execute([x])  # with a tensor argument, its device decides
+    assert asked == [torch.device("cuda", 0), None]
 
 
 @pytest.mark.gpu
@@ -234,6 +248,17 @@ def test_random_values_without_tensor_inputs_are_on_the_gpu_and_new_each_call():
     (a,) = fd.execute([])
     (b,) = fd.execute([])
     assert a.device.type == "cuda" and not torch.equal(a, b)
+    # drawn by fusecut's kernels on the GPU: 2**28 values in well under a second when warm
+    with FusionDefinition() as fd:
+        s0, s1 = fd.define_scalar(-1.0), fd.define_scalar(1.0)
+        fd.add_output(fd.ops.uniform(s0, s1, shape=[2**28], dtype=DataType.Float))
+    fd.execute([])
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    (u,) = fd.execute([])
+    torch.cuda.synchronize()
+    assert time.perf_counter() - start < 1.0
+    assert u.device.type == "cuda" and -1.0 <= float(u.min()) and float(u.max()) < 1.0
 
 
 def test_validate_against_the_reference():

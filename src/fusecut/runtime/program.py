@@ -215,7 +215,8 @@ class Program:
             else:
                 call_args = [slots[i] if i is not None else scalars[name]
                              for i, name in step.args]
-                results = run_reference(step.fusion, call_args, step.bound)
+                # a segment of factories alone makes its tensors on the program's device
+                results = run_reference(step.fusion, call_args, step.bound, device=device)
                 for slot, value, dense in zip(step.results, results, step.dense):
                     slots[slot] = value.contiguous() if dense else value
             for b in step.frees:

@@ -77,15 +77,17 @@ class _Env:
 
 
 def run_reference(fusion: Fusion, args: list[Any], bound: Bound | None = None,
-                  trace: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+                  trace: dict[str, torch.Tensor] | None = None,
+                  device: torch.device | None = None) -> list[torch.Tensor]:
     """Run ``fusion`` on ``args`` (tensors and numbers, in input order); return its outputs.
 
     With ``trace``, every tensor the fusion computes is recorded there (and none is freed early).
+    ``device``: where tensors are made when no argument is a tensor (default the CPU).
     """
     if bound is None:
         bound = bind(fusion, [meta_of(a) for a in args])
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    device = tensors[0].device if tensors else torch.device("cpu")
+    device = tensors[0].device if tensors else (device or torch.device("cpu"))
     env = _Env(fusion, bound, device)
     for name, value in zip(fusion.inputs, args):
         if name in fusion.tensors:
