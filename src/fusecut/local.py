@@ -18,7 +18,7 @@ from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta
 from fusecut.optimizer.ir.wire import meta_from_json
 from fusecut.optimizer.planner import PlanOptions, make_plan
 from fusecut.plan import PlanView
-from fusecut.runtime.executor import Execution
+from fusecut.runtime.executor import Execution, SegmentTiming, time_call
 from fusecut.runtime.program import Program, baked_positions, signature
 from fusecut.runtime.run import compile_plan, on_gpu, run_plan
 from fusecut.runtime.streams import HostCall
@@ -93,13 +93,18 @@ class Local:
         inputs = with_cpu_scalars_on_device(list(inputs))
         tensorless = not any(isinstance(a, torch.Tensor) for a in inputs)
         gpu = on_gpu(inputs) or (tensorless and device is not None and device.type == "cuda")
-        if return_execution or not gpu:
+        if not gpu or (return_execution and not tensorless):
             result = run_plan(self.plan(inputs, **options)._internal, inputs,
                               timed=return_execution)
             return result if return_execution else result.outputs
         if tensorless:
             with torch.cuda.device(device):
                 program = self.program(inputs, **options)
+                if return_execution:  # timed whole: no tensor names the device for a segment
+                    outputs, seconds = time_call(lambda: program.run(inputs), True)
+                    planned = self.plan(inputs, **options)._internal
+                    return Execution(outputs, [SegmentTiming(0, "program", seconds,
+                                                             planned.io_bytes, "cuda")], "cuda")
                 if not options:
                     self.warm = program.call
                 return program.run(inputs)

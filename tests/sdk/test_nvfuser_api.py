@@ -485,3 +485,19 @@ def test_a_cpu_tensor_with_dimensions_beside_gpu_tensors_is_refused_by_name():
     with pytest.raises(fusecut.optimizer.errors.InputError,
                        match=r"input 0 is a CPU tensor of shape \(3,\) beside tensors on cuda"):
         fd.execute([torch.ones(3), torch.ones(3, device="cuda")])
+
+
+@pytest.mark.gpu
+def test_validate_and_profile_of_a_fusion_without_tensor_inputs_run_on_the_gpu():
+    # nvFuser's test_issue1872: validate() once ran the CPU reference while execute() ran on
+    # the GPU, and its caller compared the two
+    with FusionDefinition() as fd:
+        s0 = fd.define_scalar(1.0, dtype=DataType.Double)
+        s1 = fd.define_scalar(5, dtype=DataType.Int)
+        t3 = fd.ops.full(shape=[s1], fill_value=s0, dtype=DataType.Float)
+        fd.add_output(fd.ops.cast(fd.ops.slice(t3, [0], [2], [1]), dtype=DataType.Half))
+    (checked,) = fd.validate([])
+    (profiled,) = fd.execute([], profile=True)
+    (plain,) = fd.execute([])
+    assert {t.device.type for t in (checked, profiled, plain)} == {"cuda"}
+    assert torch.equal(checked, plain) and fd.profile().kernel_profiles
