@@ -162,7 +162,24 @@ fd.add_output(T0)
 fd.add_output(T1)
 """)
     bf, fl = run_reference(f, [])
-    assert bf.dtype == torch.bfloat16 and torch.equal(bf, fl.to(torch.bfloat16))
+    rounded = fl.to(torch.bfloat16)
+    # [lo, hi) in the output type: a value that rounds to hi is lo, as torch's uniform_ gives it
+    assert int((rounded == 3.0).sum()) > 0 and float(bf.max()) < 3.0
+    assert bf.dtype == torch.bfloat16 and torch.equal(
+        bf, torch.where(rounded == 3.0, torch.tensor(-2.0, dtype=torch.bfloat16), rounded))
+
+
+def test_uniform_never_draws_its_upper_bound_in_any_float_type():
+    # nvFuser's test_uniform_range: 2**29 half values reached 1.0 in [-1, 1)
+    for dtype, torch_dtype in (("Half", torch.float16), ("BFloat16", torch.bfloat16),
+                               ("Float", torch.float32), ("Double", torch.float64)):
+        f = fusion(f"""
+T0 = fd.ops.uniform(-1.0, 1.0, shape=[262144], dtype=DataType.{dtype}, rng_seed=3,
+                    rng_offset=0)
+fd.add_output(T0)
+""")
+        (u,) = run_reference(f, [])
+        assert u.dtype == torch_dtype and float(u.max()) < 1.0 and float(u.min()) >= -1.0
 
 
 @pytest.mark.parametrize("wide", [False, True])

@@ -700,6 +700,10 @@ class Emitter:
         base, lane = self.linear_index(tensor, idx)
         expr = derived(f"{fn}({seed}, {offset}, {base}, {lane}, {a}, {b})", fn, key, base, lane,
                        a, b)
+        if op.name == "uniform":  # [lo, hi) in the output type (preamble's fc_below_hi)
+            below = {DType.float64: "fc_below_hi_d", DType.float16: "fc_below_hi_h",
+                     DType.bfloat16: "fc_below_hi_bf"}.get(d, "fc_below_hi_f")
+            expr = derived(f"{below}({expr}, {a}, {b})", below, expr, a, b)
         if d.is_half:
             return self._unrounded_let(tensor, expr)
         return self.let_value(tensor, expr)

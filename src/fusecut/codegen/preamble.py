@@ -257,6 +257,23 @@ __device__ __forceinline__ float fc_e5m2_to_f(unsigned char b) {
     Piece("fc_philox", ("fc_philox",), CUDA_PHILOX),
     Piece("fc_random", ("fc_uniform_f", "fc_uniform_d", "fc_normal_f", "fc_normal_d"), CUDA_RANDOM,
           ("fc_philox",)),
+    # uniform draws lie in [lo, hi): a value that is hi in the output type (rounding can reach
+    # it for bounds other than [0, 1), and for 16-bit outputs) is lo, as torch's uniform_ makes it
+    Piece("fc_below_hi", ("fc_below_hi_f", "fc_below_hi_d", "fc_below_hi_h", "fc_below_hi_bf"),
+          """\
+__device__ __forceinline__ float fc_below_hi_f(float v, float lo, float hi) {
+  return v == hi ? lo : v;
+}
+__device__ __forceinline__ double fc_below_hi_d(double v, double lo, double hi) {
+  return v == hi ? lo : v;
+}
+__device__ __forceinline__ float fc_below_hi_h(float v, float lo, float hi) {
+  return __float2half_rn(v) == __float2half_rn(hi) ? lo : v;
+}
+__device__ __forceinline__ float fc_below_hi_bf(float v, float lo, float hi) {
+  return __float2bfloat16_rn(v) == __float2bfloat16_rn(hi) ? lo : v;
+}
+"""),
     Piece("fc_shfl", ("fc_shfl",), """\
 template <typename T> __device__ __forceinline__ T fc_shfl(T v, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);

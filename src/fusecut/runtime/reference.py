@@ -352,6 +352,13 @@ def _random(op, args, env, outs):
     shape = env.bound.shapes[op.outputs[0]]
     wide = outs[0] == torch.float64
     x = random_values(op.name, math.prod(shape), wide, seed, offset, a, b, env.device)
+    if op.name == "uniform":  # [a, b) in the output type, as torch's uniform_ (the kernels'
+        lo, hi = (torch.tensor(v, dtype=x.dtype, device=x.device) for v in (a, b))  # fc_below_hi)
+        if outs[0] in (torch.float16, torch.bfloat16):
+            at_hi = x.to(outs[0]) == hi.to(outs[0])
+        else:
+            at_hi = x == hi
+        x = torch.where(at_hi, lo, x)
     return [x.reshape(shape).to(outs[0])]
 
 
