@@ -69,9 +69,10 @@ def test_without_cudnn_attention_it_claims_nothing_and_is_not_listed(monkeypatch
 def test_listed_first_where_cudnn_attention_exists(cudnn_here, monkeypatch):
     listed = (Named("cudnn"), Named("sdpa"), Named("nvfuser"))
     monkeypatch.setattr(thunder, "get_default_executors", lambda: listed)
-    assert [e.name for e in fusecut.thunder.executors()] == ["fusecut_attention", "sdpa",
-                                                             "fusecut"]
-    assert [e.name for e in fusecut.thunder.executors(attention=False)] == ["sdpa", "fusecut"]
+    assert [e.name for e in fusecut.thunder.executors(cross_entropy=False)] == [
+        "fusecut_attention", "sdpa", "fusecut"]
+    assert [e.name for e in fusecut.thunder.executors(attention=False)] == [
+        "fusecut_cross_entropy", "sdpa", "fusecut"]
 
 
 def test_a_cpu_model_keeps_its_attention_on_sdpa_or_torch(cudnn_here):

@@ -143,10 +143,11 @@ def test_executors_put_fusecut_in_nvfusers_place(monkeypatch):
 
     ours = fusecut.thunder.fusecut_ex
     cases = {  # Thunder's cudnn executor is left out: see tests/thunder/test_cudnn_attention.py
-        ("cudnn", "sdpa", "nvfuser"): ["sdpa", "fusecut"],
-        ("sdpa", "torchcompile_xentropy"): ["sdpa", "torchcompile_xentropy", "fusecut"],
-        ("sdpa", "torch"): ["sdpa", "fusecut", "torch"],
-        (): ["fusecut"],
+        ("cudnn", "sdpa", "nvfuser"): ["fusecut_cross_entropy", "sdpa", "fusecut"],
+        ("sdpa", "torchcompile_xentropy"): ["fusecut_cross_entropy", "sdpa",
+                                            "torchcompile_xentropy", "fusecut"],
+        ("sdpa", "torch"): ["fusecut_cross_entropy", "sdpa", "fusecut", "torch"],
+        (): ["fusecut_cross_entropy", "fusecut"],
     }
     for defaults, expected in cases.items():
         listed = [Named(n) for n in defaults]
@@ -155,7 +156,7 @@ def test_executors_put_fusecut_in_nvfusers_place(monkeypatch):
         assert fusecut.thunder.executors().count(ours) == 1
     # fusecut already among the defaults is not listed twice
     monkeypatch.setattr(thunder, "get_default_executors", lambda: (Named("sdpa"), ours))
-    assert [e.name for e in fusecut.thunder.executors()] == ["sdpa", "fusecut"]
+    assert [e.name for e in fusecut.thunder.executors(cross_entropy=False)] == ["sdpa", "fusecut"]
 
 
 def test_executors_run_a_step_through_fusecut():

@@ -690,6 +690,7 @@ class FusecutExecutor(FusionExecutor):
             if not split.changed:
                 bsyms.append(bsym)
                 continue
+            bsyms.extend(split.before)
             if split.kernel:
                 bsyms.append(self._fusion(bsym.sym.name, split.kernel, split.kernel_inputs,
                                           split.kernel_outputs))
@@ -733,7 +734,7 @@ CUDNN_ATTENTION_WRONG = ("Thunder's cudnn executor computes wrong bf16 attention
 
 
 def executors(executor: FusecutExecutor | None = None, *, cudnn: bool = False,
-              attention: bool = True) -> list[Any]:
+              attention: bool = True, cross_entropy: bool = True) -> list[Any]:
     """Thunder's default executors with fusecut (``executor``, ``fusecut_ex`` by default) in
     nvFuser's place, or last where nvFuser is absent: just before the executors Thunder always
     appends (torch, python).
@@ -742,6 +743,10 @@ def executors(executor: FusecutExecutor | None = None, *, cudnn: bool = False,
     (``fusecut.thunder.attention``, listed first; ``attention=False`` leaves it out), else on
     Thunder's SDPA executor. Thunder lists its own cudnn executor first where the cuDNN frontend
     is installed; it is left out (``CUDNN_ATTENTION_WRONG``) unless ``cudnn=True``.
+
+    ``cross_entropy`` is differentiated by ``fusecut.thunder.cross_entropy`` (listed first;
+    ``cross_entropy=False`` leaves it to Thunder's Inductor executor): its backward recomputes
+    the softmax from the logits in fusecut's kernels instead of saving it.
 
         jitted = thunder.jit(model, executors=fusecut.thunder.executors())
     """
@@ -755,6 +760,10 @@ def executors(executor: FusecutExecutor | None = None, *, cudnn: bool = False,
         chosen.insert(names.index("torch"), fusecut)
     else:
         chosen.append(fusecut)
+    if cross_entropy:
+        from fusecut.thunder.cross_entropy import cross_entropy_ex
+
+        chosen.insert(0, cross_entropy_ex)
     if attention:
         from fusecut.thunder.attention import cudnn_attention_available, cudnn_attention_ex
 

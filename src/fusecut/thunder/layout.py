@@ -27,7 +27,7 @@ region dissolves and torch runs its prims (views, or the one copy torch must mak
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from thunder.core import dtypes, prims
@@ -150,10 +150,11 @@ class RegionSplit:
     kernel_outputs: list[TensorProxy]
     after: list[BoundSymbol]  # torch's views (and aliases) that make the region's outputs
     cleaned: bool = False  # repeats or cast round trips were dropped from the prims
+    before: list[BoundSymbol] = field(default_factory=list)  # torch's reshapes of inputs
 
     @property
     def changed(self) -> bool:
-        return bool(self.after) or not self.kernel or self.cleaned
+        return bool(self.after) or bool(self.before) or not self.kernel or self.cleaned
 
 
 def split_region(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
@@ -219,10 +220,32 @@ def split_region(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
         prims_and_views = sorted(kernel + after, key=lambda b: position[id(b)])
         return RegionSplit([], [], [], prims_and_views + renames)
     after.sort(key=lambda b: position[id(b)])
+    before = _input_reshapes(kernel, inputs)
+    kernel = [b for b in kernel if all(b is not h for h in before)]
     used = {variableify(a) for b in kernel for a in b.flat_proxy_args}
     kernel_inputs = [p for p in inputs if variableify(p) in used]
+    kernel_inputs += [b.output for b in before if variableify(b.output) in used]
     return RegionSplit(kernel, kernel_inputs, kernel_outputs, after + renames,
-                       cleaned=bool(redundant))
+                       cleaned=bool(redundant), before=before)
+
+
+def _input_reshapes(kernel: Sequence[BoundSymbol], inputs: Sequence[Proxy]) -> list[BoundSymbol]:
+    """The kernel's reshapes of region inputs that torch takes as views of a contiguous input
+    (a merge or split of axes: ``logits.view(-1, vocab)``): torch runs them before the kernel,
+    which then reads the input in the shape it uses it in. A reduction can iterate a merged
+    axis, but not one made of an input's separate axes; the planner then copied the input
+    into the reshaped layout first (a whole extra pass over the logits of a loss)."""
+    metas = {variableify(p): _contiguous_meta(p) for p in inputs if isinstance(p, TensorProxy)}
+    hoisted = []
+    for b in kernel:  # in program order: a reshape of a hoisted reshape goes too
+        if b.sym.id != prims.reshape.id or not isinstance(b.args[0], TensorProxy):
+            continue
+        source = metas.get(variableify(b.args[0]))
+        view = _replay(b, source) if source is not None else None
+        if view is not None:
+            hoisted.append(b)
+            metas[variableify(b.output)] = view
+    return hoisted
 
 
 def _needed(bsyms: Sequence[BoundSymbol], outputs: Sequence[Proxy]) -> list[BoundSymbol]:

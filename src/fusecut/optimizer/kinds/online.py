@@ -21,6 +21,7 @@ from fusecut.optimizer.ir.dtypes import DType
 from fusecut.optimizer.ir.ops_misc import reduction_axes
 
 BROADCASTS = frozenset({"broadcast_in_dim", "broadcast", "expand"})
+COPIES = frozenset({"set"})  # the same values: Thunder's shallow_copy
 FLOATS = frozenset({DType.float32, DType.float64})
 @dataclass(frozen=True)
 class OnlinePair:
@@ -66,20 +67,40 @@ def _match(bound: Bound, s: int, maxes: set[int], member: Callable[[int | None],
         p = producers.get(t)
         return p if member(p) else None
 
+    def through_copies(t: str, chain: list[int]) -> int | None:
+        """The producer of ``t`` past ``set`` copies (Thunder's shallow_copy), which join
+        ``chain``."""
+        p = producer(t)
+        while p is not None and ops[p].name in COPIES:
+            chain.append(p)
+            p = producer(ops[p].inputs[0])
+        return p
+
+    def root(t: str) -> str:
+        """``t`` past ``set`` copies: the tensor whose value it is."""
+        while (p := producer(t)) is not None and ops[p].name in COPIES:
+            t = ops[p].inputs[0]
+        return t
+
     sum_op = ops[s]
-    e = producer(sum_op.inputs[0])
+    chain: list[int] = []
+    e = through_copies(sum_op.inputs[0], chain)
     if e is None or ops[e].name != "exp":
         return None
-    d = producer(ops[e].inputs[0])
+    chain.append(e)
+    d = through_copies(ops[e].inputs[0], chain)
     if d is None or ops[d].name != "sub":
         return None
-    chain = [e, d]
+    chain.append(d)
     x, b = ops[d].inputs[0], ops[d].inputs[1]
-    while (p := producer(b)) is not None and ops[p].name in BROADCASTS:
-        chain.append(p)
+    # the broadcast of m back over the row is absorbed; the row-level values on the way
+    # ([rows, 1] and their copies) stay: the segment computes them from m after the pass
+    while (p := producer(b)) is not None and ops[p].name in BROADCASTS | COPIES:
+        if bound.shapes[ops[p].outputs[0]] == bound.shapes[x]:
+            chain.append(p)
         b = ops[p].inputs[0]
     m = producer(b)
-    if m is None or m not in maxes or ops[m].inputs[0] != x:
+    if m is None or m not in maxes or root(ops[m].inputs[0]) != root(x):
         return None
     if x not in fusion.tensors or any(
             fusion.tensors[t].dtype is not fusion.tensors[x].dtype or
