@@ -99,6 +99,9 @@ class Local:
             return result if return_execution else result.outputs
         if tensorless:
             with torch.cuda.device(device):
+                # no tensor has touched the GPU yet in a fresh process: torch makes the device's
+                # primary context current on its first use, and the kernels launch in it
+                torch.empty(0, device=device)
                 program = self.program(inputs, **options)
                 if return_execution:  # timed whole: no tensor names the device for a segment
                     outputs, seconds = time_call(lambda: program.run(inputs), True)
