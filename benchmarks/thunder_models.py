@@ -111,12 +111,13 @@ def build(system: str, module: torch.nn.Module) -> Callable:
     raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
 
 
-def attention_preference(system: str):
-    """Eager and torch.compile run SDPA: prefer cuDNN's attention there, as Thunder's cudnn
-    executor does for the Thunder systems."""
+def attention_preference(systems: list[str]):
+    """Eager and torch.compile run SDPA: prefer cuDNN's attention there, as fusecut's and
+    Thunder's cudnn executors do for the Thunder systems (which call their attention kernels
+    directly: the preference does not touch them)."""
     from contextlib import nullcontext
 
-    if system not in ("eager", "torch.compile"):
+    if not {"eager", "torch.compile"} & set(systems):
         return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -238,7 +239,7 @@ def profile(run: Callable[[], None], steps: int = 3) -> tuple[float, str]:
 
 def run_child(model_name: str, systems: list[str], steps: list[str], iters: int, emit) -> None:
     """One system (or, paired, several in rounds interleaved) on one model, step by step."""
-    from benchmarks.whole_models import SIZES, whole_model
+    from benchmarks.whole_models import whole_model
 
     if any("fusecut" in s for s in systems):
         from fusecut.runtime import launcher
@@ -247,6 +248,14 @@ def run_child(model_name: str, systems: list[str], steps: list[str], iters: int,
     size = MODELS[model_name]
     module, make_batch = whole_model(model_name, size)
     module = module.to("cuda", torch.bfloat16)
+    # one preference for the whole process, set once as a user sets it (not around each step)
+    with attention_preference(systems):
+        _run_steps(model_name, systems, steps, iters, emit, module, make_batch, size)
+
+
+def _run_steps(model_name, systems, steps, iters, emit, module, make_batch, size) -> None:
+    from benchmarks.whole_models import SIZES
+
     for step in steps:
         train = step == "train"
         module.train(train)
@@ -256,10 +265,9 @@ def run_child(model_name: str, systems: list[str], steps: list[str], iters: int,
         try:
             fns, runs = {}, {}
             for system in systems:
-                with attention_preference(system):
-                    fns[system] = build(system, module)  # a jitted function per step
-                runs[system] = _with_preference(system, step_fn(
-                    fns[system], module, tokens, targets if train else None, train))
+                fns[system] = build(system, module)  # a jitted function per step
+                runs[system] = step_fn(fns[system], module, tokens,
+                                       targets if train else None, train)
             if len(systems) == 1:
                 measured = {systems[0]: measure(runs[systems[0]], iters)}
             else:
@@ -274,14 +282,6 @@ def run_child(model_name: str, systems: list[str], steps: list[str], iters: int,
             for system in systems:
                 emit({**row, "system": system, "error": one_line(e)})
         torch.cuda.empty_cache()
-
-
-def _with_preference(system: str, run: Callable[[], None]) -> Callable[[], None]:
-    def preferred():
-        with attention_preference(system):
-            run()
-
-    return preferred
 
 
 def fusecut_note(fn) -> str:
