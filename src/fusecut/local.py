@@ -108,10 +108,11 @@ class Local:
                     planned = self.plan(inputs, **options)._internal
                     return Execution(outputs, [SegmentTiming(0, "program", seconds,
                                                              planned.io_bytes, "cuda")], "cuda")
-                if not options:
-                    self.warm = program.call
-                return program.run(inputs)
-        program = self.program(inputs, **options)
+                return self._launch(program, inputs, options)
+        return self._launch(self.program(inputs, **options), inputs, options)
+
+    def _launch(self, program: Program | HostCall, inputs: list[Any],
+                options: dict[str, Any]) -> list[torch.Tensor]:
         if not options:
             self.warm = program.call
         return program.run(inputs)

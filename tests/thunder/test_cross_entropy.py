@@ -66,11 +66,16 @@ def _step(dtype, reduction, ignore_index=-1, rows=24, classes=37, ignored=(3, 7)
     jitted = thunder.jit(loss_fn, executors=fusecut.thunder.executors())
     loss = jitted(logits, target)
     loss.backward()
-    ours = logits.grad
-    exact = logits.detach().double().requires_grad_()
+    want, want_grad = _torch_loss(loss_fn, logits, target, torch.float64)
+    return jitted, loss, logits.grad, want, want_grad
+
+
+def _torch_loss(loss_fn, logits, target, dtype):
+    """torch's loss and gradient of ``logits`` taken in ``dtype``: the reference."""
+    exact = logits.detach().to(dtype).requires_grad_()
     want = loss_fn(exact, target)
     want.backward()
-    return jitted, loss, ours, want, exact.grad
+    return want, exact.grad
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
@@ -148,12 +153,9 @@ def test_a_bf16_step_on_the_gpu_matches_torch_in_one_backward_kernel():
         logits.grad = None
         loss = jitted(logits, target)
         loss.backward()
-    ours = logits.grad
-    exact = logits.detach().float().requires_grad_()
-    want = loss_fn(exact, target)
-    want.backward()
+    want, want_grad = _torch_loss(loss_fn, logits, target, torch.float32)
     torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ours.float(), exact.grad, rtol=2 ** -7, atol=1e-7)
+    torch.testing.assert_close(logits.grad.float(), want_grad, rtol=2 ** -7, atol=1e-7)
     backward = [r for r in region_reports(jitted) if r.direction == "backward"]
     assert [r.segments for r in backward] == [["pointwise"]]
     assert cross_entropy_ex in fusecut.thunder.executors()
