@@ -17,6 +17,10 @@ from tests.service.probes import in_thread, wait_until_executing
 from tests.service.test_service import assert_problem
 from tests.service.workloads import NEG, heavy_request
 
+# the execution held while others arrive: about 4x the usual heavy one (5 s idle), so that in a
+# loaded full run it is still running when the next request has been built, sent and planned
+HELD_LINKS = 480
+
 
 def test_a_small_execution_does_not_wait_behind_a_slow_one(server):
     slow, answer = in_thread(lambda: heavy_request(server.url))
@@ -36,7 +40,7 @@ def test_a_small_execution_does_not_wait_behind_a_slow_one(server):
 def test_queues_are_bounded_and_say_when_to_retry(tmp_path):
     with Server(tmp_path / "plans.sqlite", workers_per_device=1,
                 max_queued_executions=1) as server:
-        first = in_thread(lambda: heavy_request(server.url))
+        first = in_thread(lambda: heavy_request(server.url, links=HELD_LINKS))
         wait_until_executing(server.url)
         # two more while it runs: one waits for the worker, the other is refused (which is
         # which depends on whose planning ends first: each plans its own definition)
@@ -50,7 +54,7 @@ def test_queues_are_bounded_and_say_when_to_retry(tmp_path):
         first[0].join(120)
         assert first[1]["r"].status_code == 200, first[1]["r"].text
     with Server(tmp_path / "per-client.sqlite", max_requests_per_client=1) as server:
-        thread, answer = in_thread(lambda: heavy_request(server.url))
+        thread, answer = in_thread(lambda: heavy_request(server.url, links=HELD_LINKS))
         wait_until_executing(server.url)
         refused = heavy_request(server.url)
         assert_problem(refused, 429, "this client")

@@ -571,13 +571,16 @@ def test_validation_errors_name_fields_not_validators(http):
             assert not internal_names(answer), (route, answer)
 
 
-def heavy_definition() -> str:
+def heavy_definition(links: int = 120) -> str:
     """A long chain: seconds of work on the CPU path; on a GPU, a kernel never compiled before
-    (the constant differs every run), so NVRTC is busy when the worker is killed."""
-    body = "".join(f"    T{i + 1} = fd.ops.sin(fd.ops.exp(T{i}))\n" for i in range(120))
+    (the constant differs every run), so NVRTC is busy when the worker is killed. Its input is
+    T0 and its output T122 whatever ``links`` is (about 10 ms of CPU per link over 4M elements)."""
+    names = ["T0"] + [f"L{i}" for i in range(1, links + 1)]
+    body = "".join(f"    {names[i + 1]} = fd.ops.sin(fd.ops.exp({names[i]}))\n"
+                   for i in range(links))
     return (f"def heavy(fd):\n"
             f"    T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
-            f"{body}    T121 = fd.ops.mul(T120, {time.time_ns() % 10**6 / 7:.6f})\n"
+            f"{body}    T121 = fd.ops.mul({names[-1]}, {time.time_ns() % 10**6 / 7:.6f})\n"
             f"    T122 = fd.ops.sum(T121, dims=[0], keepdim=False)\n"
             f"    fd.add_output(T122)\n")
 
