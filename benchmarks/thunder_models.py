@@ -17,6 +17,8 @@ context, costs no other system its rows; every process starts from empty compile
   the torch.compile cross-entropy executor, nvFuser);
 - ``thunder+fusecut``: ``thunder.jit(m, executors=fusecut.thunder.executors())``;
 - ``thunder+fusecut+cudagraphs``: the same with Thunder's ``CUDAGraphTransform``;
+- ``thunder+fusecut+handover-cudagraphs``: the same with ``fusecut.thunder.CUDAGraphTransform``
+  (Thunder's CUDA graphs, whose gradients autograd takes over without a copy);
 - ``thunderfx+fusecut``: ``thunder.dynamo.thunderfx(m, executors=fusecut.thunder.executors())``
   (torch.compile's Dynamo captures the graph, Thunder compiles it: a shorter first step);
 - ``thunder+torch``: Thunder with no fusion executor (its SDPA and torch executors): what
@@ -60,8 +62,9 @@ from benchmarks.intervals import median_ratio_interval
 MODELS = {"nanogpt": "gpt2_small", "llama3": "llama_2048"}  # model -> size
 TRAIN_BATCH = {"nanogpt": (8, 1024), "llama3": (2, 2048)}
 STEPS = ("train", "infer1", "infer8")
-SYSTEMS = ("thunder+nvfuser", "thunder+fusecut", "thunder+fusecut+cudagraphs", "thunderfx+fusecut",
-           "thunder+torch", "torch.compile", "eager")
+SYSTEMS = ("thunder+nvfuser", "thunder+fusecut", "thunder+fusecut+cudagraphs",
+           "thunder+fusecut+handover-cudagraphs", "thunderfx+fusecut", "thunder+torch",
+           "torch.compile", "eager")
 BASELINE = "torch.compile"
 PIPELINED = 10  # steps back to back
 ROW_MARK = "ROW\t"
@@ -104,6 +107,9 @@ def build(system: str, module: torch.nn.Module) -> Callable:
 
         return thunder.jit(module, executors=fusecut.thunder.executors(),
                            transforms=[CUDAGraphTransform()])
+    if system == "thunder+fusecut+handover-cudagraphs":
+        return thunder.jit(module, executors=fusecut.thunder.executors(),
+                           transforms=[fusecut.thunder.CUDAGraphTransform()])
     if system == "thunderfx+fusecut":
         from thunder.dynamo import thunderfx
 

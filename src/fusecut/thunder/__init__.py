@@ -18,12 +18,14 @@ import importlib
 from typing import TYPE_CHECKING
 
 _LAZY = {
+    "CUDAGraphTransform": "fusecut.thunder.cudagraphs",
     "FusecutExecutor": "fusecut.thunder.executor", "RegionReport": "fusecut.thunder.executor",
     "executors": "fusecut.thunder.executor", "fusecut_ex": "fusecut.thunder.executor",
     "region_reports": "fusecut.thunder.executor",
 }
 
 if TYPE_CHECKING:
+    from fusecut.thunder.cudagraphs import CUDAGraphTransform
     from fusecut.thunder.executor import (
         FusecutExecutor,
         RegionReport,
@@ -32,7 +34,8 @@ if TYPE_CHECKING:
         region_reports,
     )
 
-__all__ = ["FusecutExecutor", "RegionReport", "executors", "fusecut_ex", "region_reports"]
+__all__ = ["CUDAGraphTransform", "FusecutExecutor", "RegionReport", "executors", "fusecut_ex",
+           "region_reports"]
 
 
 def __getattr__(name: str):
