@@ -125,9 +125,13 @@ class CUDAGraphTransform(ThunderCUDAGraphTransform):
                              transforms=[fusecut.thunder.CUDAGraphTransform()])
     """
 
-    def __init__(self, *, share_mem_pool: bool = False):
-        super().__init__(share_mem_pool=share_mem_pool)
-        self.cuda_graph_runner = HandoverRunner(share_mem_pool=share_mem_pool)
+    def __init__(self):
+        # Each graph keeps its own memory pool (Thunder's default). With one pool shared, a graph
+        # captured later may place its outputs in memory an earlier graph uses for temporaries,
+        # and that graph's next replay would rewrite a gradient still held: the use-count check
+        # guards only the replays of the graph that handed the gradient out.
+        super().__init__(share_mem_pool=False)
+        self.cuda_graph_runner = HandoverRunner(share_mem_pool=False)
         self._returned: set[str] = set()  # names the trace being fused returns, for backward
 
     def transform_trace_post_optimization(self, trace: TraceCtx, **kwargs: Any) -> TraceCtx:
