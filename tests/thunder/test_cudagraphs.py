@@ -39,20 +39,29 @@ def test_an_instance_is_free_only_while_nothing_outside_holds_its_outputs():
     assert instance.free() and kept is not None
 
 
+def once(t: torch.Tensor) -> tuple:
+    """An index that reaches each element of ``t`` once (an expanded axis at 0)."""
+    return tuple(slice(0, 1) if st == 0 else slice(None) for st in t.stride())
+
+
 class ReplayInPlace:
     """A CPU stand-in for a captured graph: a replay runs the region again and writes its results
-    into the capture's output memory, as a CUDA graph's replay writes its static outputs."""
+    into the capture's output memory, as a CUDA graph's replay writes its static outputs. As in a
+    capture, the outputs hold nothing until the first replay (here: a value no step computes)."""
 
     def __init__(self, fn, static_inputs):
         self.fn, self.static_inputs = fn, static_inputs
         self.static_outputs = fn(*static_inputs)
+        inputs = {t.untyped_storage().data_ptr() for t in static_inputs
+                  if isinstance(t, torch.Tensor)}
+        for out in self.static_outputs:  # (an output over an input's memory is the input's)
+            if isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() not in inputs:
+                out[once(out)].fill_(float("nan") if out.is_floating_point() else -7)
 
     def replay(self):
         for out, new in zip(self.static_outputs, self.fn(*self.static_inputs), strict=True):
             if isinstance(out, torch.Tensor):
-                # an expanded output: write each element once (its stride-0 axes at index 0)
-                once = tuple(slice(0, 1) if st == 0 else slice(None) for st in out.stride())
-                out[once].copy_(new[once])
+                out[once(out)].copy_(new[once(out)])
 
 
 @pytest.fixture

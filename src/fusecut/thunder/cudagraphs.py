@@ -90,12 +90,11 @@ class HandoverRunner(CUDAGraphRunner):
             instance = self._capture(fn, args, self.make_static_inputs_mask(fn_name, *args),
                                      handover)
             instances.append(instance)
-        else:
-            for static_input, arg in zip(instance.static_inputs, args, strict=True):
-                if (static_input is not arg and isinstance(static_input, torch.Tensor)
-                        and isinstance(arg, torch.Tensor)):
-                    static_input.copy_(arg)
-            instance.graph.replay()
+        for static_input, arg in zip(instance.static_inputs, args, strict=True):
+            if (static_input is not arg and isinstance(static_input, torch.Tensor)
+                    and isinstance(arg, torch.Tensor)):
+                static_input.copy_(arg)
+        instance.graph.replay()  # (a capture records the work: its outputs hold nothing yet)
         outputs = list(instance.static_outputs)
         for i in instance.idle_counts:
             outputs[i] = outputs[i].detach()  # a tensor of its own over the graph's memory
