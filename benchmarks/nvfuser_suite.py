@@ -157,13 +157,14 @@ def stage(dest: Path, mirror: str | None) -> None:
     """Stage the suite into ``dest`` (once) with the shared tool's stage.sh."""
     if (dest / "run.sh").is_file():
         return
-    if not (TOOL / "stage.sh").is_file():
-        raise SystemExit(f"no nvf_suite tool at {TOOL}")
+    # the arguments first, then what the machine has: a wrong request is named as such anywhere
+    if dest.resolve().is_relative_to(ROOT):
+        raise SystemExit(f"stage outside the project tree: {dest} is inside {ROOT}")
     if not mirror:
         raise SystemExit(f"{dest} is not staged; set NVF_MIRROR (or --mirror) to a bare git "
                          f"clone of NVIDIA/Fuser to stage it")
-    if dest.resolve().is_relative_to(ROOT):
-        raise SystemExit(f"stage outside the project tree: {dest} is inside {ROOT}")
+    if not (TOOL / "stage.sh").is_file():
+        raise SystemExit(f"no nvf_suite tool at {TOOL}")
     dest.mkdir(parents=True, exist_ok=True)
     subprocess.run(["bash", str(TOOL / "stage.sh"), str(dest)], check=True,
                    env={**os.environ, "NVF_MIRROR": mirror, "PYTHON": sys.executable})
