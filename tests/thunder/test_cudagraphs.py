@@ -20,7 +20,7 @@ import torch
 import fusecut.thunder
 from benchmarks.whole_models import whole_model
 from fusecut.thunder.cudagraphs import INSTANCES, GraphInstance, _use_count
-from fusecut.thunder.executor import thunder
+from fusecut.thunder.executor import region_reports, thunder
 from tests.thunder.thunder_steps import assert_same_lm_step, torch_executor_lm_step
 
 
@@ -202,3 +202,9 @@ def test_whole_models_train_like_torch_with_their_gradients_handed_over(device, 
     assert not copied, f"copied instead of taken over: {copied}"
     assert runner.eager_calls == 0
     assert all(len(v) == 1 for v in runner.instances.values())
+    # fusecut's regions inside the graphs are reported, as without graphs
+    reports = region_reports(ours)
+    assert {"forward", "backward"} <= {r.direction for r in reports}
+    # (calls: the capture's (warm-up and recording on the GPU), and the stand-in's replays)
+    assert all(r.fallback is None and r.calls >= 3 for r in reports), \
+        [r.summary() for r in reports]

@@ -806,12 +806,18 @@ class RegionReport:
 
 
 def fusecut_regions(trace: TraceCtx) -> list[tuple[BoundSymbol, Any]]:
-    """The fusecut fusion symbols of an execution trace and the callables they run."""
-    out = []
-    for bsym in trace.bound_symbols:
-        if bsym.sym.is_fusion and isinstance(bsym.sym.executor, FusecutExecutor):
-            out.append((bsym, bsym._call_ctx[bsym.sym.name]))
-    return out
+    """The fusecut fusion symbols of an execution trace and the callables they run, including
+    those inside another executor's fusion (a CUDA graph's region holds fusecut's)."""
+    def found(bsyms: Sequence[BoundSymbol]) -> list[tuple[BoundSymbol, Any]]:
+        out = []
+        for bsym in bsyms:
+            if bsym.sym.is_fusion and isinstance(bsym.sym.executor, FusecutExecutor):
+                out.append((bsym, bsym._call_ctx[bsym.sym.name]))
+            elif bsym.sym.is_fusion:
+                out.extend(found(bsym.subsymbols))
+        return out
+
+    return found(trace.bound_symbols)
 
 
 def region_reports(jitted: Callable) -> list[RegionReport]:
