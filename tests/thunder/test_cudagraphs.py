@@ -26,7 +26,7 @@ from tests.thunder.thunder_steps import assert_same_lm_step, torch_executor_lm_s
 
 def test_an_instance_is_free_only_while_nothing_outside_holds_its_outputs():
     outputs = (torch.empty(16), torch.empty(8))
-    instance = GraphInstance(None, (), outputs, (0,), {0: _use_count(outputs[0])})
+    instance = GraphInstance(None, (), outputs, {0: _use_count(outputs[0])})
     assert instance.free()
     handed = outputs[0].detach()  # what a replay returns: a tensor of its own over the memory
     assert not instance.free()

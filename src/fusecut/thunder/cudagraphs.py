@@ -58,8 +58,7 @@ class GraphInstance:
     graph: torch.cuda.CUDAGraph
     static_inputs: tuple
     static_outputs: Sequence[Any]
-    handover: tuple[int, ...]
-    idle_counts: dict[int, int] = field(default_factory=dict)
+    idle_counts: dict[int, int] = field(default_factory=dict)  # handed-over output -> count
 
     def free(self) -> bool:
         """Nothing outside the runner holds memory a replay would rewrite."""
@@ -98,8 +97,7 @@ class HandoverRunner(CUDAGraphRunner):
         outputs = list(instance.static_outputs)
         for i in instance.idle_counts:
             outputs[i] = outputs[i].detach()  # a tensor of its own over the graph's memory
-        return type(instance.static_outputs)(outputs) if isinstance(
-            instance.static_outputs, tuple) else outputs
+        return tuple(outputs) if isinstance(instance.static_outputs, tuple) else outputs
 
     def _capture(self, fn: Callable, args: Sequence[Any], mask: tuple[bool, ...],
                  handover: tuple[int, ...]) -> GraphInstance:
@@ -114,7 +112,7 @@ class HandoverRunner(CUDAGraphRunner):
             if isinstance(out, torch.Tensor) and out.untyped_storage().data_ptr() not in \
                     input_storages:
                 idle[i] = _use_count(out)
-        return GraphInstance(graph, static_inputs, static_outputs, handover, idle)
+        return GraphInstance(graph, static_inputs, static_outputs, idle)
 
 
 class CUDAGraphTransform(ThunderCUDAGraphTransform):
