@@ -337,10 +337,11 @@ def test_the_level_grouping_is_a_valid_plan_that_runs_to_the_same_outputs():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("segmenter", ["cpsat", "greedy", "mincut"])
-def test_a_20000_op_fusion_plans_and_serializes_within_its_limit_plus_2_s(segmenter):
+def test_a_20000_op_fusion_plans_and_serializes_within_its_limit_plus_3_s(segmenter):
     # before: the stages after the greedy segmenter's deadline built and serialized one segment
     # per op (12,500): 3.1 s of planning and 3.0 s of to_json for a 2 s limit. The stages after
-    # the deadline take 1.0-1.8 s of CPU on the 2-core CI machine, more late in a full run.
+    # the deadline take 1.0-1.8 s of CPU on the 2-core CI machine, up to 2.04 s late in a full
+    # run; the regression this guards spent 6.1 s in all.
     from fusecut.optimizer.plan.restore import restore_plan
 
     parsed = parse_text(generate(19_990, seed=3))
@@ -349,7 +350,7 @@ def test_a_20000_op_fusion_plans_and_serializes_within_its_limit_plus_2_s(segmen
                      PlanOptions(segmenter=segmenter, time_limit_s=2.0))
     data = plan.to_json()
     elapsed = time.process_time() - start
-    assert elapsed < 2.0 + 2.0, elapsed
+    assert elapsed < 2.0 + 3.0, elapsed
     assert "time limit reached" in data["solver"]["message"]
     assert data["totals"]["segments"] < 2000
     restore_plan(parsed.fusion, parsed.inputs, data)  # every segment classifies, in order
