@@ -164,9 +164,9 @@ def test_random_plans_run_to_the_reference_outputs(drawn):
 
 def test_stress_corpus_plans_fast():
     p = parse_text((CORPUS / "many_segments_stress.py").read_text())
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: the planner's cost, not a loaded machine's queue
     j = plan_json(p.fusion, p.inputs)
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
     assert j["totals"]["io_ratio"] == 1.0
 
 
