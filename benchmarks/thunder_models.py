@@ -15,10 +15,12 @@ Systems, each in a process of its own (one system's CUDA fault, which poisons th
 context, costs no other system its rows; every process starts from empty compile caches):
 - ``thunder+nvfuser``: ``thunder.jit(m)``, Thunder's default executors (cuDNN or SDPA attention,
   the torch.compile cross-entropy executor, nvFuser);
-- ``thunder+fusecut``: ``thunder.jit(m, executors=fusecut.thunder.executors())``;
-- ``thunder+fusecut+cudagraphs``: the same with Thunder's ``CUDAGraphTransform``;
+- ``thunder+fusecut``: ``thunder.jit(m, executors=fusecut.thunder.executors(),
+  transforms=fusecut.thunder.transforms())`` (tied parameters as one value: rows before
+  2026-11-28 had no transforms, so the tied weight's two gradients were summed by autograd);
+- ``thunder+fusecut+cudagraphs``: the same with Thunder's ``CUDAGraphTransform`` added;
 - ``thunder+fusecut+handover-cudagraphs``: the same with ``fusecut.thunder.CUDAGraphTransform``
-  (Thunder's CUDA graphs, whose gradients autograd takes over without a copy);
+  added (Thunder's CUDA graphs, whose gradients autograd takes over without a copy);
 - ``thunderfx+fusecut``: ``thunder.dynamo.thunderfx(m, executors=fusecut.thunder.executors())``
   (torch.compile's Dynamo captures the graph, Thunder compiles it: a shorter first step);
 - ``thunder+torch``: Thunder with no fusion executor (its SDPA and torch executors): what
@@ -101,15 +103,16 @@ def build(system: str, module: torch.nn.Module) -> Callable:
     import fusecut.thunder
 
     if system == "thunder+fusecut":
-        return thunder.jit(module, executors=fusecut.thunder.executors())
+        return thunder.jit(module, executors=fusecut.thunder.executors(),
+                           transforms=fusecut.thunder.transforms())
     if system == "thunder+fusecut+cudagraphs":
         from thunder.transforms.cudagraph import CUDAGraphTransform
 
         return thunder.jit(module, executors=fusecut.thunder.executors(),
-                           transforms=[CUDAGraphTransform()])
+                           transforms=[*fusecut.thunder.transforms(), CUDAGraphTransform()])
     if system == "thunder+fusecut+handover-cudagraphs":
         return thunder.jit(module, executors=fusecut.thunder.executors(),
-                           transforms=[fusecut.thunder.CUDAGraphTransform()])
+                           transforms=fusecut.thunder.transforms(cuda_graphs=True))
     if system == "thunderfx+fusecut":
         from thunder.dynamo import thunderfx
 

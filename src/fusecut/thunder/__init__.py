@@ -4,8 +4,10 @@ epilogues fused into cuBLASLt calls.
     import thunder
     import fusecut.thunder
 
-    jitted = thunder.jit(model, executors=fusecut.thunder.executors())  # Thunder's defaults,
-    for report in fusecut.thunder.region_reports(jitted):             # fusecut in nvFuser's place
+    # Thunder's default executors with fusecut in nvFuser's place; tied parameters as one value
+    jitted = thunder.jit(model, executors=fusecut.thunder.executors(),
+                         transforms=fusecut.thunder.transforms())
+    for report in fusecut.thunder.region_reports(jitted):
         print(report.summary())
 
 Importing this package imports neither Thunder nor torch: the names below load on first use, so
@@ -21,7 +23,8 @@ _LAZY = {
     "CUDAGraphTransform": "fusecut.thunder.cudagraphs",
     "FusecutExecutor": "fusecut.thunder.executor", "RegionReport": "fusecut.thunder.executor",
     "executors": "fusecut.thunder.executor", "fusecut_ex": "fusecut.thunder.executor",
-    "region_reports": "fusecut.thunder.executor",
+    "region_reports": "fusecut.thunder.executor", "transforms": "fusecut.thunder.executor",
+    "TiedParametersTransform": "fusecut.thunder.tied_parameters",
 }
 
 if TYPE_CHECKING:
@@ -32,10 +35,12 @@ if TYPE_CHECKING:
         executors,
         fusecut_ex,
         region_reports,
+        transforms,
     )
+    from fusecut.thunder.tied_parameters import TiedParametersTransform
 
-__all__ = ["CUDAGraphTransform", "FusecutExecutor", "RegionReport", "executors", "fusecut_ex",
-           "region_reports"]
+__all__ = ["CUDAGraphTransform", "FusecutExecutor", "RegionReport", "TiedParametersTransform",
+           "executors", "fusecut_ex", "region_reports", "transforms"]
 
 
 def __getattr__(name: str):

@@ -772,6 +772,24 @@ def executors(executor: FusecutExecutor | None = None, *, cudnn: bool = False,
     return chosen
 
 
+def transforms(*, cuda_graphs: bool = False) -> list[Any]:
+    """The transforms to jit a module with, beside ``executors()``: tied parameters traced as one
+    value (``fusecut.thunder.tied_parameters``), and with ``cuda_graphs`` fusecut's CUDA-graph
+    transform (``fusecut.thunder.cudagraphs``).
+
+        jitted = thunder.jit(model, executors=fusecut.thunder.executors(),
+                             transforms=fusecut.thunder.transforms())
+    """
+    from fusecut.thunder.tied_parameters import TiedParametersTransform
+
+    chosen: list[Any] = [TiedParametersTransform()]
+    if cuda_graphs:
+        from fusecut.thunder.cudagraphs import CUDAGraphTransform
+
+        chosen.append(CUDAGraphTransform())
+    return chosen
+
+
 # ---- reports ------------------------------------------------------------------------------------
 
 
