@@ -1,12 +1,14 @@
 """Tied parameters traced as one value (issue 30): the embedding and the head that shares its
 weight get one gradient, summed inside the backward trace, where autograd summed two outside it.
 
-On the CPU, through the real Thunder: whole models' loss and gradients against Thunder's torch
-executor, the backward's one gradient, and a module untied after it was jitted (the prologue's
+On the CPU, through the real Thunder: whole models' loss and gradients against eager torch (fp32),
+the backward's one gradient, and a module untied after it was jitted (the prologue's
 check sends it to a new trace, which gives the head its own gradient again).
 """
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ import fusecut.thunder
 from benchmarks.whole_models import whole_model
 from fusecut.thunder.executor import thunder
 from fusecut.thunder.tied_parameters import tied_groups
-from tests.thunder.thunder_steps import assert_same_lm_step
+from tests.thunder.thunder_steps import assert_same_lm_step, lm_step
 
 TIED = {"llama3": ["embed.weight", "head.weight"],
         "nanogpt": ["model.transformer.wte.weight", "model.lm_head.weight"]}
@@ -25,6 +27,14 @@ TIED = {"llama3": ["embed.weight", "head.weight"],
 def jit(model: nn.Module):
     return thunder.jit(model, executors=fusecut.thunder.executors(),
                        transforms=fusecut.thunder.transforms())
+
+
+def eager(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor):
+    """The reference: the loss and gradients of a copy of ``model`` in eager torch (fp32),
+    where autograd sums the tied weight's two gradients."""
+    copy_ = copy.deepcopy(model)
+    loss, grads = lm_step(copy_, copy_, tokens, targets)
+    return lambda dtype: [loss] + grads
 
 
 def returned_gradients(jitted) -> list:
@@ -38,7 +48,7 @@ def test_a_tied_weight_gets_one_gradient_summed_inside_the_backward(name):
     assert tied_groups(model) == [TIED[name]]
     tokens, targets = make_batch(2, 16, "cpu")
     jitted = jit(model)
-    assert_same_lm_step(jitted, model, tokens, targets)
+    assert_same_lm_step(jitted, model, tokens, targets, eager(model, tokens, targets))
 
     # the forward's inputs: one per name (Thunder unpacks each), the second unused now
     prologue = str(thunder.last_prologue_traces(jitted)[-1])
@@ -67,7 +77,7 @@ def test_a_module_untied_after_jit_is_traced_again_with_a_gradient_per_weight():
     assert thunder.cache_misses(jitted) == 1
     model.head.weight = nn.Parameter(model.embed.weight.detach() * 2)  # untied
     assert tied_groups(model) == []
-    assert_same_lm_step(jitted, model, tokens, targets)
+    assert_same_lm_step(jitted, model, tokens, targets, eager(model, tokens, targets))
     assert thunder.cache_misses(jitted) == 2
     assert model.head.weight.grad is not None and model.embed.weight.grad is not None
     assert not torch.equal(model.head.weight.grad, model.embed.weight.grad)
