@@ -16,8 +16,9 @@ context, costs no other system its rows; every process starts from empty compile
 - ``thunder+nvfuser``: ``thunder.jit(m)``, Thunder's default executors (cuDNN or SDPA attention,
   the torch.compile cross-entropy executor, nvFuser);
 - ``thunder+fusecut``: ``thunder.jit(m, executors=fusecut.thunder.executors(),
-  transforms=fusecut.thunder.transforms())`` (tied parameters as one value: rows before
-  2026-11-28 had no transforms, so the tied weight's two gradients were summed by autograd);
+  transforms=fusecut.thunder.transforms())`` (tied parameters as one value, which changes these
+  models: rows before 2026-11-28 had no transforms, so autograd summed the tied weight's two
+  gradients);
 - ``thunder+fusecut+cudagraphs``: the same with Thunder's ``CUDAGraphTransform`` added;
 - ``thunder+fusecut+handover-cudagraphs``: the same with ``fusecut.thunder.CUDAGraphTransform``
   added (Thunder's CUDA graphs, whose gradients autograd takes over without a copy);

@@ -4,7 +4,8 @@ epilogues fused into cuBLASLt calls.
     import thunder
     import fusecut.thunder
 
-    # Thunder's default executors with fusecut in nvFuser's place; tied parameters as one value
+    # Thunder's default executors with fusecut in nvFuser's place; the transforms decompose
+    # nn.MultiheadAttention (which Thunder cannot differentiate) and trace tied weights as one
     jitted = thunder.jit(model, executors=fusecut.thunder.executors(),
                          transforms=fusecut.thunder.transforms())
     for report in fusecut.thunder.region_reports(jitted):
@@ -25,6 +26,7 @@ _LAZY = {
     "executors": "fusecut.thunder.executor", "fusecut_ex": "fusecut.thunder.executor",
     "region_reports": "fusecut.thunder.executor", "transforms": "fusecut.thunder.executor",
     "TiedParametersTransform": "fusecut.thunder.tied_parameters",
+    "MultiheadAttentionTransform": "fusecut.thunder.multihead_attention",
 }
 
 if TYPE_CHECKING:
@@ -37,10 +39,11 @@ if TYPE_CHECKING:
         region_reports,
         transforms,
     )
+    from fusecut.thunder.multihead_attention import MultiheadAttentionTransform
     from fusecut.thunder.tied_parameters import TiedParametersTransform
 
-__all__ = ["CUDAGraphTransform", "FusecutExecutor", "RegionReport", "TiedParametersTransform",
-           "executors", "fusecut_ex", "region_reports", "transforms"]
+__all__ = ["CUDAGraphTransform", "FusecutExecutor", "MultiheadAttentionTransform", "RegionReport",
+           "TiedParametersTransform", "executors", "fusecut_ex", "region_reports", "transforms"]
 
 
 def __getattr__(name: str):

@@ -773,16 +773,18 @@ def executors(executor: FusecutExecutor | None = None, *, cudnn: bool = False,
 
 
 def transforms(*, cuda_graphs: bool = False) -> list[Any]:
-    """The transforms to jit a module with, beside ``executors()``: tied parameters traced as one
-    value (``fusecut.thunder.tied_parameters``), and with ``cuda_graphs`` fusecut's CUDA-graph
-    transform (``fusecut.thunder.cudagraphs``).
+    """The transforms to jit a module with, beside ``executors()``: ``nn.MultiheadAttention`` in
+    ops Thunder can differentiate (``fusecut.thunder.multihead_attention``), tied parameters
+    traced as one value (``fusecut.thunder.tied_parameters``), and with ``cuda_graphs`` fusecut's
+    CUDA-graph transform (``fusecut.thunder.cudagraphs``).
 
         jitted = thunder.jit(model, executors=fusecut.thunder.executors(),
                              transforms=fusecut.thunder.transforms())
     """
+    from fusecut.thunder.multihead_attention import MultiheadAttentionTransform
     from fusecut.thunder.tied_parameters import TiedParametersTransform
 
-    chosen: list[Any] = [TiedParametersTransform()]
+    chosen: list[Any] = [MultiheadAttentionTransform(), TiedParametersTransform()]
     if cuda_graphs:
         from fusecut.thunder.cudagraphs import CUDAGraphTransform
 
