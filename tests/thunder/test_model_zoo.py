@@ -65,3 +65,30 @@ def test_a_bf16_training_step_runs_and_every_region_compiles(name):
     assert torch.isfinite(loss.float())
     assert all(torch.isfinite(p.grad.float()).all() for p in model.parameters())
     assert_every_region_runs_on_fusecut_and_compiles(jitted)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_a_bf16_step_on_the_gpu_is_as_close_to_fp32_as_eager_bf16(name):
+    # fusecut's kernels (and its cuDNN attention) run: the same checks as the language models
+    from tests.thunder.thunder_steps import assert_as_close_to_fp32
+
+    torch.manual_seed(0)
+    model, args = ZOO[name]()
+    model, args = model.cuda(), tuple(a.cuda() for a in args)
+
+    def step(module, inputs, jit=False):
+        module.zero_grad(set_to_none=True)
+        loss = jitted_step(module, inputs)[1] if jit else module(*inputs)
+        if not jit:
+            loss.backward()
+        return [loss.detach()] + [p.grad for p in module.parameters()]
+
+    def low(a):
+        return a.to(torch.bfloat16) if a.is_floating_point() else a
+
+    exact = step(copy.deepcopy(model), args)
+    eager = step(copy.deepcopy(model).to(torch.bfloat16), tuple(map(low, args)))
+    ours = step(copy.deepcopy(model).to(torch.bfloat16), tuple(map(low, args)), jit=True)
+    names = ["loss"] + [n for n, _ in model.named_parameters()]
+    assert_as_close_to_fp32(names, ours, eager, exact, torch.bfloat16)
