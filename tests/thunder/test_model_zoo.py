@@ -3,7 +3,8 @@ transforms (``tests.thunder.model_zoo``): ViT, BERT, mixture of experts, ResNet 
 block, diffusion UNet block, T5 block, MLP-Mixer, an unrolled GRU.
 
 In fp32 a training step's loss and every gradient match eager torch (and batch norm's running
-statistics), and no region with inputs falls back to torch. In bf16 the step runs. In both, every
+statistics), and so does inference (eval, no_grad); no region with inputs falls back to torch. In
+bf16 the step runs. In both, every
 region Thunder hands fusecut plans, and every generated segment compiles with NVRTC for sm_90,
 as the GPU would compile it.
 """
@@ -52,6 +53,20 @@ def test_a_training_step_matches_eager_and_every_region_compiles(name):
                                    msg=lambda m, n=n: f"{n}: {m}")
     for (n, b), c in zip(model.named_buffers(), reference.buffers(), strict=True):
         torch.testing.assert_close(b, c, msg=lambda m, n=n: f"buffer {n}: {m}")
+    assert_every_region_runs_on_fusecut_and_compiles(jitted)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_inference_matches_eager_and_every_region_compiles(name):
+    # in eval under no_grad, nn.TransformerEncoderLayer and nn.MultiheadAttention take PyTorch's
+    # fused fast paths, which Thunder cannot trace: fusecut's executor has them traced as ops
+    torch.manual_seed(0)
+    model, args = ZOO[name]()
+    model.eval()
+    jitted = thunder.jit(model, executors=fusecut.thunder.executors(),
+                         transforms=fusecut.thunder.transforms())
+    with torch.no_grad():
+        torch.testing.assert_close(jitted(*args), model(*args), rtol=1e-4, atol=1e-5)
     assert_every_region_runs_on_fusecut_and_compiles(jitted)
 
 

@@ -401,6 +401,10 @@ def stage(name: str, seconds: dict[str, float] | None = None):
             seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
 
 
+def _fast_path_off() -> bool:
+    return False
+
+
 class FusecutRegion:
     """The callable a fusion symbol runs: fusecut's plan and kernels for one region.
 
@@ -579,6 +583,11 @@ class FusecutExecutor(FusionExecutor):
             self.claimed.update(LIBRARY)
         for prim_id in self.claimed:
             self.register_supported(prim_id, _checker(prim_id))
+        # PyTorch's fused inference paths of nn.MultiheadAttention and nn.TransformerEncoderLayer
+        # (torch._native_multi_head_attention, torch._transformer_encoder_layer_fwd) are opaque
+        # calls Thunder cannot trace: with fusecut in the list, Thunder traces these modules with
+        # the fast path off, as the ops it fuses (the same values)
+        self._lookasides[torch.backends.mha.get_fastpath_enabled] = _fast_path_off
 
     def flatten(self, bsym: BoundSymbol) -> list[BoundSymbol]:
         if self.can_execute(bsym):
