@@ -3,6 +3,7 @@ targets, scale and determinism."""
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from contextlib import contextmanager
@@ -400,9 +401,12 @@ def test_mincut_refines_410_segments_of_20000_ops_in_seconds():
 
     graph, plan = _greedy_plan(generate(19_990, seed=3))
     assert len(plan) > 400
+    # 1.1-3.9 s of CPU alone (the first call in a process is the slowest); a full CI run read
+    # 6.04 s late in the suite, its heap large: the bound is half the regression's 21 s
+    gc.collect()
     start = time.process_time()
     refined, report = refine(graph, plan, SolverOptions(time_limit_s=600))
-    assert time.process_time() - start < 6.0
+    assert time.process_time() - start < 10.0
     assert "time limit" not in report.message
     assert len(refined) <= len(plan)
 
