@@ -20,6 +20,7 @@ import fusecut.thunder
 from fusecut.thunder.executor import region_reports, thunder
 from tests.thunder.model_zoo import ZOO
 from tests.thunder.test_whole_models import compile_failures, regions_of
+from tests.thunder.thunder_steps import assert_as_close_to_fp32
 
 
 def jitted_step(model: torch.nn.Module, args: tuple):
@@ -86,16 +87,15 @@ def test_a_bf16_training_step_runs_and_every_region_compiles(name):
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_a_bf16_step_on_the_gpu_is_as_close_to_fp32_as_eager_bf16(name):
     # fusecut's kernels (and its cuDNN attention) run: the same checks as the language models
-    from tests.thunder.thunder_steps import assert_as_close_to_fp32
-
     torch.manual_seed(0)
     model, args = ZOO[name]()
     model, args = model.cuda(), tuple(a.cuda() for a in args)
 
     def step(module, inputs, jit=False):
-        module.zero_grad(set_to_none=True)
-        loss = jitted_step(module, inputs)[1] if jit else module(*inputs)
-        if not jit:
+        if jit:
+            loss = jitted_step(module, inputs)[1]
+        else:
+            loss = module(*inputs)
             loss.backward()
         return [loss.detach()] + [p.grad for p in module.parameters()]
 

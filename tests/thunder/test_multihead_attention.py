@@ -16,6 +16,7 @@ from torch import nn
 
 import fusecut.thunder
 from fusecut.thunder.executor import region_reports, thunder
+from tests.thunder.thunder_steps import assert_as_close_to_fp32
 
 D, HEADS = 32, 4
 
@@ -103,9 +104,7 @@ def test_a_bf16_encoder_layer_trains_on_the_gpu_as_close_to_fp32_as_eager_bf16()
     eager, ours = copy.deepcopy(fp32).bfloat16(), copy.deepcopy(fp32).bfloat16()
     eager(x.bfloat16()).float().square().mean().backward()
     jit(ours)(x.bfloat16()).float().square().mean().backward()
-    for (name, p), e, want in zip(ours.named_parameters(), eager.parameters(),
-                                  exact.parameters(), strict=True):
-        ours_off = (p.grad.float() - want.grad).abs().max().item()
-        eager_off = (e.grad.float() - want.grad).abs().max().item()
-        allowed = 2 * eager_off + want.grad.abs().max().item() / 256
-        assert ours_off <= allowed, (name, ours_off, allowed)
+    assert_as_close_to_fp32([n for n, _ in ours.named_parameters()],
+                            [p.grad for p in ours.parameters()],
+                            [p.grad for p in eager.parameters()],
+                            [p.grad for p in exact.parameters()], torch.bfloat16)

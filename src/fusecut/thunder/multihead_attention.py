@@ -95,8 +95,7 @@ class MultiheadAttentionTransform(Transform):
         if not any(b.sym.id == _MHA_ID for b in computation_trace.bound_symbols):
             return prologue_trace, computation_trace, epilogue_trace
         new = from_trace(computation_trace)
-        swap: dict = {}
-        changed = False
+        swap: dict = {}  # each decomposed call's output -> the decomposition's
         for bsym in computation_trace.bound_symbols:
             bsym = bsym.from_bsym_swap_proxies(swap) if swap else bsym
             a = _arguments(bsym) if bsym.sym.id == _MHA_ID else None
@@ -109,8 +108,7 @@ class MultiheadAttentionTransform(Transform):
                 out = _decomposed(a)
             new.bound_symbols += new.pop_scope()
             swap[variableify(outputs[0])] = out
-            changed = True
-        if not changed:
+        if not swap:
             return prologue_trace, computation_trace, epilogue_trace
         assert new.bound_symbols[-1].sym.id == prims.python_return.id
         new.set_provenance(TraceProvenance("fusecut: multi-head attention decomposed"))
