@@ -53,7 +53,7 @@ class BertLike(nn.Module):
         self.mlm = nn.Linear(d, vocab)
 
     def forward(self, tokens, labels):
-        positions = torch.arange(tokens.shape[1])
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
         h = self.emb(tokens) + self.pos(positions)[None] + self.segment(torch.zeros_like(tokens))
         h = self.enc(self.ln(h))
         return F.cross_entropy(self.mlm(h).flatten(0, 1), labels.flatten(), ignore_index=-100)
@@ -114,8 +114,8 @@ class GPTNeoXish(nn.Module):
         qkv = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)
         rot = (d // self.heads) // 2
-        inv = 1.0 / (10000 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
-        angle = torch.arange(t, dtype=torch.float32)[:, None] * inv[None]
+        inv = 1.0 / (10000 ** (torch.arange(0, rot, 2, dtype=torch.float32, device=x.device) / rot))
+        angle = torch.arange(t, dtype=torch.float32, device=x.device)[:, None] * inv[None]
         cos, sin = angle.cos().repeat(1, 2).to(x.dtype), angle.sin().repeat(1, 2).to(x.dtype)
 
         def rope(u):
@@ -164,8 +164,9 @@ class T5ish(nn.Module):
     def rms(self, x):
         return self.w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
-    def bias(self, t: int):
-        back = -(torch.arange(t)[None, :] - torch.arange(t)[:, None])
+    def bias(self, t: int, device):
+        position = torch.arange(t, device=device)
+        back = -(position[None, :] - position[:, None])
         back = torch.max(back, torch.zeros_like(back))
         exact = self.buckets // 2
         far = exact + (torch.log(back.float() / exact + 1e-6) / math.log(16 / exact)
@@ -179,7 +180,7 @@ class T5ish(nn.Module):
         h = self.rms(x)
         q, k, v = (p(h).view(b, t, self.heads, -1).transpose(1, 2)
                    for p in (self.q, self.k, self.v))
-        scores = q @ k.transpose(-1, -2) + self.bias(t)
+        scores = q @ k.transpose(-1, -2) + self.bias(t, x.device)
         a = torch.softmax(scores.float(), -1).type_as(scores) @ v
         x = x + self.o(a.transpose(1, 2).reshape(b, t, d))
         x = x + self.wo(F.relu(self.wi(self.rms(x))))
@@ -215,7 +216,7 @@ class GRUish(nn.Module):
         self.x2h, self.h2h = nn.Linear(d, 3 * d), nn.Linear(d, 3 * d)
 
     def forward(self, x, y):
-        h = torch.zeros(x.shape[0], x.shape[2], dtype=x.dtype)
+        h = torch.zeros(x.shape[0], x.shape[2], dtype=x.dtype, device=x.device)
         for step in range(x.shape[1]):
             rx, zx, nx = self.x2h(x[:, step]).chunk(3, -1)
             rh, zh, nh = self.h2h(h).chunk(3, -1)
