@@ -247,7 +247,8 @@ def profile(run: Callable[[], None], steps: int = 3) -> tuple[float, str]:
     return busy, text.replace("|", "/")
 
 
-def run_child(model_name: str, systems: list[str], steps: list[str], iters: int, emit) -> None:
+def run_child(model_name: str, systems: list[str], steps: list[str], iters: int, emit,
+              rounds: int = ROUNDS) -> None:
     """One system (or, paired, several in rounds interleaved) on one model, step by step."""
     from benchmarks.whole_models import whole_model
 
@@ -260,10 +261,11 @@ def run_child(model_name: str, systems: list[str], steps: list[str], iters: int,
     module = module.to("cuda", torch.bfloat16)
     # one preference for the whole process, set once as a user sets it (not around each step)
     with attention_preference(systems):
-        _run_steps(model_name, systems, steps, iters, emit, module, make_batch, size)
+        _run_steps(model_name, systems, steps, iters, emit, module, make_batch, size, rounds)
 
 
-def _run_steps(model_name, systems, steps, iters, emit, module, make_batch, size) -> None:
+def _run_steps(model_name, systems, steps, iters, emit, module, make_batch, size,
+               rounds) -> None:
     from benchmarks.whole_models import SIZES
 
     for step in steps:
@@ -279,9 +281,9 @@ def _run_steps(model_name, systems, steps, iters, emit, module, make_batch, size
                 runs[system] = step_fn(fns[system], module, tokens,
                                        targets if train else None, train)
             if len(systems) == 1:
-                measured = {systems[0]: measure(runs[systems[0]], iters)}
+                measured = {systems[0]: measure(runs[systems[0]], iters, rounds)}
             else:
-                measured = measure_paired(runs, iters)
+                measured = measure_paired(runs, iters, rounds)
             for system, m in measured.items():
                 note = fusecut_note(fns[system]) if "fusecut" in system else ""
                 if len(systems) > 1:
@@ -326,7 +328,7 @@ def one_line(e: BaseException | str) -> str:
 
 
 def child_results(model: str, system: str, steps: list[str], iters: int, gpu: str | None,
-                  timeout: float, log) -> list[dict]:
+                  timeout: float, log, rounds: int = ROUNDS) -> list[dict]:
     """Run one system on one model in a fresh process with empty compile caches."""
     with tempfile.TemporaryDirectory(prefix="fusecut-bench-") as cache:
         env = dict(os.environ, FUSECUT_CACHE_DIR=f"{cache}/fusecut",
@@ -334,7 +336,8 @@ def child_results(model: str, system: str, steps: list[str], iters: int, gpu: st
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         command = [sys.executable, "-m", "benchmarks.thunder_models", "--child", "--models", model,
-                   "--systems", system, "--steps", ",".join(steps), "--iters", str(iters)]
+                   "--systems", system, "--steps", ",".join(steps), "--iters", str(iters),
+                   "--rounds", str(rounds)]
         systems = system.split(",")
         results, last = [], "no output"
         try:
@@ -394,13 +397,13 @@ def _number(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def report(results: list[dict], iters: int) -> tuple[str, str]:
+def report(results: list[dict], iters: int, rounds: int = ROUNDS) -> tuple[str, str]:
     tops = [[r["model"], r["step"], r["system"] + (" (paired)" if r.get("paired") else ""),
              r["top"]] for r in results if "top" in r]
     table = (markdown_table(HEADERS, table_rows(results)) + "\n\n## Top GPU ops per step\n\n"
              + markdown_table(["model", "step", "system", "top GPU ops (ms / step, calls)"],
                               tops))
-    notes = (f"bf16. sync ms: median of {iters} steps, each synchronized, taken in {ROUNDS} rounds "
+    notes = (f"bf16. sync ms: median of {iters} steps, each synchronized, taken in {rounds} rounds "
              f"with a pipelined burst between; the ratio to {BASELINE} with the middle 95% of 2000 "
              f"bootstrap resamples of both. pipelined ms: the median over the rounds' bursts of "
              f"{PIPELINED} steps back to back, one synchronize each, per step, and its ratio the "
@@ -422,6 +425,9 @@ def main() -> None:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--steps", default=",".join(STEPS))
     parser.add_argument("--iters", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="rounds of synchronized steps and a pipelined burst (twice as many "
+                             "when paired); more narrow the intervals")
     parser.add_argument("--gpus", default=None, help="comma-separated devices to run processes "
                         "on side by side (default: one process at a time on the visible GPU)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per process")
@@ -444,7 +450,7 @@ def main() -> None:
     if args.child:
         [model] = models
         run_child(model, systems, steps, args.iters,
-                  lambda row: print(ROW_MARK + json.dumps(row), flush=True))
+                  lambda row: print(ROW_MARK + json.dumps(row), flush=True), args.rounds)
         return
     device = torch.cuda.get_device_name()
     gpus = args.gpus.split(",") if args.gpus else [None]
@@ -457,7 +463,7 @@ def main() -> None:
     results: list[dict] = []
 
     def save(final: bool = False) -> str:
-        table, notes = report(results, args.iters)
+        table, notes = report(results, args.iters, args.rounds)
         return str(write_result("thunder-models", device, "Whole-model Thunder benchmark", table,
                                 notes if final else notes + "\n\n(partial: still running)"))
 
@@ -467,7 +473,7 @@ def main() -> None:
         gpu = free.pop()
         try:
             return child_results(*job, steps, args.iters, gpu, args.timeout,
-                                 lambda line: print(line, flush=True))
+                                 lambda line: print(line, flush=True), args.rounds)
         finally:
             free.append(gpu)
 
@@ -476,7 +482,7 @@ def main() -> None:
             results.extend(rows)
             save()
     path = save(final=True)
-    print(report(results, args.iters)[0])
+    print(report(results, args.iters, args.rounds)[0])
     print(f"written to {path}")
 
 
