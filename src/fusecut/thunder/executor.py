@@ -52,11 +52,15 @@ from fusecut.thunder.epilogues import (  # noqa: E402
     fuse_gemm_epilogues,
     register_epilogue_ops,
 )
+from fusecut.thunder.fast_tracing import install as install_fast_tracing  # noqa: E402
 from fusecut.thunder.layout import is_layout_only, split_region  # noqa: E402
 from fusecut.thunder.memory_order import Order, inverse, orders_of, output_orders  # noqa: E402
 
 __all__ = ["FusecutExecutor", "RegionReport", "executors", "fusecut_ex", "region_reports",
            "thunder"]
+
+# Thunder's first step is mostly its interpreter: two shortcuts in it, the same traces
+install_fast_tracing()
 
 # ---- what fusecut claims ------------------------------------------------------------------------
 

@@ -1,0 +1,107 @@
+"""Thunder's first step, faster: two shortcuts in its bytecode interpreter, same traces.
+
+The first training step through Thunder is mostly Thunder interpreting the model's Python, frame
+by frame, with a provenance record for every value (docs/thunder.md, "Where the first step
+goes"). Two of its costs are pure overhead:
+
+- **Global names.** For every ``LOAD_GLOBAL``, Thunder 0.2 interprets two Python frames, a
+  ``lambda d, k: d[k]`` and a ``getitem`` helper that resolves ``__getitem__`` through its
+  ``getattr`` lookaside, before it reaches the dict's ``__getitem__`` lookaside, which makes the
+  wrapped value and its provenance. A builtin (``len``, ``isinstance``) costs that twice: once
+  for ``__builtins__``, once in it. CPython reads an exact dict directly, so here the lookaside
+  is called directly: the same wrapped value, with the same provenance, without the frames.
+- **Disassembly.** Every interpreted frame runs ``dis.get_instructions`` over its code again.
+  Code objects are immutable, so the instructions are kept per code object.
+
+Nothing else changes: the fallbacks (a ``globals`` that is not a dict, a missing name, a
+``__builtins__`` module) are Thunder's own code, and the traces are the same; the tests compare
+them with and without. ``install`` is called by ``fusecut.thunder.executor`` for the Thunder
+versions it was checked on, and ``FUSECUT_THUNDER_FAST_TRACING=0`` leaves Thunder as it is.
+"""
+
+from __future__ import annotations
+
+import dis
+import os
+import types
+import weakref
+
+# Thunder's interpreter module, and the function installed over it (None before install)
+_installed: dict[str, object] = {}
+
+
+def enabled_by_environment() -> bool:
+    return os.environ.get("FUSECUT_THUNDER_FAST_TRACING", "1") not in ("0", "false", "no", "off")
+
+
+class _CachedDis(types.ModuleType):
+    """``dis``, with ``get_instructions(code)`` kept per code object (weakly: a code object that
+    goes away takes its instructions with it)."""
+
+    def __init__(self) -> None:
+        super().__init__("dis")
+        # dis's own names as attributes, not through __getattr__: Thunder reads dis.Instruction
+        # for every provenance record
+        vars(self).update((k, v) for k, v in vars(dis).items()
+                          if not k.startswith("__") and k != "get_instructions")
+        self._by_code: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def get_instructions(self, x, *args, **kwargs):
+        if args or kwargs or not isinstance(x, types.CodeType):
+            return dis.get_instructions(x, *args, **kwargs)
+        found = self._by_code.get(x)
+        if found is None:
+            found = self._by_code[x] = tuple(dis.get_instructions(x))
+        return iter(found)
+
+
+def _direct_globals_lookup(interpreter, original):
+    """Thunder's ``globals_lookup`` with the dict's ``__getitem__`` lookaside called directly
+    where CPython reads a dict directly; everything else goes to ``original``."""
+    unwrap, wrap_const, call = (interpreter.unwrap, interpreter.wrap_const,
+                                interpreter._interpret_call)
+
+    def globals_lookup(globals_dict, name):
+        plain_globals, key = unwrap(globals_dict), unwrap(name)
+        if type(plain_globals) is not dict:
+            return original(globals_dict, name)
+        if key in plain_globals:
+            return call(dict.__getitem__, globals_dict, name)
+        builtins = plain_globals.get("__builtins__")
+        if type(builtins) is dict and key in builtins:  # an imported module's builtins
+            wrapped_builtins = call(dict.__getitem__, globals_dict, wrap_const("__builtins__"))
+            if wrapped_builtins is interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+                return wrapped_builtins
+            return call(dict.__getitem__, wrapped_builtins, name)
+        return original(globals_dict, name)
+
+    return globals_lookup
+
+
+def install() -> bool:
+    """Put both shortcuts into Thunder's interpreter (once); False where its shape is not the one
+    they were written for, or the environment turned them off."""
+    if _installed:
+        return True
+    if not enabled_by_environment():
+        return False
+    from thunder.core import interpreter
+
+    original = getattr(interpreter, "globals_lookup", None)
+    if original is None or getattr(interpreter, "dis", None) is not dis or not hasattr(
+            interpreter, "_interpret_call"):
+        return False
+    _installed["globals_lookup"] = original
+    interpreter.globals_lookup = _direct_globals_lookup(interpreter, original)
+    interpreter.dis = _CachedDis()
+    return True
+
+
+def uninstall() -> None:
+    """Thunder's interpreter as it was (for the tests that compare traces)."""
+    if not _installed:
+        return
+    from thunder.core import interpreter
+
+    interpreter.globals_lookup = _installed.pop("globals_lookup")
+    interpreter.dis = dis
