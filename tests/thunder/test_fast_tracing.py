@@ -19,7 +19,8 @@ import fusecut.thunder
 from benchmarks.whole_models import whole_model
 from fusecut.thunder import fast_tracing
 from fusecut.thunder.executor import thunder
-from thunder.core import interpreter
+
+interpreter = thunder.core.interpreter  # imported by fusecut's executor, after its compat hook
 
 OFFSET = 3.0  # a module global the traced functions read
 
@@ -175,3 +176,20 @@ def test_disassembly_is_kept_per_code_object():
     assert cached._by_code[code] is cached._by_code[code]
     assert tuple(cached.get_instructions(code)) == first
     assert cached.Instruction is __import__("dis").Instruction
+
+
+@pytest.mark.parametrize("tracking", [False, True])
+def test_thunders_bare_interpreter_reads_globals_the_same(tracking):
+    # thunder.core.interpreter.interpret, with and without provenance tracking (thunder.jit
+    # tracks it): plain values, builtins, a shadowed builtin and a missing name
+    def missing(x):
+        return x + not_defined_anywhere  # noqa: F821
+
+    for on in (False, True):
+        with shortcuts(on):
+            run = interpreter.interpret(reads_globals, with_provenance_tracking=tracking,
+                                        uncacheable_classes=())
+            torch.testing.assert_close(run(torch.ones(2)), reads_globals(torch.ones(2)))
+            with pytest.raises(NameError, match="not_defined_anywhere"):
+                interpreter.interpret(missing, with_provenance_tracking=tracking,
+                                      uncacheable_classes=())(1.0)
