@@ -241,6 +241,39 @@ def test_first_call_plans_each_region_once(planner_calls):
     assert len(planner_calls) == before
 
 
+def test_the_fusion_pass_translates_each_region_once(monkeypatch):
+    # worth_a_kernel's translation is the one the region runs (it was made twice, 1 s of a
+    # 12-layer nanoGPT's first step); only a region split again for its views is re-translated
+    import fusecut.thunder.executor as executor
+
+    counts = {"translate": 0, "considered": 0, "refused": 0, "split": 0}
+    translate, worth, fusion = (executor.translate, FusecutExecutor.worth_a_kernel,
+                                FusecutExecutor._fusion)
+
+    def counted_translate(*args, **kwargs):
+        counts["translate"] += 1
+        return translate(*args, **kwargs)
+
+    def counted_worth(self, region):
+        counts["considered"] += 1
+        kernel = worth(self, region)
+        counts["refused"] += kernel is None
+        return kernel
+
+    def counted_fusion(self, name, bsyms, inputs, outputs, translation=None):
+        counts["split"] += translation is None
+        return fusion(self, name, bsyms, inputs, outputs, translation)
+
+    monkeypatch.setattr(executor, "translate", counted_translate)
+    monkeypatch.setattr(FusecutExecutor, "worth_a_kernel", counted_worth)
+    monkeypatch.setattr(FusecutExecutor, "_fusion", counted_fusion)
+    model = block(seed=3)
+    ours = thunder.jit(model, executors=[fusecut_ex])
+    step(ours, model, torch.randn(2, 7, 32))
+    assert counts["considered"] > counts["refused"]  # some regions were fused
+    assert counts["translate"] == counts["considered"] + counts["split"], counts
+
+
 def test_dropout_region_is_left_to_another_executor():
     model = block(dropout=0.25, seed=2)
     ours = thunder.jit(model, executors=[fusecut_ex])

@@ -620,8 +620,9 @@ class FusecutExecutor(FusionExecutor):
         return self._fusion(f"fusecut{fusion_counter}", bsyms, inputs, outputs)
 
     def _fusion(self, name: str, bsyms: list[BoundSymbol], inputs: list[Proxy],
-                outputs: list[Proxy]) -> BoundSymbol:
-        """The fusion symbol that runs ``bsyms`` (claimed prims) as fusecut region ``name``."""
+                outputs: list[Proxy], translation: Translation | None = None) -> BoundSymbol:
+        """The fusion symbol that runs ``bsyms`` (claimed prims) as fusecut region ``name``
+        (``translation``: theirs, where the caller has it already)."""
 
         def fallback() -> Callable:
             return _torch_callable(bsyms, inputs, outputs)
@@ -630,7 +631,8 @@ class FusecutExecutor(FusionExecutor):
             return translate(bsyms, inputs, outputs, self.claimed, in_orders, out_orders)
 
         try:
-            translation = translate(bsyms, inputs, outputs, self.claimed)
+            if translation is None:
+                translation = translate(bsyms, inputs, outputs, self.claimed)
             out_ranks = [len(p.shape) if isinstance(p, TensorProxy) else 0 for p in outputs]
             fn: Callable = FusecutRegion(name, translation, self.plan_remote, fallback,
                                          retranslate, out_ranks)
@@ -641,15 +643,19 @@ class FusecutExecutor(FusionExecutor):
         return self.register_temporary_operation(name, fn, inputs=inputs, outputs=outputs,
                                                  bsyms=bsyms)
 
-    def worth_a_kernel(self, region: Region) -> bool:
-        """The region translates, and computes something (a region of layout prims only would
-        just copy: torch's views do it for nothing)."""
+    def worth_a_kernel(self, region: Region) -> tuple[list[BoundSymbol], list[Proxy],
+                                                       list[Proxy], Translation] | None:
+        """The region prepared and translated, where it translates and computes something (a
+        region of layout prims only would just copy: torch's views do it for nothing); else
+        None. The fusion pass hands both to ``_fusion``: each region is prepared and translated
+        once (a 12-layer nanoGPT's fusion passes: 6.0 s of its first step on a 2-core CPU, then
+        4.9 s)."""
         try:
             bsyms, inputs, outputs = self._prepare(region)
-            translate(bsyms, inputs, outputs, self.claimed)
+            translation = translate(bsyms, inputs, outputs, self.claimed)
         except TranslationError:
-            return False
-        return not is_layout_only(bsyms)
+            return None
+        return None if is_layout_only(bsyms) else (bsyms, inputs, outputs, translation)
 
     def fusion_pass(self, trace: TraceCtx) -> TraceCtx:
         start = time.perf_counter_ns()
@@ -674,11 +680,11 @@ class FusecutExecutor(FusionExecutor):
             if len(bsyms) == 1 and not self.can_fuse(bsyms[0]):
                 bsyms_out.append(bsyms[0])
                 continue
-            region = Region(producers, consumers, bsyms)
-            if not self.worth_a_kernel(region):
+            kernel = self.worth_a_kernel(Region(producers, consumers, bsyms))
+            if kernel is None:
                 bsyms_out.extend(bsyms)
                 continue
-            bsyms_out.append(self.fuse(region, counter))
+            bsyms_out.append(self._fusion(f"fusecut{counter}", *kernel))
             counter += 1
         fused.bound_symbols = bsyms_out
         fused = rematerialize(fused)
