@@ -242,12 +242,12 @@ def test_first_call_plans_each_region_once(planner_calls):
 
 
 def test_the_fusion_pass_translates_each_region_once(monkeypatch):
-    # worth_a_kernel's translation is the one the region runs (it was made twice, 1 s of a
+    # kernel_of's translation is the one the region runs (it was made twice, 1 s of a
     # 12-layer nanoGPT's first step); only a region split again for its views is re-translated
     import fusecut.thunder.executor as executor
 
     counts = {"translate": 0, "considered": 0, "refused": 0, "split": 0}
-    translate, worth, fusion = (executor.translate, FusecutExecutor.worth_a_kernel,
+    translate, worth, fusion = (executor.translate, FusecutExecutor.kernel_of,
                                 FusecutExecutor._fusion)
 
     def counted_translate(*args, **kwargs):
@@ -265,7 +265,7 @@ def test_the_fusion_pass_translates_each_region_once(monkeypatch):
         return fusion(self, name, bsyms, inputs, outputs, translation)
 
     monkeypatch.setattr(executor, "translate", counted_translate)
-    monkeypatch.setattr(FusecutExecutor, "worth_a_kernel", counted_worth)
+    monkeypatch.setattr(FusecutExecutor, "kernel_of", counted_worth)
     monkeypatch.setattr(FusecutExecutor, "_fusion", counted_fusion)
     model = block(seed=3)
     ours = thunder.jit(model, executors=[fusecut_ex])

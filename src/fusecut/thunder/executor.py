@@ -643,13 +643,13 @@ class FusecutExecutor(FusionExecutor):
         return self.register_temporary_operation(name, fn, inputs=inputs, outputs=outputs,
                                                  bsyms=bsyms)
 
-    def worth_a_kernel(self, region: Region) -> tuple[list[BoundSymbol], list[Proxy],
-                                                       list[Proxy], Translation] | None:
-        """The region prepared and translated, where it translates and computes something (a
-        region of layout prims only would just copy: torch's views do it for nothing); else
-        None. The fusion pass hands both to ``_fusion``: each region is prepared and translated
-        once (a 12-layer nanoGPT's fusion passes: 6.0 s of its first step on a 2-core CPU, then
-        4.9 s)."""
+    def kernel_of(self, region: Region) -> tuple[list[BoundSymbol], list[Proxy], list[Proxy],
+                                                 Translation] | None:
+        """The region prepared and translated, where it is worth a kernel: it translates and
+        computes something (a region of layout prims only would just copy: torch's views do it
+        for nothing); else None. The fusion pass hands both to ``_fusion``, so each region is
+        prepared and translated once (a 12-layer nanoGPT's fusion passes: 6.0 s of its first
+        step on a 2-core CPU, then 4.9 s)."""
         try:
             bsyms, inputs, outputs = self._prepare(region)
             translation = translate(bsyms, inputs, outputs, self.claimed)
@@ -680,7 +680,7 @@ class FusecutExecutor(FusionExecutor):
             if len(bsyms) == 1 and not self.can_fuse(bsyms[0]):
                 bsyms_out.append(bsyms[0])
                 continue
-            kernel = self.worth_a_kernel(Region(producers, consumers, bsyms))
+            kernel = self.kernel_of(Region(producers, consumers, bsyms))
             if kernel is None:
                 bsyms_out.extend(bsyms)
                 continue

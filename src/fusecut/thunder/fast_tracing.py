@@ -26,7 +26,7 @@ import os
 import types
 import weakref
 
-# Thunder's interpreter module, and the function installed over it (None before install)
+# what install replaced, to put back (empty while Thunder's interpreter is as it ships)
 _installed: dict[str, object] = {}
 
 
