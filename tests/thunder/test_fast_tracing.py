@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import re
+import traceback
 from contextlib import contextmanager
 
 import pytest
@@ -193,3 +194,64 @@ def test_thunders_bare_interpreter_reads_globals_the_same(tracking):
             with pytest.raises(NameError, match="not_defined_anywhere"):
                 interpreter.interpret(missing, with_provenance_tracking=tracking,
                                       uncacheable_classes=())(1.0)
+
+
+def raises_in(depth):
+    if depth == 0:
+        raise ValueError("deep")
+    return raises_in(depth - 1)
+
+
+def catches(x):
+    caught = 0
+    for _ in range(3):
+        try:
+            raises_in(2)
+        except ValueError:
+            caught += 1
+    return x + caught
+
+
+@contextmanager
+def counting_stand_in_frames(monkeypatch):
+    """How many stand-in Python frames Thunder makes for tracebacks (each in a new thread)."""
+    import _thread
+
+    count = [0]
+    start = _thread.start_new_thread
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return start(*args, **kwargs)
+
+    monkeypatch.setattr(_thread, "start_new_thread", counted)
+    yield count
+    monkeypatch.setattr(_thread, "start_new_thread", start)
+
+
+def run_and_raise(monkeypatch) -> tuple[int, list[tuple[str, int]]]:
+    """Interpret ``catches`` and an uncaught raise: the stand-in frames made, and the raise's
+    traceback in this file."""
+    with counting_stand_in_frames(monkeypatch) as count:
+        run = interpreter.interpret(catches, with_provenance_tracking=True,
+                                    uncacheable_classes=())
+        torch.testing.assert_close(run(torch.ones(1)), torch.full((1,), 4.0))
+        with pytest.raises(ValueError, match="deep") as raised:
+            interpreter.interpret(raises_in, with_provenance_tracking=True,
+                                  uncacheable_classes=())(2)
+    frames = traceback.extract_tb(raised.value.__traceback__)
+    return count[0], [(f.name, f.lineno) for f in frames if f.filename == __file__]
+
+
+def test_exceptions_keep_their_tracebacks_with_one_stand_in_frame_per_line(monkeypatch):
+    with shortcuts(False):
+        made_before, traceback_before = run_and_raise(monkeypatch)
+    with shortcuts(True):
+        made, traceback_with = run_and_raise(monkeypatch)
+        made_again, traceback_again = run_and_raise(monkeypatch)
+    assert traceback_with == traceback_again == traceback_before
+    assert [name for name, _ in traceback_with][-3:] == ["raises_in"] * 3
+    # without: one per frame an exception leaves (3 loops x 3 frames, and more); with: one
+    # per line, then none
+    assert made_before >= 12 and made <= made_before / 2 and made_again == 0, \
+        (made_before, made, made_again)
