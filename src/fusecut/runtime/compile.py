@@ -54,7 +54,8 @@ class CompileStats:
 STATS = CompileStats()
 MAX_CUBINS = 512  # in memory; the disk cache keeps every one
 _memory: BoundedCache[str, bytes] = BoundedCache(MAX_CUBINS)
-_lock = threading.Lock()  # guards STATS
+_lock = threading.Lock()  # guards STATS and _in_flight
+_in_flight: dict[str, threading.Event] = {}  # cache keys being compiled, set when done
 
 
 def cache_dir() -> Path:
@@ -98,14 +99,32 @@ def cache_key(source: str, arch: str) -> str:
 
 
 def compile_cubin(source: str, arch: str = "sm_90", name: str = "fusecut") -> bytes:
-    """The cubin of ``source`` for ``arch``, from cache when possible."""
+    """The cubin of ``source`` for ``arch``, from cache when possible. Single-flight: a caller
+    asking for a source another thread is compiling (``runtime.ahead``'s workers) waits for
+    that compile instead of running NVRTC a second time."""
     require_cuda_python()
     key = cache_key(source, arch)
-    hit = _memory.get(key)
-    if hit is not None:
+    while True:
+        hit = _memory.get(key)
+        if hit is not None:
+            with _lock:
+                STATS.memory_hits += 1
+            return hit
         with _lock:
-            STATS.memory_hits += 1
-        return hit
+            running = _in_flight.get(key)
+            if running is None:
+                _in_flight[key] = threading.Event()
+                break
+        running.wait()  # then the memory cache has it, or that compile failed: try ourselves
+    try:
+        return _compile_uncached(source, arch, name, key)
+    finally:
+        with _lock:
+            _in_flight.pop(key).set()
+
+
+def _compile_uncached(source: str, arch: str, name: str, key: str) -> bytes:
+    """From the disk cache, or NVRTC (then into both caches)."""
     path = cache_dir() / f"{key}.cubin"
     if path.exists():
         data = path.read_bytes()

@@ -47,6 +47,7 @@ from fusecut.optimizer.ir.dtypes import DType  # noqa: E402
 from fusecut.runtime.compile import CompileError  # noqa: E402
 from fusecut.runtime.run import on_gpu  # noqa: E402
 from fusecut.runtime.tensors import from_torch_dtype  # noqa: E402
+from fusecut.thunder.compile_ahead import compile_region_ahead  # noqa: E402
 from fusecut.thunder.epilogues import (  # noqa: E402
     EPILOGUE_MIN_BYTES,
     fuse_gemm_epilogues,
@@ -691,9 +692,18 @@ class FusecutExecutor(FusionExecutor):
         fused = dce(fused)
         fused = self._views_out_of_kernels(fused)
         fused = update_fusion_call_ctx(fused)
+        self._compile_ahead(fused)
         ms = (time.perf_counter_ns() - start) // 1_000_000
         fused.set_provenance(TraceProvenance(f"Fusion by fusecut (took {ms} milliseconds)"))
         return fused
+
+    def _compile_ahead(self, trace: TraceCtx) -> None:
+        """Each region on CUDA tensors planned and its kernels compiled in background threads
+        while Thunder finishes the step's traces (``compile_ahead``): its first launch then
+        finds them compiled."""
+        for bsym, fn in fusecut_regions(trace):
+            if isinstance(fn, FusecutRegion) and fn.plan_remote is None:
+                compile_region_ahead(fn.definition, bsym.flat_args)
 
     def _views_out_of_kernels(self, trace: TraceCtx) -> TraceCtx:
         """Each region's outputs that torch can return as views leave its kernel (see
