@@ -255,3 +255,63 @@ def test_exceptions_keep_their_tracebacks_with_one_stand_in_frame_per_line(monke
     # per line, then none
     assert made_before >= 12 and made <= made_before / 2 and made_again == 0, \
         (made_before, made, made_again)
+
+
+class Overriding(dict):
+    """A dict subclass whose own ``__getitem__``, ``__contains__`` and ``__len__`` must run (not
+    calling dict's own: Thunder 0.2.6 fails on that with provenance tracking, either way)."""
+
+    def __getitem__(self, key):
+        return 10.0 * len(key)
+
+    def __contains__(self, key):
+        return key == "always"
+
+    def __len__(self):
+        return 99
+
+
+def uses_containers(x):
+    d, items, pair = {"a": 1.0, "b": 2.0}, [1.0, 2.0, 3.0], (4.0, 5.0)
+    total = d["a"] + items[-1] + pair[0] + sum(items[1:]) + len(d) + len(items) + len(pair)
+    total += ("a" in d) + ("z" not in d) + (2.0 in items) + (9.0 not in pair)
+    odd = Overriding(a=3.0)
+    total += odd["a"] + ("always" in odd) + ("a" not in odd) + len(odd)
+    return x * total
+
+
+def missing_key(x):
+    return x + {"a": 1.0}["b"]
+
+
+def index_out_of_range(x):
+    return x + [1.0, 2.0][2]
+
+
+def unhashable_key(x):
+    return x + ([1.0] in {"a": 1.0})
+
+
+def raised_by(fn, tracking: bool) -> tuple[str, str]:
+    try:
+        interpreter.interpret(fn, with_provenance_tracking=tracking,
+                              uncacheable_classes=())(torch.ones(1))
+    except Exception as e:
+        return type(e).__name__, str(e).splitlines()[0]
+    return "nothing", ""
+
+
+@pytest.mark.parametrize("tracking", [False, True])
+def test_built_in_containers_behave_as_without_the_shortcuts(tracking):
+    frames, errors = {}, {}
+    for on in (False, True):
+        with shortcuts(on), counting_frames() as count:
+            run = interpreter.interpret(uses_containers, with_provenance_tracking=tracking,
+                                        uncacheable_classes=())
+            torch.testing.assert_close(run(torch.ones(2)), uses_containers(torch.ones(2)))
+            errors[on] = [raised_by(fn, tracking)
+                          for fn in (missing_key, index_out_of_range, unhashable_key)]
+        frames[on] = count[0]
+    assert errors[True] == errors[False]
+    assert [name for name, _ in errors[True][:2]] == ["KeyError", "IndexError"]
+    assert frames[True] < frames[False], frames  # the helper frames are gone

@@ -1,4 +1,4 @@
-"""Thunder's first step, faster: three shortcuts in its bytecode interpreter, same traces.
+"""Thunder's first step, faster: shortcuts in its bytecode interpreter, same traces.
 
 The first training step through Thunder is mostly Thunder interpreting the model's Python, frame
 by frame, with a provenance record for every value (docs/thunder.md, "Where the first step
@@ -12,6 +12,11 @@ goes"). Two of its costs are pure overhead:
   is called directly: the same wrapped value, with the same provenance, without the frames.
 - **Disassembly.** Every interpreted frame runs ``dis.get_instructions`` over its code again.
   Code objects are immutable, so the instructions are kept per code object.
+- **Built-in containers.** ``x[k]``, ``len(x)`` and ``k in x`` each interpret a helper frame
+  that looks the method up (``x.__getitem__``, through the ``getattr`` lookaside) and calls it,
+  to reach the container's own lookaside. For an exact ``dict``, ``list`` or ``tuple`` (what
+  CPython's specialised ``BINARY_SUBSCR_DICT``, ``_LIST_INT`` and ``_TUPLE_INT`` serve) that
+  lookaside is called directly; every other type goes the way Thunder goes.
 - **Traceback frames.** When an exception leaves an interpreted frame (a ``StopIteration`` ends
   every ``for`` loop over a list), Thunder makes a stand-in Python frame for the traceback: it
   compiles a ``raise`` at that line and runs it in a new thread, which the interpreter's thread
@@ -83,6 +88,48 @@ def _direct_globals_lookup(interpreter, original):
     return globals_lookup
 
 
+CONTAINERS = (dict, list, tuple)  # exact types: a subclass may override what is looked up
+
+
+def _container_shortcuts(interpreter, binary_subscr, contains_op, length):
+    """The ``BINARY_SUBSCR`` and ``CONTAINS_OP`` handlers and the ``len`` lookaside, calling an
+    exact built-in container's method (and so its lookaside) directly; others go to Thunder's."""
+    unwrap, call = interpreter.unwrap, interpreter._interpret_call
+    raised = interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED
+
+    def _binary_subscr_handler(inst, /, stack, **kwargs):
+        typ = type(unwrap(stack.getitem_wrapped(-2)))
+        if typ not in CONTAINERS:
+            return binary_subscr(inst, stack=stack, **kwargs)
+        key = stack.pop_wrapped()
+        container = stack.pop_wrapped()
+        result = call(typ.__getitem__, container, key)
+        if result is raised:
+            return result
+        stack.append(result)
+
+    def _contains_op_handler(inst, /, stack, **kwargs):
+        typ = type(unwrap(stack.getitem_wrapped(-1)))
+        if typ not in CONTAINERS:
+            return contains_op(inst, stack=stack, **kwargs)
+        container = stack.pop_wrapped()
+        item = stack.pop_wrapped()
+        result = call(typ.__contains__, container, item)
+        if result is not raised and inst.arg == 1:  # "not in", negated as Thunder negates it
+            result = call(lambda result: not result, result)
+        if result is raised:
+            return result
+        stack.append(result)
+
+    def len_lookaside(obj):
+        typ = type(unwrap(obj))
+        if typ not in CONTAINERS:
+            return length(obj)
+        return call(typ.__len__, obj)
+
+    return _binary_subscr_handler, _contains_op_handler, len_lookaside
+
+
 def _kept_python_frames(original):
     """``InterpreterFrame.get_or_make_python_frame`` with its stand-in frame kept per code
     object (weakly), line and qualified name: all the stand-in is made of."""
@@ -118,11 +165,18 @@ def install() -> bool:
     if original is None or make_frame is None or getattr(interpreter, "dis", None) is not dis \
             or not hasattr(interpreter, "_interpret_call"):
         return False
+    handlers, lookasides = (interpreter._default_opcode_handler_map,
+                            interpreter._default_lookaside_map)
+    if not {"BINARY_SUBSCR", "CONTAINS_OP"} <= handlers.keys() or len not in lookasides:
+        return False
     _installed["globals_lookup"] = original
     _installed["get_or_make_python_frame"] = make_frame
+    _installed["handlers"] = (handlers["BINARY_SUBSCR"], handlers["CONTAINS_OP"], lookasides[len])
     interpreter.globals_lookup = _direct_globals_lookup(interpreter, original)
     interpreter.dis = _CachedDis()
     frame_class.get_or_make_python_frame = _kept_python_frames(make_frame)
+    (handlers["BINARY_SUBSCR"], handlers["CONTAINS_OP"],
+     lookasides[len]) = _container_shortcuts(interpreter, *_installed["handlers"])
     return True
 
 
@@ -136,3 +190,6 @@ def uninstall() -> None:
     interpreter.dis = dis
     interpreter.InterpreterFrame.get_or_make_python_frame = _installed.pop(
         "get_or_make_python_frame")
+    (interpreter._default_opcode_handler_map["BINARY_SUBSCR"],
+     interpreter._default_opcode_handler_map["CONTAINS_OP"],
+     interpreter._default_lookaside_map[len]) = _installed.pop("handlers")
