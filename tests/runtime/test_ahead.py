@@ -3,6 +3,9 @@ needs no GPU: these run on the CPU."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -139,3 +142,29 @@ def test_compiling_ahead_can_be_turned_off(monkeypatch):
     assert ahead.enabled()
     monkeypatch.setenv(ahead.ENV, "0")
     assert not ahead.enabled()
+
+
+def test_threads_compiling_at_once_in_a_fresh_process_all_succeed(tmp_path):
+    # cuda.core chooses its CUDA-version module while it is imported: threads that imported it at
+    # once were handed it half made on the H100 (ImportError from cuda.core.cu13), and every
+    # region of a first step fell back to torch
+    script = (
+        "import threading\n"
+        "from fusecut.runtime.compile import compile_cubin\n"
+        "errors = []\n"
+        "def one(i):\n"
+        "    try:\n"
+        "        compile_cubin(f'extern \"C\" __global__ void k{i}(float* x) {{ x[0] = {i}; }}',"
+        " 'sm_90', f'k{i}')\n"
+        "    except Exception as e:\n"
+        "        errors.append(repr(e))\n"
+        "threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]\n"
+        "[t.start() for t in threads]\n"
+        "[t.join() for t in threads]\n"
+        "print(errors)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "FUSECUT_CACHE_DIR": str(tmp_path),
+                                            "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+    assert len(list(tmp_path.glob("*.cubin"))) == 8

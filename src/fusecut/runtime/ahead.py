@@ -24,7 +24,7 @@ from collections.abc import Callable
 from fusecut.codegen import generate_segment
 from fusecut.optimizer.kinds.rules import Kind
 from fusecut.optimizer.plan.plan import Plan
-from fusecut.runtime.compile import compile_cubin
+from fusecut.runtime.compile import compile_cubin, prepare
 
 log = logging.getLogger("fusecut.runtime")
 
@@ -48,6 +48,11 @@ def worker_count() -> int:
 def submit(job: Callable[[], None]) -> None:
     """Run ``job`` on a background worker (daemon threads: an exit never waits for them)."""
     with _start_lock:
+        if not _workers:
+            try:  # cuda-python imported here, before any worker imports it beside this thread
+                prepare()
+            except Exception as e:  # a CPU install: the jobs' compiles will say so
+                log.debug("fusecut: compile ahead without cuda-python: %s", e)
         while len(_workers) < worker_count():
             worker = threading.Thread(target=_work, name=f"fusecut-ahead-{len(_workers)}",
                                       daemon=True)

@@ -43,6 +43,21 @@ def require_cuda_python() -> None:
                                 "install 'fusecut[gpu]'") from None
 
 
+_prepare_lock = threading.Lock()
+
+
+def prepare() -> None:
+    """Import cuda-python's NVRTC side once, one thread at a time. ``cuda.core`` picks its
+    CUDA-version module while it is imported, and threads importing it at once (compile-ahead
+    workers beside the main thread, in a fresh process) were handed it half made: "cannot import
+    name 'Program' from 'cuda.core.cu13'" on the H100. Cheap after the first call."""
+    with _prepare_lock:
+        require_cuda_python()
+        import cuda.core  # noqa: F401
+        import cuda.pathfinder  # noqa: F401
+        from cuda.bindings import nvrtc  # noqa: F401
+
+
 @dataclass
 class CompileStats:
     compiles: int = 0
@@ -102,7 +117,7 @@ def compile_cubin(source: str, arch: str = "sm_90", name: str = "fusecut") -> by
     """The cubin of ``source`` for ``arch``, from cache when possible. Single-flight: a caller
     asking for a source another thread is compiling (``runtime.ahead``'s workers) waits for
     that compile instead of running NVRTC a second time."""
-    require_cuda_python()
+    prepare()
     key = cache_key(source, arch)
     while True:
         hit = _memory.get(key)
