@@ -54,8 +54,13 @@ def prepare() -> None:
     with _prepare_lock:
         require_cuda_python()
         import cuda.core  # noqa: F401
-        import cuda.pathfinder  # noqa: F401
-        from cuda.bindings import nvrtc  # noqa: F401
+
+        defines()  # the cache key's parts, and the header search (pathfinder imports lazily)
+        nvrtc_version()
+        try:
+            include_dirs()
+        except CompileError:
+            pass  # a cubin from the disk cache needs none; a compile says they are missing
 
 
 @dataclass
