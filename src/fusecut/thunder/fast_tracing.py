@@ -12,8 +12,9 @@ goes"). Two of its costs are pure overhead:
   is called directly: the same wrapped value, with the same provenance, without the frames.
 - **Disassembly.** Every interpreted frame runs ``dis.get_instructions`` over its code again.
   Code objects are immutable, so the instructions are kept per code object.
-- **Built-in containers.** ``x[k]``, ``len(x)`` and ``k in x`` each interpret a helper frame
-  that looks the method up (``x.__getitem__``, through the ``getattr`` lookaside) and calls it,
+- **Built-in containers.** ``x[k]``, ``len(x)``, ``k in x``, a ``*args`` call's arguments,
+  ``**kwargs`` merging and ``[*a]`` each interpret a helper frame that looks the method up
+  (``x.__getitem__``, ``b.update``, ``l.extend``, through the ``getattr`` lookaside) and calls it,
   to reach the container's own lookaside. For an exact ``dict``, ``list`` or ``tuple`` (what
   CPython's specialised ``BINARY_SUBSCR_DICT``, ``_LIST_INT`` and ``_TUPLE_INT`` serve) that
   lookaside is called directly; every other type goes the way Thunder goes.
@@ -130,6 +131,41 @@ def _container_shortcuts(interpreter, binary_subscr, contains_op, length):
     return _binary_subscr_handler, _contains_op_handler, len_lookaside
 
 
+def _merge_shortcuts(interpreter, wrap_args, dict_merge, list_extend):
+    """``wrap_args_from_list`` (a ``*args`` call's arguments, one by one) and the ``DICT_MERGE``
+    and ``LIST_EXTEND`` handlers, calling an exact container's method directly; others go to
+    Thunder's."""
+    unwrap, call, wrap_const = (interpreter.unwrap, interpreter._interpret_call,
+                                interpreter.wrap_const)
+    raised = interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED
+
+    def wrap_args_from_list(lst):
+        typ = type(unwrap(lst))
+        if typ not in (list, tuple):
+            return wrap_args(lst)
+        return [call(typ.__getitem__, lst, wrap_const(i)) for i in range(len(unwrap(lst)))]
+
+    def _dict_merge_handler(inst, /, stack, co, **kwargs):
+        if type(unwrap(stack.getitem_wrapped(-2))) is not dict:
+            return dict_merge(inst, stack=stack, co=co, **kwargs)
+        merged = stack.pop_wrapped()
+        into = stack.getitem_wrapped(-1)
+        if overlap := unwrap(into).keys() & unwrap(merged):  # Thunder's check and message
+            return interpreter.do_raise(KeyError(
+                f"{co.co_name} got multiple values for keyword argument {next(iter(overlap))}"))
+        if call(dict.update, into, merged) is raised:
+            return raised
+
+    def _list_extend_handler(inst, /, stack, **kwargs):
+        if type(unwrap(stack.getitem_wrapped(-inst.arg - 1))) is not list:
+            return list_extend(inst, stack=stack, **kwargs)
+        items = stack.pop_wrapped()
+        if call(list.extend, stack.getitem_wrapped(-inst.arg), items) is raised:
+            return raised
+
+    return wrap_args_from_list, _dict_merge_handler, _list_extend_handler
+
+
 def _kept_python_frames(original):
     """``InterpreterFrame.get_or_make_python_frame`` with its stand-in frame kept per code
     object (weakly), line and qualified name: all the stand-in is made of."""
@@ -167,7 +203,8 @@ def install() -> bool:
         return False
     handlers, lookasides = (interpreter._default_opcode_handler_map,
                             interpreter._default_lookaside_map)
-    if not {"BINARY_SUBSCR", "CONTAINS_OP"} <= handlers.keys() or len not in lookasides:
+    if not {"BINARY_SUBSCR", "CONTAINS_OP", "DICT_MERGE", "LIST_EXTEND"} <= handlers.keys() \
+            or len not in lookasides or not hasattr(interpreter, "wrap_args_from_list"):
         return False
     _installed["globals_lookup"] = original
     _installed["get_or_make_python_frame"] = make_frame
@@ -177,6 +214,10 @@ def install() -> bool:
     frame_class.get_or_make_python_frame = _kept_python_frames(make_frame)
     (handlers["BINARY_SUBSCR"], handlers["CONTAINS_OP"],
      lookasides[len]) = _container_shortcuts(interpreter, *_installed["handlers"])
+    _installed["merges"] = (interpreter.wrap_args_from_list, handlers["DICT_MERGE"],
+                            handlers["LIST_EXTEND"])
+    (interpreter.wrap_args_from_list, handlers["DICT_MERGE"],
+     handlers["LIST_EXTEND"]) = _merge_shortcuts(interpreter, *_installed["merges"])
     return True
 
 
@@ -193,3 +234,5 @@ def uninstall() -> None:
     (interpreter._default_opcode_handler_map["BINARY_SUBSCR"],
      interpreter._default_opcode_handler_map["CONTAINS_OP"],
      interpreter._default_lookaside_map[len]) = _installed.pop("handlers")
+    (interpreter.wrap_args_from_list, interpreter._default_opcode_handler_map["DICT_MERGE"],
+     interpreter._default_opcode_handler_map["LIST_EXTEND"]) = _installed.pop("merges")
