@@ -1,4 +1,4 @@
-"""Thunder's interpreter with fusecut's two shortcuts (``fusecut.thunder.fast_tracing``): the same
+"""Thunder's interpreter with fusecut's shortcuts (``fusecut.thunder.fast_tracing``): the same
 traces and the same Python semantics as without them, with far fewer interpreted frames.
 
 Each test runs the same thing with the shortcuts taken out and put back (the real Thunder, on the
@@ -9,6 +9,7 @@ where a wall-clock bound is not.
 from __future__ import annotations
 
 import builtins
+import collections
 import re
 import traceback
 from contextlib import contextmanager
@@ -86,7 +87,7 @@ def test_installed_by_the_executor():
 
 
 @pytest.mark.parametrize("name", ["nanogpt", "llama3"])
-def test_a_whole_model_traces_the_same_with_a_third_of_the_frames(name):
+def test_a_whole_model_traces_the_same_with_a_tenth_of_the_frames(name):
     model, make_batch = whole_model(name, "tiny")
     tokens, targets = make_batch(2, 16, "cpu")
     with shortcuts(False):
@@ -99,9 +100,9 @@ def test_a_whole_model_traces_the_same_with_a_third_of_the_frames(name):
     torch.testing.assert_close(loss1, loss0, rtol=0, atol=0)
     for g0, g1 in zip(grads0, grads1):
         torch.testing.assert_close(g1, g0, rtol=0, atol=0)
-    # measured on the tiny models: 2,911 frames against 18,401 (nanoGPT), 2,931 against 16,761
+    # measured on the tiny models: 994 frames against 18,401 (nanoGPT), 1,095 against 16,761
     # (Llama-3); the bound leaves room
-    assert frames1 < frames0 / 3, (frames1, frames0)
+    assert frames1 < frames0 / 10, (frames1, frames0)
 
 
 def reads_globals(x):
@@ -275,6 +276,8 @@ def uses_containers(x):
     d, items, pair = {"a": 1.0, "b": 2.0}, [1.0, 2.0, 3.0], (4.0, 5.0)
     total = d["a"] + items[-1] + pair[0] + sum(items[1:]) + len(d) + len(items) + len(pair)
     total += ("a" in d) + ("z" not in d) + (2.0 in items) + (9.0 not in pair)
+    ordered = collections.OrderedDict(c=7.0)
+    total += ordered["c"] + len(ordered) + ("c" in ordered) + bool(ordered)
     odd = Overriding(a=3.0)
     total += odd["a"] + ("always" in odd) + ("a" not in odd) + len(odd)
     return x * total

@@ -17,7 +17,8 @@ goes"). Two of its costs are pure overhead:
   (``x.__getitem__``, ``b.update``, ``l.extend``, through the ``getattr`` lookaside) and calls it,
   to reach the container's own lookaside. For an exact ``dict``, ``list`` or ``tuple`` (what
   CPython's specialised ``BINARY_SUBSCR_DICT``, ``_LIST_INT`` and ``_TUPLE_INT`` serve) that
-  lookaside is called directly; every other type goes the way Thunder goes.
+  lookaside is called directly (and for an ``OrderedDict``, whose are the same); every other
+  type goes the way Thunder goes.
 - **Traceback frames.** When an exception leaves an interpreted frame (a ``StopIteration`` ends
   every ``for`` loop over a list), Thunder makes a stand-in Python frame for the traceback: it
   compiles a ``raise`` at that line and runs it in a new thread, which the interpreter's thread
@@ -32,6 +33,7 @@ versions it was checked on, and ``FUSECUT_THUNDER_FAST_TRACING=0`` leaves Thunde
 
 from __future__ import annotations
 
+import collections
 import dis
 import os
 import types
@@ -89,7 +91,9 @@ def _direct_globals_lookup(interpreter, original):
     return globals_lookup
 
 
-CONTAINERS = (dict, list, tuple)  # exact types: a subclass may override what is looked up
+# exact types: a subclass may override what is looked up. OrderedDict's lookasides are dict's
+# (Thunder registers both); a module's hook dicts are OrderedDicts, tested for emptiness per call.
+CONTAINERS = (dict, collections.OrderedDict, list, tuple)
 
 
 def _container_shortcuts(interpreter, binary_subscr, contains_op, length):
