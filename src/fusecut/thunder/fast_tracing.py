@@ -12,10 +12,10 @@ goes"). Two of its costs are pure overhead:
   is called directly: the same wrapped value, with the same provenance, without the frames.
 - **Disassembly.** Every interpreted frame runs ``dis.get_instructions`` over its code again.
   Code objects are immutable, so the instructions are kept per code object.
-- **Built-in containers.** ``x[k]``, ``len(x)``, ``k in x``, a ``*args`` call's arguments,
-  ``**kwargs`` merging and ``[*a]`` each interpret a helper frame that looks the method up
-  (``x.__getitem__``, ``b.update``, ``l.extend``, through the ``getattr`` lookaside) and calls it,
-  to reach the container's own lookaside. For an exact ``dict``, ``list`` or ``tuple`` (what
+- **Built-in containers.** ``x[k]``, ``len(x)``, ``k in x``, ``if x``, a ``*args`` call's
+  arguments, ``**kwargs`` merging and ``[*a]`` each interpret a helper frame that looks the method
+  up (``x.__getitem__``, ``b.update``, ``l.extend``, through the ``getattr`` lookaside) and calls
+  it, to reach the container's own lookaside. For an exact ``dict``, ``list`` or ``tuple`` (what
   CPython's specialised ``BINARY_SUBSCR_DICT``, ``_LIST_INT`` and ``_TUPLE_INT`` serve) that
   lookaside is called directly (and for an ``OrderedDict``, whose are the same); every other
   type goes the way Thunder goes.
@@ -96,10 +96,12 @@ def _direct_globals_lookup(interpreter, original):
 CONTAINERS = (dict, collections.OrderedDict, list, tuple)
 
 
-def _container_shortcuts(interpreter, binary_subscr, contains_op, length):
-    """The ``BINARY_SUBSCR`` and ``CONTAINS_OP`` handlers and the ``len`` lookaside, calling an
-    exact built-in container's method (and so its lookaside) directly; others go to Thunder's."""
-    unwrap, call = interpreter.unwrap, interpreter._interpret_call
+def _container_shortcuts(interpreter, binary_subscr, contains_op, length, truth):
+    """The ``BINARY_SUBSCR`` and ``CONTAINS_OP`` handlers and the ``len`` and ``bool``
+    lookasides, calling an exact built-in container's method (and so its lookaside) directly;
+    others go to Thunder's."""
+    unwrap, call, wrap_const = (interpreter.unwrap, interpreter._interpret_call,
+                                interpreter.wrap_const)
     raised = interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED
 
     def _binary_subscr_handler(inst, /, stack, **kwargs):
@@ -132,7 +134,17 @@ def _container_shortcuts(interpreter, binary_subscr, contains_op, length):
             return length(obj)
         return call(typ.__len__, obj)
 
-    return _binary_subscr_handler, _contains_op_handler, len_lookaside
+    def bool_lookaside(obj):
+        # Thunder's helper takes the length through the container's lookaside (which starts
+        # tracking its items) and compares it with 0; the comparison's result records no inputs,
+        # so it is a constant here too
+        typ = type(unwrap(obj))
+        if typ not in CONTAINERS:
+            return truth(obj)
+        n = call(typ.__len__, obj)
+        return n if n is raised else wrap_const(unwrap(n) != 0)
+
+    return _binary_subscr_handler, _contains_op_handler, len_lookaside, bool_lookaside
 
 
 def _merge_shortcuts(interpreter, wrap_args, dict_merge, list_extend):
@@ -208,16 +220,18 @@ def install() -> bool:
     handlers, lookasides = (interpreter._default_opcode_handler_map,
                             interpreter._default_lookaside_map)
     if not {"BINARY_SUBSCR", "CONTAINS_OP", "DICT_MERGE", "LIST_EXTEND"} <= handlers.keys() \
-            or len not in lookasides or not hasattr(interpreter, "wrap_args_from_list"):
+            or not {len, bool} <= lookasides.keys() \
+            or not hasattr(interpreter, "wrap_args_from_list"):
         return False
     _installed["globals_lookup"] = original
     _installed["get_or_make_python_frame"] = make_frame
-    _installed["handlers"] = (handlers["BINARY_SUBSCR"], handlers["CONTAINS_OP"], lookasides[len])
+    _installed["handlers"] = (handlers["BINARY_SUBSCR"], handlers["CONTAINS_OP"], lookasides[len],
+                              lookasides[bool])
     interpreter.globals_lookup = _direct_globals_lookup(interpreter, original)
     interpreter.dis = _CachedDis()
     frame_class.get_or_make_python_frame = _kept_python_frames(make_frame)
-    (handlers["BINARY_SUBSCR"], handlers["CONTAINS_OP"],
-     lookasides[len]) = _container_shortcuts(interpreter, *_installed["handlers"])
+    (handlers["BINARY_SUBSCR"], handlers["CONTAINS_OP"], lookasides[len],
+     lookasides[bool]) = _container_shortcuts(interpreter, *_installed["handlers"])
     _installed["merges"] = (interpreter.wrap_args_from_list, handlers["DICT_MERGE"],
                             handlers["LIST_EXTEND"])
     (interpreter.wrap_args_from_list, handlers["DICT_MERGE"],
@@ -237,6 +251,7 @@ def uninstall() -> None:
         "get_or_make_python_frame")
     (interpreter._default_opcode_handler_map["BINARY_SUBSCR"],
      interpreter._default_opcode_handler_map["CONTAINS_OP"],
-     interpreter._default_lookaside_map[len]) = _installed.pop("handlers")
+     interpreter._default_lookaside_map[len],
+     interpreter._default_lookaside_map[bool]) = _installed.pop("handlers")
     (interpreter.wrap_args_from_list, interpreter._default_opcode_handler_map["DICT_MERGE"],
      interpreter._default_opcode_handler_map["LIST_EXTEND"]) = _installed.pop("merges")
