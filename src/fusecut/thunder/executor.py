@@ -45,6 +45,7 @@ from fusecut.optimizer.errors import FusecutError, counted  # noqa: E402
 from fusecut.optimizer.ir.builder import MAX_RANK  # noqa: E402
 from fusecut.optimizer.ir.dtypes import DType  # noqa: E402
 from fusecut.runtime.compile import CompileError  # noqa: E402
+from fusecut.runtime.lru import BoundedCache  # noqa: E402
 from fusecut.runtime.run import on_gpu  # noqa: E402
 from fusecut.runtime.tensors import from_torch_dtype  # noqa: E402
 from fusecut.thunder.compile_ahead import compile_region_ahead  # noqa: E402
@@ -533,6 +534,16 @@ class FusecutRegion:
         return self._first_variant.definition
 
 
+def _region_key(bsyms: Sequence[BoundSymbol], inputs: Sequence[Any],
+                outputs: Sequence[Any]) -> tuple:
+    """A region's identity for ``FusecutExecutor.fuse``: the very bound symbols, and the names of
+    its inputs and outputs (proxies, or Thunder's variables of them), in order."""
+    def names(xs: Sequence[Any]) -> tuple[str, ...]:
+        return tuple(unvariableify(x).name for x in xs)
+
+    return tuple(map(id, bsyms)), names(inputs), names(outputs)
+
+
 def _torch_callable(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
                     outputs: Sequence[Proxy]) -> Callable:
     """The region run by Thunder's torch executor: the fallback when fusecut cannot plan it."""
@@ -588,6 +599,9 @@ class FusecutExecutor(FusionExecutor):
             self.claimed.update(LIBRARY)
         for prim_id in self.claimed:
             self.register_supported(prim_id, _checker(prim_id))
+        # the regions fused lately, by _region_key: their bound symbols (kept, so that no other
+        # object takes their ids), prepared bound symbols, inputs, outputs and translation
+        self._fused: BoundedCache[tuple, tuple] = BoundedCache(4096)
         # PyTorch's fused inference paths of nn.MultiheadAttention and nn.TransformerEncoderLayer
         # (torch._native_multi_head_attention, torch._transformer_encoder_layer_fwd) are opaque
         # calls Thunder cannot trace: with fusecut in the list, Thunder traces these modules with
@@ -617,6 +631,13 @@ class FusecutExecutor(FusionExecutor):
         return flat, inputs, outputs
 
     def fuse(self, region: Region, fusion_counter: int) -> BoundSymbol:
+        # Thunder fuses every region again after its passes (update_fusion_call_ctx), most of
+        # them unchanged: a region made of the bound symbols and proxies of one fused before
+        # takes that one's translation (a 12-layer nanoGPT: 137 of 495 translations)
+        made = self._fused.get(_region_key(region.bound_symbols, region.inputs, region.outputs))
+        if made is not None:
+            _, bsyms, inputs, outputs, translation = made
+            return self._fusion(f"fusecut{fusion_counter}", bsyms, inputs, outputs, translation)
         bsyms, inputs, outputs = self._prepare(region)
         return self._fusion(f"fusecut{fusion_counter}", bsyms, inputs, outputs)
 
@@ -634,6 +655,8 @@ class FusecutExecutor(FusionExecutor):
         try:
             if translation is None:
                 translation = translate(bsyms, inputs, outputs, self.claimed)
+            self._fused.put(_region_key(bsyms, inputs, outputs),
+                            (tuple(bsyms), bsyms, inputs, outputs, translation))
             out_ranks = [len(p.shape) if isinstance(p, TensorProxy) else 0 for p in outputs]
             fn: Callable = FusecutRegion(name, translation, self.plan_remote, fallback,
                                          retranslate, out_ranks)
