@@ -52,3 +52,20 @@ def require_installed(found, what: str, package: str):
             pytest.fail(f"{what} is not installed; .ci/run installs Debian's {package}")
         pytest.skip(f"{what} is not installed (apt-get install {package}); CI runs this")
     return found
+
+
+def record_nvrtc_threads(monkeypatch) -> list[str]:
+    """The name of the thread of each NVRTC compile from now on (NVRTC still compiles)."""
+    import threading
+
+    from fusecut.runtime import compile as rc
+
+    threads: list[str] = []
+    real = rc._nvrtc
+
+    def recorded(source, arch, name):
+        threads.append(threading.current_thread().name)
+        return real(source, arch, name)
+
+    monkeypatch.setattr(rc, "_nvrtc", recorded)
+    return threads

@@ -18,7 +18,7 @@ from fusecut.optimizer.planner import make_plan
 from fusecut.runtime import ahead
 from fusecut.runtime import compile as rc
 from fusecut.runtime.lru import BoundedCache
-from tests.helpers import fusion
+from tests.helpers import fusion, record_nvrtc_threads
 
 SOURCE = 'extern "C" __global__ void k(float* x) { x[0] = 1.0f; }\n'
 
@@ -31,16 +31,7 @@ def empty_caches(monkeypatch, tmp_path):
 
 @pytest.fixture
 def nvrtc_calls(monkeypatch):
-    """Each NVRTC compile's thread name, NVRTC itself still compiling."""
-    calls: list[str] = []
-    real = rc._nvrtc
-
-    def recorded(source, arch, name):
-        calls.append(threading.current_thread().name)
-        return real(source, arch, name)
-
-    monkeypatch.setattr(rc, "_nvrtc", recorded)
-    return calls
+    return record_nvrtc_threads(monkeypatch)
 
 
 def test_callers_of_a_source_being_compiled_wait_for_that_compile(empty_caches, monkeypatch):

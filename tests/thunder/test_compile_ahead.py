@@ -4,8 +4,6 @@ regions' architecture, and the step itself runs fusecut's CPU path."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
@@ -19,6 +17,7 @@ from fusecut.runtime import compile as rc
 from fusecut.runtime.lru import BoundedCache
 from fusecut.thunder.compile_ahead import metadata_of
 from fusecut.thunder.executor import FusecutExecutor, FusecutRegion, fusecut_regions, thunder
+from tests.helpers import record_nvrtc_threads
 from tests.thunder.test_thunder_executor import block, final_traces
 from tests.thunder.thunder_steps import assert_same_step
 
@@ -42,16 +41,7 @@ def fresh(monkeypatch, tmp_path):
 
 @pytest.fixture
 def nvrtc_threads(monkeypatch):
-    """The thread of each NVRTC compile (NVRTC still compiles)."""
-    threads: list[str] = []
-    real = rc._nvrtc
-
-    def recorded(source, arch, name):
-        threads.append(threading.current_thread().name)
-        return real(source, arch, name)
-
-    monkeypatch.setattr(rc, "_nvrtc", recorded)
-    return threads
+    return record_nvrtc_threads(monkeypatch)
 
 
 def jitted_block(device: str):
