@@ -16,15 +16,14 @@ import torch
 import fusecut.thunder
 from benchmarks.whole_models import MODEL_NAMES, whole_model
 from fusecut.codegen import generate_segment
-from fusecut.optimizer.kinds.rules import Kind
 from fusecut.optimizer.planner import make_plan
 from fusecut.runtime.compile import compile_cubin
+from fusecut.runtime.kernels import NOT_GENERATED
 from fusecut.thunder.executor import fusecut_regions, region_reports, thunder
 from tests.thunder.thunder_steps import assert_same_lm_step, torch_executor_lm_step
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 BATCH, SEQ = 2, 24  # shorter than the models' 32 positions: slices of the rotary tables
-NOT_GENERATED = (Kind.LIBRARY, Kind.FALLBACK)
 
 
 def regions_of(jitted) -> dict[str, tuple]:

@@ -22,14 +22,13 @@ import threading
 from collections.abc import Callable
 
 from fusecut.codegen import generate_segment
-from fusecut.optimizer.kinds.rules import Kind
 from fusecut.optimizer.plan.plan import Plan
 from fusecut.runtime.compile import compile_cubin, prepare
+from fusecut.runtime.kernels import NOT_GENERATED
 
 log = logging.getLogger("fusecut.runtime")
 
 ENV = "FUSECUT_COMPILE_AHEAD"  # "0" turns compiling ahead off
-NOT_GENERATED = (Kind.LIBRARY, Kind.FALLBACK)  # segments that run torch or a library, no kernel
 
 _jobs: queue.Queue[Callable[[], None]] = queue.Queue()
 _workers: list[threading.Thread] = []

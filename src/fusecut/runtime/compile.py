@@ -52,9 +52,7 @@ def prepare() -> None:
     workers beside the main thread, in a fresh process) were handed it half made: "cannot import
     name 'Program' from 'cuda.core.cu13'" on the H100. Cheap after the first call."""
     with _prepare_lock:
-        require_cuda_python()
-        import cuda.core  # noqa: F401
-
+        require_cuda_python()  # imports cuda.core
         defines()  # the cache key's parts, and the header search (pathfinder imports lazily)
         nvrtc_version()
         try:

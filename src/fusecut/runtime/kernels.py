@@ -50,6 +50,8 @@ def arch_of_current_device() -> str:
     return f"sm_{major}{minor}"
 
 
+NOT_GENERATED = (Kind.LIBRARY, Kind.FALLBACK)  # segments run by torch or a library: no kernel
+
 CTYPES = {"double": ctypes.c_double, "bool": ctypes.c_bool}
 
 
@@ -243,7 +245,7 @@ def cuda_runner(plan: Plan, segment: Segment, args: list[Any],
                 scalars: dict[str, Any]) -> list[torch.Tensor]:
     """Run one segment (the segment-at-a-time path; warm calls use runtime.program): library
     and fallback segments through torch, the rest as kernels."""
-    if segment.kind in (Kind.LIBRARY, Kind.FALLBACK):
+    if segment.kind in NOT_GENERATED:
         return reference_runner(plan, segment, args, scalars)
     tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
     device = tensor.device if tensor is not None else \

@@ -27,6 +27,7 @@ from fusecut.optimizer.kinds.rules import Kind
 from fusecut.optimizer.plan.plan import Plan
 from fusecut.runtime.executor import expand_compact, segment_bound
 from fusecut.runtime.kernels import (
+    NOT_GENERATED,
     KernelLaunch,
     code_for_alignment,
     current_context,
@@ -313,7 +314,7 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
             for s in arg_slots:
                 reads[s] = len(steps) - 1
             continue
-        if seg.kind in (Kind.LIBRARY, Kind.FALLBACK):
+        if seg.kind in NOT_GENERATED:
             results = [new_buffer(None, None) for _ in sub.fusion.outputs]
             for name, slot in zip(sub.fusion.outputs, results):
                 slot_of[sub.output_map[name]] = slot
