@@ -27,11 +27,26 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def write_result(name: str, device: str, title: str, table: str, notes: str = "") -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def result_path(name: str, device: str) -> Path:
+    """A file of its own for one run: ``NAME-DEVICE-DATE.md``, then ``-2``, ``-3`` for later runs
+    the same day on the same device, so that a run never overwrites an earlier run's figures."""
     date = datetime.date.today().isoformat()
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()[:40]
     path = RESULTS / f"{name}-{slug}-{date}.md"
+    n = 2
+    while path.exists():
+        path = RESULTS / f"{name}-{slug}-{date}-{n}.md"
+        n += 1
+    return path
+
+
+def write_result(name: str, device: str, title: str, table: str, notes: str = "",
+                 path: Path | None = None) -> Path:
+    """Write a run's table. A run that saves as it goes passes back the path its first save
+    returned, so that its partial tables replace each other and not another run's file."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = path or result_path(name, device)
+    date = datetime.date.today().isoformat()
     path.write_text(f"# {title}\n\nDevice: {device}\nDate: {date}\n\n{table}\n\n{notes}".rstrip()
                     + "\n")
     return path

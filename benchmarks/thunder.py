@@ -38,6 +38,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -310,8 +311,13 @@ def main() -> None:
         return
     device = torch.cuda.get_device_name()
 
+    saved: list[Path] = []  # this run's file, once its first save has picked one
+
     def save(table: str, notes: str = "(partial: the run stopped here)") -> str:
-        return write_result("thunder", device, "Thunder benchmark", table, notes)
+        path = write_result("thunder", device, "Thunder benchmark", table, notes,
+                            saved[0] if saved else None)
+        saved[:] = [path]
+        return str(path)
 
     table, notes = run(args.steps.split(","), models, args.iters, args.width,
                        lambda line: print(line, flush=True), args.traces, save)

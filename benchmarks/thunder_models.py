@@ -56,6 +56,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -461,11 +462,15 @@ def main() -> None:
         paired = [s for s in systems if s not in (BASELINE, "thunder+nvfuser")] + [BASELINE]
         jobs += [(m, ",".join(paired)) for m in models]
     results: list[dict] = []
+    saved: list[Path] = []  # this run's file, once its first save has picked one
 
     def save(final: bool = False) -> str:
         table, notes = report(results, args.iters, args.rounds)
-        return str(write_result("thunder-models", device, "Whole-model Thunder benchmark", table,
-                                notes if final else notes + "\n\n(partial: still running)"))
+        path = write_result("thunder-models", device, "Whole-model Thunder benchmark", table,
+                            notes if final else notes + "\n\n(partial: still running)",
+                            saved[0] if saved else None)
+        saved[:] = [path]
+        return str(path)
 
     free = list(gpus)
 

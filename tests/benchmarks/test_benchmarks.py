@@ -455,3 +455,17 @@ def test_thunder_rows_compare_with_the_default_unless_it_is_the_default_or_absen
     assert against_default(default, default) == "-"
     assert against_default([9.0, 9.1], None) == "-"
     assert against_default([5.0, 5.1, 4.9, 5.05], default).startswith("0.50")
+
+
+def test_a_second_run_the_same_day_writes_a_file_of_its_own(tmp_path, monkeypatch):
+    from benchmarks import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    first = common.write_result("models", "NVIDIA H200", "T", "| a |")
+    again = common.write_result("models", "NVIDIA H200", "T", "| a | b |", path=first)
+    second = common.write_result("models", "NVIDIA H200", "T", "| c |")
+    third = common.write_result("models", "NVIDIA H200", "T", "| d |")
+    assert again == first and first.name.startswith("models-nvidia-h200-")
+    assert second.name == first.name.replace(".md", "-2.md")
+    assert third.name == first.name.replace(".md", "-3.md")
+    assert "| a | b |" in first.read_text() and "| c |" in second.read_text()
