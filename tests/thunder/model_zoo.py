@@ -3,8 +3,9 @@ checking that Thunder with fusecut trains what users bring: a ViT and a BERT-sty
 ``nn.TransformerEncoderLayer``, a top-2 mixture of experts, a ResNet block with batch norm, a
 GPT-NeoX-style block (parallel residual, partial rotary, z-loss), a diffusion UNet block
 (GroupNorm, SiLU, strided conv, nearest upsampling), a T5-style block (RMSNorm, bucketed relative
-position bias, label smoothing), an MLP-Mixer with a padding mask, and a GRU cell unrolled in
-Python.
+position bias, label smoothing), an MLP-Mixer with a padding mask, a GRU cell unrolled in
+Python, and Hugging Face's BART self-attention as Thunder's tests ship it (explicit batched
+matmuls, an additive padding mask).
 
 ``ZOO[name]()`` gives (module, inputs): the module's forward returns its loss.
 """
@@ -225,6 +226,28 @@ class GRUish(nn.Module):
         return F.smooth_l1_loss(h, y)
 
 
+class BartSelfAttention(nn.Module):
+    """Hugging Face's ``BartAttention`` (``thunder.tests.hf_bart_self_attn``: q/k/v projections,
+    the query scaled, ``bmm`` scores plus an additive mask, softmax, ``bmm``), regressed onto a
+    target."""
+
+    def __init__(self, d: int = 64, heads: int = 4):
+        super().__init__()
+        from thunder.tests.hf_bart_self_attn import BartAttention
+
+        self.attn = BartAttention(d, heads, dropout=0.0, bias=True)
+
+    def forward(self, x, mask, target):
+        return F.mse_loss(self.attn(x, mask), target)
+
+
+def _padding_mask(batch: int, length: int, padded: int) -> torch.Tensor:
+    """BART's additive mask, (batch, 1, query, key): the last ``padded`` keys masked out."""
+    mask = torch.zeros(batch, 1, length, length)
+    mask[..., length - padded:] = -1e9  # finite in bf16 too (float32's min is not)
+    return mask
+
+
 def _tokens(vocab: int, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
 
@@ -247,4 +270,6 @@ ZOO = {
     "mixer": lambda: (Mixer(), (torch.randn(2, 16, 32), torch.rand(2, 16) > 0.3,
                                 _tokens(3, (2,), 8))),
     "gru": lambda: (GRUish(), (torch.randn(3, 6, 16), torch.randn(3, 16))),
+    "bart": lambda: (BartSelfAttention(), (torch.randn(2, 12, 64), _padding_mask(2, 12, 3),
+                                           torch.randn(2, 12, 64))),
 }
