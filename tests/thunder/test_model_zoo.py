@@ -108,4 +108,19 @@ def test_a_bf16_step_on_the_gpu_is_as_close_to_fp32_as_eager_bf16(name):
     eager = step(copy.deepcopy(model).to(torch.bfloat16), tuple(map(low, args)))
     ours = step(copy.deepcopy(model).to(torch.bfloat16), tuple(map(low, args)), jit=True)
     names = ["loss"] + [n for n, _ in model.named_parameters()]
-    assert_as_close_to_fp32(names, ours, eager, exact, torch.bfloat16)
+    zero = ZERO_IN_EXACT_ARITHMETIC.get(name, ())
+    kept = [i for i, n in enumerate(names) if n not in zero]
+    assert_as_close_to_fp32(*([xs[i] for i in kept] for xs in (names, ours, eager, exact)),
+                            torch.bfloat16)
+    largest = max(g.abs().max().item() for g in exact[1:])
+    for n, g, want in zip(names, ours, exact):
+        if n in zero:  # rounding noise: as small beside the step's gradients as a bf16 rounding
+            assert want.abs().max().item() < largest * 2**-20, f"{n} is not zero in fp32"
+            assert g.float().abs().max().item() <= largest / 256, f"{n}: {g.abs().max()}"
+
+
+# Gradients that are zero in exact arithmetic: BART's key bias adds q.b_k to every key of a query's
+# row, which softmax does not see. Their bf16 values are rounding noise (5e-6 where fp32 gives
+# 2e-10), which no tolerance relative to their own size can judge: they are held to a bf16
+# rounding of the step's largest gradient instead.
+ZERO_IN_EXACT_ARITHMETIC = {"bart": ("attn.k_proj.bias",)}
