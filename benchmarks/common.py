@@ -40,16 +40,26 @@ def result_path(name: str, device: str) -> Path:
     return path
 
 
-def write_result(name: str, device: str, title: str, table: str, notes: str = "",
-                 path: Path | None = None) -> Path:
-    """Write a run's table. A run that saves as it goes passes back the path its first save
-    returned, so that its partial tables replace each other and not another run's file."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = path or result_path(name, device)
-    date = datetime.date.today().isoformat()
-    path.write_text(f"# {title}\n\nDevice: {device}\nDate: {date}\n\n{table}\n\n{notes}".rstrip()
-                    + "\n")
-    return path
+class RunResults:
+    """One run's results file. Its first write picks a path of its own (``result_path``); later
+    writes, the partial tables of a run that saves as it goes, replace that file and no other."""
+
+    def __init__(self, name: str, device: str, title: str):
+        self.name, self.device, self.title = name, device, title
+        self.path: Path | None = None
+
+    def write(self, table: str, notes: str = "") -> Path:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        self.path = self.path or result_path(self.name, self.device)
+        date = datetime.date.today().isoformat()
+        self.path.write_text(f"# {self.title}\n\nDevice: {self.device}\nDate: {date}\n\n{table}\n\n"
+                             f"{notes}".rstrip() + "\n")
+        return self.path
+
+
+def write_result(name: str, device: str, title: str, table: str, notes: str = "") -> Path:
+    """A run's table, written once."""
+    return RunResults(name, device, title).write(table, notes)
 
 
 def wait_ready(url: str, proc=None, timeout: float = 120.0) -> None:

@@ -38,11 +38,10 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from benchmarks.common import markdown_table, write_result
+from benchmarks.common import RunResults, markdown_table
 from benchmarks.intervals import median_ratio_interval
 
 STEPS = {"train": (8, 2048), "infer": (1, 128)}  # batch, sequence
@@ -311,13 +310,10 @@ def main() -> None:
         return
     device = torch.cuda.get_device_name()
 
-    saved: list[Path] = []  # this run's file, once its first save has picked one
+    out = RunResults("thunder", device, "Thunder benchmark")
 
     def save(table: str, notes: str = "(partial: the run stopped here)") -> str:
-        path = write_result("thunder", device, "Thunder benchmark", table, notes,
-                            saved[0] if saved else None)
-        saved[:] = [path]
-        return str(path)
+        return str(out.write(table, notes))
 
     table, notes = run(args.steps.split(","), models, args.iters, args.width,
                        lambda line: print(line, flush=True), args.traces, save)

@@ -56,11 +56,10 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from benchmarks.common import markdown_table, write_result
+from benchmarks.common import RunResults, markdown_table
 from benchmarks.intervals import median_ratio_interval
 
 MODELS = {"nanogpt": "gpt2_small", "llama3": "llama_2048"}  # model -> size
@@ -462,15 +461,11 @@ def main() -> None:
         paired = [s for s in systems if s not in (BASELINE, "thunder+nvfuser")] + [BASELINE]
         jobs += [(m, ",".join(paired)) for m in models]
     results: list[dict] = []
-    saved: list[Path] = []  # this run's file, once its first save has picked one
+    out = RunResults("thunder-models", device, "Whole-model Thunder benchmark")
 
     def save(final: bool = False) -> str:
         table, notes = report(results, args.iters, args.rounds)
-        path = write_result("thunder-models", device, "Whole-model Thunder benchmark", table,
-                            notes if final else notes + "\n\n(partial: still running)",
-                            saved[0] if saved else None)
-        saved[:] = [path]
-        return str(path)
+        return str(out.write(table, notes if final else notes + "\n\n(partial: still running)"))
 
     free = list(gpus)
 

@@ -461,8 +461,9 @@ def test_a_second_run_the_same_day_writes_a_file_of_its_own(tmp_path, monkeypatc
     from benchmarks import common
 
     monkeypatch.setattr(common, "RESULTS", tmp_path)
-    first = common.write_result("models", "NVIDIA H200", "T", "| a |")
-    again = common.write_result("models", "NVIDIA H200", "T", "| a | b |", path=first)
+    run = common.RunResults("models", "NVIDIA H200", "T")
+    first = run.write("| a |")
+    again = run.write("| a | b |")  # a run's partial tables replace its own file
     second = common.write_result("models", "NVIDIA H200", "T", "| c |")
     third = common.write_result("models", "NVIDIA H200", "T", "| d |")
     assert again == first and first.name.startswith("models-nvidia-h200-")
