@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import fusecut.thunder
-from fusecut.thunder.executor import region_reports, thunder
-from tests.thunder.test_whole_models import compile_failures, regions_of
+from fusecut.thunder.executor import thunder
+from tests.thunder.test_model_zoo import assert_every_region_runs_on_fusecut_and_compiles
 
 VOCAB, WIDTH, HEADS, MAX_LEN, LAYERS = 64, 32, 4, 16, 2
 
@@ -80,9 +80,4 @@ def test_prefill_and_decode_steps_give_eagers_logits_and_caches(dtype):
             tokens = want[:, -1:].argmax(-1)  # greedy: eager's token, so both decode the same
             pos = torch.tensor([6 + step])
     assert model.attns[0].k_cache[0, :, 10].abs().sum() > 0  # the decode steps wrote the cache
-    reports = region_reports(ours)
-    assert reports, "Thunder handed fusecut no region"
-    fell_back = [r.summary() for r in reports if r.fallback is not None]
-    assert not fell_back, fell_back
-    failures = compile_failures(regions_of(ours))
-    assert not failures, "\n".join(failures)
+    assert_every_region_runs_on_fusecut_and_compiles(ours)
