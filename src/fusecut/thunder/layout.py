@@ -14,7 +14,9 @@ The idea, in one pass over the region in program order:
 - Each value gets a *layout*: the value whose storage it lives in (its root) and the view prims
   that lead from the root to it. A prim that computes something is its own root.
 - A cast to the dtype a value already has extends its layout by an alias (torch's
-  ``shallow_copy``, no copy); float cast chains back to the first dtype were dropped before.
+  ``shallow_copy``, no copy); float cast round trips through a wider dtype (bf16 -> f32 -> bf16,
+  exact) were dropped before. Round trips through a narrower dtype (f32 -> bf16 -> f32) stay:
+  that rounding is part of the program (see ``_eliminate_redundant_work``).
 - Whether torch can take a reshape as a view depends on strides, so each chain is replayed on a
   meta tensor (roots contiguous, as a kernel writes them); a reshape torch would have to copy
   ends the chain and becomes a computed value instead.
@@ -111,14 +113,35 @@ def _is_float_cast(bsym: BoundSymbol) -> bool:
             and dtypes.is_float_dtype(dtypes.to_dtype(bsym.args[1], true_dtype=True)))
 
 
+# (narrow, wide) float dtypes where ``wide`` holds every value of ``narrow`` exactly (range,
+# precision and subnormals): narrow -> wide -> narrow gives back the narrow value, bit for bit.
+_EXACT_WIDENINGS = {(dtypes.bfloat16, dtypes.float32), (dtypes.bfloat16, dtypes.float64),
+                    (dtypes.float16, dtypes.float32), (dtypes.float16, dtypes.float64),
+                    (dtypes.float32, dtypes.float64)}
+
+
+def _is_exact_round_trip(first: dtypes.dtype, middle: dtypes.dtype) -> bool:
+    """A cast ``first -> middle -> first`` computes nothing: ``middle`` is exactly wider."""
+    return (first, middle) in _EXACT_WIDENINGS
+
+
 def _eliminate_redundant_work(bsyms: Sequence[BoundSymbol]
                               ) -> tuple[list[BoundSymbol], dict[Variable, Proxy]]:
     """The prims with repeats removed, and each removed result -> the proxy standing for it.
 
     Repeats are common subexpressions, and float casts back to the dtype a value had before a
-    float cast (f32 -> bf16 -> f32 is the f32 value: the rounding in between is dropped, as
-    Thunder's nvFuser pass drops it; it only makes the kernel more precise, and a decomposed
-    bf16 GELU otherwise rounds ten times per element)."""
+    float cast to an exactly wider dtype (bf16 -> f32 -> bf16 is the bf16 value, bit for bit).
+
+    A round trip through a narrower dtype (f32 -> bf16 -> f32) is kept: it rounds, and that
+    rounding is part of what the user's program computes. Dropping it (as Thunder's nvFuser
+    pass does) only looks like extra precision. The same value is often computed twice, by
+    different regions: the forward keeps the bf16 tensor for the backward (a region output,
+    rounded when written), and the backward recomputes from it, with the rounding. A forward
+    that dropped the rounding computed something else, and a comparison between the two goes
+    wrong: Thunder's amax backward finds the maximum by ``eq(x, saved_max)``, matched nothing,
+    and divided 0 by 0 (issue 41: every gradient of ``logsumexp(log_softmax(a) + b)`` in bf16
+    NaN). Which values Thunder saves, recomputes or compares is decided outside the region, so
+    no region can tell that dropping is safe: the rounding costs a conversion in registers."""
     redundant: dict[Variable, Proxy] = {}
     seen: dict = {}
     producer: dict[Variable, BoundSymbol] = {}
@@ -130,7 +153,8 @@ def _eliminate_redundant_work(bsyms: Sequence[BoundSymbol]
         if _is_float_cast(bsym):
             before = producer.get(variableify(bsym.args[0]))
             if (before is not None and _is_float_cast(before)
-                    and _dtype(before.args[0]) == _dtype(bsym.output)):
+                    and _dtype(before.args[0]) == _dtype(bsym.output)
+                    and _is_exact_round_trip(_dtype(bsym.output), _dtype(before.output))):
                 redundant[variableify(bsym.output)] = before.args[0]
                 seen.pop(bsym.rhs, None)  # a later repeat must not name the dropped result
                 continue
@@ -149,7 +173,7 @@ class RegionSplit:
     kernel_inputs: list[Proxy]
     kernel_outputs: list[TensorProxy]
     after: list[BoundSymbol]  # torch's views (and aliases) that make the region's outputs
-    cleaned: bool = False  # repeats or cast round trips were dropped from the prims
+    cleaned: bool = False  # repeats or exact cast round trips were dropped from the prims
     before: list[BoundSymbol] = field(default_factory=list)  # torch's reshapes of inputs
 
     @property
@@ -166,7 +190,7 @@ def split_region(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
         for p in inputs if isinstance(p, TensorProxy)}
 
     def passes_layout_through(bsym: BoundSymbol) -> TensorProxy | None:
-        """The tensor a cast to its own dtype repeats (cast round trips are gone already)."""
+        """The tensor a cast to its own dtype repeats (exact cast round trips are gone already)."""
         return bsym.args[0] if _is_same_dtype_cast(bsym) else None
 
     position: dict[int, int] = {}  # id(bsym) -> its place in program order
