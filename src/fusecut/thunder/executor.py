@@ -57,6 +57,7 @@ from fusecut.thunder.epilogues import (  # noqa: E402
 from fusecut.thunder.fast_tracing import install as install_fast_tracing  # noqa: E402
 from fusecut.thunder.layout import is_layout_only, split_region  # noqa: E402
 from fusecut.thunder.memory_order import Order, inverse, orders_of, output_orders  # noqa: E402
+from fusecut.thunder.missing_sums import sum_mislabelled_gradients  # noqa: E402
 
 __all__ = ["FusecutExecutor", "RegionReport", "executors", "fusecut_ex", "region_reports",
            "thunder"]
@@ -685,6 +686,9 @@ class FusecutExecutor(FusionExecutor):
         start = time.perf_counter_ns()
         from thunder.executors.data_dependent_partition import Node, fuse_bound_symbols
 
+        # Thunder may label a broadcast-shaped gradient 0-d; fusecut plans from labels, so the
+        # sum Thunder left out goes in first (``missing_sums``)
+        trace = sum_mislabelled_gradients(trace, POINTWISE)
         if self.epilogues is not None:
             trace = fuse_gemm_epilogues(trace, self.epilogues)
         if _uniform_on_cuda_only(trace):
