@@ -4,8 +4,9 @@ checking that Thunder with fusecut trains what users bring: a ViT and a BERT-sty
 GPT-NeoX-style block (parallel residual, partial rotary, z-loss), a diffusion UNet block
 (GroupNorm, SiLU, strided conv, nearest upsampling), a T5-style block (RMSNorm, bucketed relative
 position bias, label smoothing), an MLP-Mixer with a padding mask, a GRU cell unrolled in
-Python, and Hugging Face's BART self-attention as Thunder's tests ship it (explicit batched
-matmuls, an additive padding mask).
+Python, Hugging Face's BART self-attention as Thunder's tests ship it (explicit batched
+matmuls, an additive padding mask), and a Mistral-style decoder (grouped-query attention, RMSNorm,
+rotary, a 2-d additive sliding-window mask).
 
 ``ZOO[name]()`` gives (module, inputs): the module's forward returns its loss.
 """
@@ -241,6 +242,90 @@ class BartSelfAttention(nn.Module):
         return F.mse_loss(self.attn(x, mask), target)
 
 
+class RMSNorm(nn.Module):
+    """Mistral's: the mean square in float32, the weight applied in the input's dtype."""
+
+    def __init__(self, d: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.type_as(x)
+
+
+class MistralLayer(nn.Module):
+    """Pre-norm attention with grouped-query heads (the key/value heads repeated, as Hugging
+    Face's ``repeat_kv``), rotary on half-rotated heads, ``scaled_dot_product_attention`` with
+    the 2-d mask as it is, then a SwiGLU MLP."""
+
+    def __init__(self, d: int, heads: int, kv_heads: int, hidden: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.size = heads, kv_heads, d // heads
+        self.ln1, self.ln2 = RMSNorm(d), RMSNorm(d)
+        self.q = nn.Linear(d, d, bias=False)
+        self.k = nn.Linear(d, kv_heads * self.size, bias=False)
+        self.v = nn.Linear(d, kv_heads * self.size, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.gate = nn.Linear(d, hidden, bias=False)
+        self.up = nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        b, t, d = x.shape
+        h = self.ln1(x)
+        q = self.q(h).view(b, t, self.heads, self.size).transpose(1, 2)
+        k = self.k(h).view(b, t, self.kv_heads, self.size).transpose(1, 2)
+        v = self.v(h).view(b, t, self.kv_heads, self.size).transpose(1, 2)
+
+        def rotate(u):
+            half = u.shape[-1] // 2
+            return torch.cat([-u[..., half:], u[..., :half]], -1)
+
+        q, k = q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
+        groups = self.heads // self.kv_heads
+        k, v = (u[:, :, None].expand(b, self.kv_heads, groups, t, self.size)
+                .reshape(b, self.heads, t, self.size) for u in (k, v))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, d))
+        h = self.ln2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Mistralish(nn.Module):
+    """A tiny Mistral-style decoder: 2 layers, width 64, 4 query and 2 key/value heads, each
+    position attending to itself and the 3 before it through a 2-d additive mask (which
+    Thunder's sdpa executor claimed and then refused on the GPU: issue 41), an LM loss."""
+
+    def __init__(self, vocab: int = 128, d: int = 64, layers: int = 2, heads: int = 4,
+                 kv_heads: int = 2, window: int = 4):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(MistralLayer(d, heads, kv_heads, 2 * d)
+                                    for _ in range(layers))
+        self.norm = RMSNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.window, self.size = window, d // heads
+
+    def forward(self, tokens, y):
+        x = self.emb(tokens)
+        t = tokens.shape[1]
+        position = torch.arange(t, device=x.device)
+        back = position[:, None] - position[None, :]
+        keep = (back >= 0) & (back < self.window)
+        mask = torch.zeros(t, t, dtype=x.dtype, device=x.device).masked_fill(~keep, float("-inf"))
+        steps = torch.arange(0, self.size, 2, dtype=torch.float32, device=x.device) / self.size
+        angle = position.float()[:, None] / (10000 ** steps)[None]
+        angle = torch.cat([angle, angle], -1)
+        cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        logits = self.head(self.norm(x)).float()
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+
 def _padding_mask(batch: int, length: int, padded: int) -> torch.Tensor:
     """BART's additive mask, (batch, 1, query, key): the last ``padded`` keys masked out."""
     mask = torch.zeros(batch, 1, length, length)
@@ -272,4 +357,5 @@ ZOO = {
     "gru": lambda: (GRUish(), (torch.randn(3, 6, 16), torch.randn(3, 16))),
     "bart": lambda: (BartSelfAttention(), (torch.randn(2, 12, 64), _padding_mask(2, 12, 3),
                                            torch.randn(2, 12, 64))),
+    "mistral": lambda: (Mistralish(), (_tokens(128, (2, 12), 9), _tokens(128, (2, 12), 10))),
 }

@@ -48,6 +48,7 @@ from fusecut.runtime.compile import CompileError  # noqa: E402
 from fusecut.runtime.lru import BoundedCache  # noqa: E402
 from fusecut.runtime.run import on_gpu  # noqa: E402
 from fusecut.runtime.tensors import from_torch_dtype  # noqa: E402
+from fusecut.thunder.attention import guard_thunder_sdpa, sdpa_in_4d  # noqa: E402
 from fusecut.thunder.compile_ahead import compile_region_ahead  # noqa: E402
 from fusecut.thunder.epilogues import (  # noqa: E402
     EPILOGUE_MIN_BYTES,
@@ -608,6 +609,10 @@ class FusecutExecutor(FusionExecutor):
         # calls Thunder cannot trace: with fusecut in the list, Thunder traces these modules with
         # the fast path off, as the ops it fuses (the same values)
         self._lookasides[torch.backends.mha.get_fastpath_enabled] = _fast_path_off
+        # Thunder's sdpa executor claims attention whose kernels then refuse a 2-d or 3-d mask
+        # (or a mask broadcast over the batch), failing the step: traced in the 4-d form they
+        # take instead (``attention.sdpa_in_4d``)
+        self._lookasides[torch.nn.functional.scaled_dot_product_attention] = sdpa_in_4d
 
     def flatten(self, bsym: BoundSymbol) -> list[BoundSymbol]:
         if self.can_execute(bsym):
@@ -810,6 +815,9 @@ def executors(executor: FusecutExecutor | None = None, *, cudnn: bool = False,
     chosen = [e for e in thunder.get_default_executors()
               if e is not fusecut and (cudnn or e.name != "cudnn")]
     names = [e.name for e in chosen]
+    for e in chosen:
+        if e.name == "sdpa":  # it claims no call its kernels refuse later (``attention``)
+            guard_thunder_sdpa(e)
     if "nvfuser" in names:
         chosen[names.index("nvfuser")] = fusecut
     elif "torch" in names:
