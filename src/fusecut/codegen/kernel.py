@@ -4,6 +4,8 @@ are in ``codegen.preamble``."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -12,8 +14,10 @@ from fusecut.codegen.code import Code, Stmt, derived, drop_unread, stmt, text_of
 from fusecut.codegen.emit import describe_op
 from fusecut.codegen.preamble import preamble
 from fusecut.optimizer.analysis.shapes import Bound
+from fusecut.optimizer.errors import PlanError
 from fusecut.optimizer.ir.dtypes import DType
 from fusecut.optimizer.ir.fusion import Op
+from fusecut.optimizer.ir.ops_misc import reduction_axes
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,15 @@ class SegmentKernels:
 @dataclass
 class Reducer:
     """How one reduction op accumulates: accumulator type, identity, combine functor, and the
-    values of its outputs from a finished accumulator."""
+    values of its outputs from a finished accumulator.
+
+    ``copies``: how many elements of the reduced operand each element the kernel visits stands
+    for. A kernel iterates its domain, which has no axis where every tensor of the segment is
+    broadcast; an operand broadcast along a reduced axis of extent > 1 (an expanded input, a
+    ``broadcast_in_dim`` of the loss gradient) holds one value for all of that axis, and the
+    reduction over it counts that value once per element of the axis (torch's sum of an
+    expanded tensor). The results scale by it: a sum multiplies, a product raises to the power,
+    a variance weighs its squared deviations; a maximum or minimum is the same."""
 
     op_index: int
     op: Op
@@ -72,15 +84,24 @@ class Reducer:
     welford: bool
     value_dtype: DType  # the type values are accumulated in
     calls: frozenset[str] = frozenset()  # the preamble helpers its type and functor spell
+    copies: int = 1
 
     def describe(self) -> str:
         """``T4, T5 = var_mean(T3, dims=[1])``: what the accumulator computes."""
-        return f"{', '.join(self.op.outputs)} = {describe_op(self.op)}"
+        copies = f" (each value {self.copies} times)" if self.copies > 1 else ""
+        return f"{', '.join(self.op.outputs)} = {describe_op(self.op)}{copies}"
 
     def add(self, acc: Code, x: Code) -> Stmt:
         if self.welford:
             return stmt(f"fc_welford_add({acc}, {x});", "fc_welford_add", acc, x)
         return stmt(f"{acc} = {self.functor}({acc}, {x});", self.calls, acc, x)
+
+    def counted(self, value: str | Code) -> str | Code:
+        """A sum over the visited elements as the sum over every element (``copies``)."""
+        if self.copies == 1:
+            return value
+        return cuda.binary("mul", value, cuda.literal(self.copies, self.value_dtype),
+                           self.value_dtype)
 
     def results(self, bound: Bound, acc: Code) -> list[tuple[str, Code]]:
         """(output tensor, its value of its compute type) from a finished accumulator."""
@@ -93,19 +114,43 @@ class Reducer:
                 zero = cuda.literal(0, self.value_dtype)
                 if k == 0:
                     corr = cuda.literal(self.op.attrs["correction"], self.value_dtype)
-                    raw = f"(fc_welford_m2({acc}) / fc_max({acc}.n - {corr}, {zero}))"
+                    m2, n = self.counted(f"fc_welford_m2({acc})"), self.counted(f"{acc}.n")
+                    raw = f"({m2} / fc_max({n} - {corr}, {zero}))"
                     helpers = ("fc_welford_m2", "fc_max")
                 else:
                     raw = f"({acc}.n == {zero} ? {nan} : fc_welford_mean({acc}))"
                     helpers = ("fc_welford_mean",)
                 expr = derived(cuda.convert(raw, self.value_dtype, d), acc, helpers)
+            elif self.copies > 1 and self.functor == "fc_add()":
+                expr = derived(cuda.convert(self.counted(acc), self.value_dtype, d), acc)
+            elif self.copies > 1 and self.functor == "fc_mul()":
+                power = cuda.binary("pow", acc, cuda.literal(self.copies, self.value_dtype),
+                                    self.value_dtype)
+                expr = derived(cuda.convert(power, self.value_dtype, d), acc)
             else:
                 expr = derived(cuda.convert(acc, self.value_dtype, d), acc)
             outs.append((name, expr))
         return outs
 
 
-def reducer(bound: Bound, op_index: int) -> Reducer:
+def copies_per_visit(bound: Bound, op_index: int, domain: Sequence[int],
+                     axes: Sequence[int]) -> int:
+    """``Reducer.copies`` of reduction ``op_index`` in a kernel that visits the ``axes`` of
+    ``domain`` for each result: its operand's elements per result over the visited ones."""
+    op = bound.fusion.ops[op_index]
+    shape = bound.shapes[op.inputs[0]]
+    every = math.prod(shape[a] for a in reduction_axes(op.attrs, len(shape)))
+    visited = math.prod(domain[a] for a in axes)
+    if every == visited or visited == 0:
+        return 1
+    if every % visited:
+        raise PlanError(f"{describe_op(op)}: the kernel visits {visited} elements of each "
+                        f"reduced row of {list(shape)} but the row has {every}")
+    return every // visited
+
+
+def reducer(bound: Bound, op_index: int, copies: int = 1) -> Reducer:
+    """The accumulator of reduction ``op_index``; ``copies``: see ``Reducer``."""
     fusion = bound.fusion
     op = fusion.ops[op_index]
     src = op.inputs[0]
@@ -116,7 +161,7 @@ def reducer(bound: Bound, op_index: int) -> Reducer:
         acc = "fc_welford_d" if vt is DType.float64 else "fc_welford_f"
         zeros = "0, 0, 0" if vt is DType.float64 else "0, 0, 0, 0"
         return Reducer(op_index, op, src, acc, f"{acc}{{{zeros}}}", "fc_welfordop()", True, vt,
-                       frozenset({acc, "fc_welfordop"}))
+                       frozenset({acc, "fc_welfordop"}), copies)
     if op.name in ("sum", "prod"):
         if out_dtype.is_float:
             vt = DType.float64 if DType.float64 in (out_dtype, src_dtype) else DType.float32
@@ -142,7 +187,7 @@ def reducer(bound: Bound, op_index: int) -> Reducer:
             identity = "true"
         functor = "fc_minop"
     return Reducer(op_index, op, src, ct, identity, f"{functor}()", False, vt,
-                   frozenset({functor}))
+                   frozenset({functor}), copies)
 
 
 def kernel_code(body: list[Stmt]) -> Code:

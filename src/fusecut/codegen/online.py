@@ -11,7 +11,7 @@ from fusecut.codegen import cuda
 from fusecut.codegen.code import Code, Stmt, derived, stmt
 from fusecut.codegen.emit import describe_op
 from fusecut.codegen.index import LANE
-from fusecut.codegen.kernel import Reducer, reducer
+from fusecut.codegen.kernel import Reducer, copies_per_visit, reducer
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.ir.dtypes import DType
 from fusecut.optimizer.ir.fusion import Op
@@ -34,18 +34,18 @@ class OnlineReducer(Reducer):
         tensors = bound.fusion.tensors
         m, s = self.op.outputs[0], self.sum_op.outputs[0]
         return [(m, derived(cuda.convert(f"{acc}.m", self.value_dtype, tensors[m].dtype), acc)),
-                (s, derived(cuda.convert(f"fc_lse_sum({acc})", self.value_dtype,
+                (s, derived(cuda.convert(self.counted(f"fc_lse_sum({acc})"), self.value_dtype,
                                          tensors[s].dtype), acc, "fc_lse_sum"))]
 
 
-def online_reducer(bound: Bound, max_op: int, sum_op: int) -> OnlineReducer:
+def online_reducer(bound: Bound, max_op: int, sum_op: int, copies: int = 1) -> OnlineReducer:
     fusion = bound.fusion
     op = fusion.ops[max_op]
     vt = fusion.tensors[op.inputs[0]].dtype  # float32 or float64 (the planner's rule)
     acc = "fc_lse_d" if vt is DType.float64 else "fc_lse_f"
     inf = cuda.literal(float("-inf"), vt)
     return OnlineReducer(max_op, op, op.inputs[0], acc, f"{acc}{{{inf}, {cuda.literal(0, vt)}}}",
-                         "fc_lseop()", False, vt, frozenset({acc, "fc_lseop"}),
+                         "fc_lseop()", False, vt, frozenset({acc, "fc_lseop"}), copies,
                          sum_op=fusion.ops[sum_op])
 
 
@@ -57,7 +57,9 @@ def segment_reducers(bound: Bound, schedule: Schedule) -> list[Reducer]:
     for i in schedule.reductions:
         if i in sums:
             continue
-        out.append(online_reducer(bound, i, maxes[i]) if i in maxes else reducer(bound, i))
+        copies = copies_per_visit(bound, i, schedule.domain, schedule.reduction_axes)
+        out.append(online_reducer(bound, i, maxes[i], copies) if i in maxes else
+                   reducer(bound, i, copies))
     return out
 
 

@@ -49,6 +49,7 @@ from fusecut.codegen.kernel import (
     KernelParam,
     SegmentKernels,
     Workspace,
+    copies_per_visit,
     reducer,
     segment_kernels,
     signature,
@@ -163,8 +164,12 @@ class _Persistent:
         self.aligned: dict[str, int] = {}
         self.params: list[str] = []
         self.name = f"fusecut_segment{index}_{schedule.kind.value}"
-        self.row_reducers = [reducer(bound, i) for i in schedule.reductions]
-        self.col_reducers = [reducer(bound, i) for i in schedule.outer_reductions]
+        self.row_reducers = [reducer(bound, i, copies_per_visit(bound, i, schedule.domain,
+                                                                schedule.reduction_axes))
+                             for i in schedule.reductions]
+        self.col_reducers = [reducer(bound, i, copies_per_visit(bound, i, schedule.domain,
+                                                                schedule.outer_axes))
+                             for i in schedule.outer_reductions]
         self.smem_decls: list[Stmt] = []
         self.rvars = [f"i{a}" for a in self.rows_axes]
         self.cvars = [f"c_{a}" for a in self.row_axes]
