@@ -168,16 +168,10 @@ def _compile_uncached(source: str, arch: str, name: str, key: str) -> bytes:
 
 
 def _nvrtc(source: str, arch: str, name: str) -> bytes:
-    from cuda.core import Program, ProgramOptions
+    """NVRTC's cubin of ``source``, compiled in a child process (``runtime.nvrtc_child``)."""
+    from fusecut.runtime.nvrtc_child import compile_in_child
 
-    options = ProgramOptions(arch=arch, std="c++17", include_path=list(include_dirs()),
-                             define_macro=list(defines()) or None)
-    try:
-        program = Program(source, "c++", options=options)
-        module = program.compile("cubin", name_expressions=())
-    except Exception as e:  # NVRTC reports through exceptions carrying its log
-        raise CompileError(f"NVRTC failed for {name} ({arch}): {e}") from e
-    return bytes(module.code)
+    return compile_in_child(source, arch, name, include_dirs(), defines())
 
 
 def clear_memory_cache() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -25,10 +26,12 @@ import torch
 from fusecut.codegen import SegmentKernels, generate_segment
 from fusecut.optimizer.kinds.rules import Kind
 from fusecut.optimizer.plan.plan import Plan, Segment
-from fusecut.runtime.compile import compile_cubin
+from fusecut.runtime.compile import CompileError, compile_cubin
 from fusecut.runtime.executor import reference_runner
 from fusecut.runtime.lru import BoundedCache
 from fusecut.runtime.tensors import TORCH_DTYPE
+
+log = logging.getLogger("fusecut.runtime")
 
 
 class LaunchError(RuntimeError):
@@ -183,11 +186,27 @@ def segment_code(plan: Plan, segment: Segment, vector: int | None = None,
 def code_for_alignment(plan: Plan, segment: Segment, addresses: list[int],
                        device: int | None = None) -> SegmentCode:
     """The vectorised code, or the scalar one if an argument its vector loads need is not
-    aligned (``addresses``: of each argument's data; 0 for buffers fusecut allocated)."""
-    code = segment_code(plan, segment, None, device)
+    aligned (``addresses``: of each argument's data; 0 for buffers fusecut allocated) or NVRTC
+    cannot compile the vectorised one (a ``CompileError`` when it cannot compile either)."""
+    try:
+        code = segment_code(plan, segment, None, device)
+    except CompileError:
+        return segment_code(plan, segment, 1, device)
     if any(addresses[i] % a for i, a in code.aligned):
         return segment_code(plan, segment, 1, device)
     return code
+
+
+_warned: set[tuple[str, int]] = set()
+
+
+def warn_torch_segment(plan: Plan, segment: Segment, error: CompileError) -> None:
+    """Say once per segment that it runs through torch because its kernels did not compile."""
+    key = (plan.plan_id, segment.index)
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("fusecut: segment %d (%s) of plan %s runs through torch: %s", segment.index,
+                    segment.kind.value, plan.plan_id[:12], error)
 
 
 class ArgBuffer:
@@ -250,13 +269,17 @@ def cuda_runner(plan: Plan, segment: Segment, args: list[Any],
     tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
     device = tensor.device if tensor is not None else \
         torch.device("cuda", torch.cuda.current_device())
-    code = segment_code(plan, segment, None, device.index)
-    args = list(args)
-    for i in code.dense:  # boundary tensors: compact and dense
-        if not args[i].is_contiguous():
-            args[i] = args[i].contiguous()
-    code = code_for_alignment(plan, segment, [
-        a.data_ptr() if isinstance(a, torch.Tensor) else 0 for a in args], device.index)
+    try:
+        code = code_for_alignment(plan, segment, [0] * len(args), device.index)
+        args = list(args)
+        for i in code.dense:  # boundary tensors: compact and dense
+            if not args[i].is_contiguous():
+                args[i] = args[i].contiguous()
+        code = code_for_alignment(plan, segment, [
+            a.data_ptr() if isinstance(a, torch.Tensor) else 0 for a in args], device.index)
+    except CompileError as e:  # correct and slower: torch runs it
+        warn_torch_segment(plan, segment, e)
+        return reference_runner(plan, segment, args, scalars)
     outputs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in code.outputs]
     workspaces = [torch.empty(max(n, 1), dtype=torch.uint8, device=device)
                   for n in code.workspaces]

@@ -25,6 +25,7 @@ from fusecut.codegen.emit import dynamic_scalars
 from fusecut.optimizer.analysis.scalars import baked_scalar_inputs, eval_scalar_op
 from fusecut.optimizer.kinds.rules import Kind
 from fusecut.optimizer.plan.plan import Plan
+from fusecut.runtime.compile import CompileError
 from fusecut.runtime.executor import expand_compact, segment_bound
 from fusecut.runtime.kernels import (
     NOT_GENERATED,
@@ -36,6 +37,7 @@ from fusecut.runtime.kernels import (
     ensure_context,
     launch_kernel,
     scalar_value,
+    warn_torch_segment,
 )
 from fusecut.runtime.lru import BoundedCache
 from fusecut.runtime.reference import run_reference
@@ -314,7 +316,14 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
             for s in arg_slots:
                 reads[s] = len(steps) - 1
             continue
-        if seg.kind in NOT_GENERATED:
+        code = None
+        if seg.kind not in NOT_GENERATED:
+            code = _compiled_or_none(plan, seg, [
+                args[s].data_ptr() if s is not None and s < n_args
+                and isinstance(args[s], torch.Tensor) else 0
+                for s in arg_slots],
+                device.index if device.type == "cuda" else -1)
+        if code is None:  # a library-like op, or kernels NVRTC could not compile: torch runs it
             results = [new_buffer(None, None) for _ in sub.fusion.outputs]
             for name, slot in zip(sub.fusion.outputs, results):
                 slot_of[sub.output_map[name]] = slot
@@ -329,11 +338,6 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
                 if s is not None:
                     reads[s] = len(steps) - 1
             continue
-        code = code_for_alignment(plan, seg, [
-            args[s].data_ptr() if s is not None and s < n_args
-            and isinstance(args[s], torch.Tensor) else 0
-            for s in arg_slots],
-            device.index if device.type == "cuda" else -1)
         written = [new_buffer(shape, dtype) for shape, dtype in code.outputs]
         workspaces = [new_buffer((max(n, 1),), torch.uint8) for n in code.workspaces]
         for name, i in zip(sub.fusion.outputs, code.returned):
@@ -398,6 +402,17 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
         elif launcher.failure() is None and launcher.enabled():
             program.native_ready = launcher.native
     return program
+
+
+def _compiled_or_none(plan: Plan, seg, addresses: list[int], device: int):
+    """The segment's compiled kernels (``code_for_alignment``), or None where NVRTC refuses or
+    crashes on them (``runtime.nvrtc_child``): the segment then runs through the torch
+    reference, correct and slower, and a warning says so once per segment."""
+    try:
+        return code_for_alignment(plan, seg, addresses, device)
+    except CompileError as e:
+        warn_torch_segment(plan, seg, e)
+        return None
 
 
 MAX_PROGRAMS = 256
