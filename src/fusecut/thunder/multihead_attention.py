@@ -23,6 +23,8 @@ from thunder.core.proxies import TensorProxy, variableify
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx
 from thunder.core.transform_common import Transform
 
+from fusecut.thunder.attention import sdpa_in_4d
+
 _MHA_ID = "torch.nn.functional.multi_head_attention_forward"
 _POSITIONAL = ("query", "key", "value", "embed_dim_to_check", "num_heads", "in_proj_weight",
                "in_proj_bias", "bias_k", "bias_v", "add_zero_attn", "dropout_p",
@@ -80,8 +82,9 @@ def _decomposed(a: dict) -> TensorProxy:
     # is_causal with a mask: torch drops the mask and asks attention for the causal one
     mask = None if a["is_causal"] else a["attn_mask"]
     dropout = a["dropout_p"] if a["training"] else 0.0
-    out = ltorch.scaled_dot_product_attention(by_head(q), by_head(k), by_head(v), mask, dropout,
-                                              bool(a["is_causal"]))
+    # in the 4-d form Thunder's sdpa kernels take (a 2-d mask broadcast to every head), so that
+    # a masked call stays on the fused kernels
+    out = sdpa_in_4d(by_head(q), by_head(k), by_head(v), mask, dropout, bool(a["is_causal"]))
     out = ltorch.reshape(ltorch.permute(out, (2, 0, 1, 3)), (length, batch, embed))
     return ltorch.linear(out, a["out_proj_weight"], a["out_proj_bias"])
 
