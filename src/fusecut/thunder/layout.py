@@ -15,8 +15,8 @@ The idea, in one pass over the region in program order:
   that lead from the root to it. A prim that computes something is its own root.
 - A cast to the dtype a value already has extends its layout by an alias (torch's
   ``shallow_copy``, no copy); float cast round trips through a wider dtype (bf16 -> f32 -> bf16,
-  exact) were dropped before. Round trips through a narrower dtype (f32 -> bf16 -> f32) stay:
-  that rounding is part of the program (see ``_eliminate_redundant_work``).
+  exact) were dropped before, and those through a narrower dtype (f32 -> bf16 -> f32) where
+  nothing compares or returns the unrounded value (see ``_eliminate_redundant_work``).
 - Whether torch can take a reshape as a view depends on strides, so each chain is replayed on a
   meta tensor (roots contiguous, as a kernel writes them); a reshape torch would have to copy
   ends the chain and becomes a computed value instead.
@@ -125,28 +125,68 @@ def _is_exact_round_trip(first: dtypes.dtype, middle: dtypes.dtype) -> bool:
     return (first, middle) in _EXACT_WIDENINGS
 
 
-def _eliminate_redundant_work(bsyms: Sequence[BoundSymbol]
+# Prims whose result depends on an exact comparison of their operands' values: a max the
+# backward finds again by ``eq(x, saved_max)``, a mask, a selected element.
+_COMPARING = {prims.eq.id, prims.ne.id, prims.lt.id, prims.le.id, prims.gt.id, prims.ge.id,
+              prims.amax.id, prims.amin.id, prims.argmax.id, prims.argmin.id,
+              prims.maximum.id, prims.minimum.id, prims.topk.id, prims.sort.id}
+
+
+def _rounding_matters(start: Variable, consumers: dict[Variable, list[BoundSymbol]],
+                      outputs: set[Variable], narrow: dtypes.dtype) -> bool:
+    """Whether the rounding to ``narrow`` that a round trip's result ``start`` carries can be
+    seen: some value computed from it is compared (``_COMPARING``: an equality sees a last bit,
+    through later roundings too), or leaves the region wider than ``narrow``. A value that
+    leaves rounded to ``narrow`` again (a norm's bf16 output) has its last bit changed at most:
+    the rounding there is dropped, as Thunder's nvFuser pass drops it."""
+    todo, done = [start], {start}
+    while todo:
+        v = todo.pop()
+        for bsym in consumers.get(v, ()):
+            if bsym.sym.id in _COMPARING:
+                return True
+            for o in bsym.flat_outs:
+                if not isinstance(o, Proxy) or variableify(o) in done:
+                    continue
+                if variableify(o) in outputs and isinstance(o, TensorProxy) and \
+                        dtypes.is_float_dtype(_dtype(o)) and _dtype(o).bytes > narrow.bytes:
+                    return True
+                done.add(variableify(o))
+                todo.append(variableify(o))
+    return start in outputs
+
+
+def _eliminate_redundant_work(bsyms: Sequence[BoundSymbol], outputs: Sequence[Proxy] = ()
                               ) -> tuple[list[BoundSymbol], dict[Variable, Proxy]]:
     """The prims with repeats removed, and each removed result -> the proxy standing for it.
 
     Repeats are common subexpressions, and float casts back to the dtype a value had before a
-    float cast to an exactly wider dtype (bf16 -> f32 -> bf16 is the bf16 value, bit for bit).
+    float cast: to an exactly wider dtype (bf16 -> f32 -> bf16 is the bf16 value, bit for bit),
+    or through a narrower one (f32 -> bf16 -> f32) where the rounding cannot be seen.
 
-    A round trip through a narrower dtype (f32 -> bf16 -> f32) is kept: it rounds, and that
-    rounding is part of what the user's program computes. Dropping it (as Thunder's nvFuser
-    pass does) only looks like extra precision. The same value is often computed twice, by
-    different regions: the forward keeps the bf16 tensor for the backward (a region output,
-    rounded when written), and the backward recomputes from it, with the rounding. A forward
-    that dropped the rounding computed something else, and a comparison between the two goes
-    wrong: Thunder's amax backward finds the maximum by ``eq(x, saved_max)``, matched nothing,
-    and divided 0 by 0 (issue 41: every gradient of ``logsumexp(log_softmax(a) + b)`` in bf16
-    NaN). Which values Thunder saves, recomputes or compares is decided outside the region, so
-    no region can tell that dropping is safe: the rounding costs a conversion in registers."""
+    That rounding is part of what the user's program computes, and it can be seen (issue 41).
+    The same value is often computed twice, by different regions: the forward keeps the bf16
+    tensor for the backward (a region output, rounded when written), and the backward
+    recomputes from it, with the rounding. A forward that dropped the rounding before a
+    comparison computed something else: Thunder's amax backward finds the maximum by
+    ``eq(x, saved_max)``, matched nothing, and divided 0 by 0 (every gradient of
+    ``logsumexp(log_softmax(a) + b)`` in bf16 was NaN). So a narrowing round trip is kept where
+    a value computed from it is compared, or leaves the region wider than the rounding
+    (``_rounding_matters``); elsewhere it is dropped, as Thunder's nvFuser pass drops it: a
+    decomposed bf16 GELU otherwise rounds ten times per element, and keeping every rounding put
+    a Llama-2 block's bf16 norm-weight gradient 3.5 times as far from the fp32 step as torch's
+    (H200, tests/thunder/test_whole_models.py)."""
+    consumers: dict[Variable, list[BoundSymbol]] = {}
+    for bsym in bsyms:
+        for a in bsym.flat_proxy_args:
+            consumers.setdefault(variableify(a), []).append(bsym)
+    out_vars = {variableify(o) for o in outputs if isinstance(o, Proxy)}
     redundant: dict[Variable, Proxy] = {}
     seen: dict = {}
     producer: dict[Variable, BoundSymbol] = {}
     kept: list[BoundSymbol] = []
     for bsym in bsyms:
+        original = variableify(bsym.output) if isinstance(bsym.output, Proxy) else None
         bsym = cse_single_bsym(redundant, seen, bsym)
         if bsym is None:
             continue
@@ -154,7 +194,9 @@ def _eliminate_redundant_work(bsyms: Sequence[BoundSymbol]
             before = producer.get(variableify(bsym.args[0]))
             if (before is not None and _is_float_cast(before)
                     and _dtype(before.args[0]) == _dtype(bsym.output)
-                    and _is_exact_round_trip(_dtype(bsym.output), _dtype(before.output))):
+                    and (_is_exact_round_trip(_dtype(bsym.output), _dtype(before.output))
+                         or not _rounding_matters(original, consumers, out_vars,
+                                                  _dtype(before.output)))):
                 redundant[variableify(bsym.output)] = before.args[0]
                 seen.pop(bsym.rhs, None)  # a later repeat must not name the dropped result
                 continue
@@ -184,7 +226,7 @@ class RegionSplit:
 def split_region(bsyms: Sequence[BoundSymbol], inputs: Sequence[Proxy],
                  outputs: Sequence[Proxy]) -> RegionSplit:
     """Split a region's prims into a kernel and the views that complete its outputs."""
-    bsyms, redundant = _eliminate_redundant_work(bsyms)
+    bsyms, redundant = _eliminate_redundant_work(bsyms, outputs)
     layouts: dict[Variable, _Layout] = {
         variableify(p): _Layout(p, (), _contiguous_meta(p))
         for p in inputs if isinstance(p, TensorProxy)}
