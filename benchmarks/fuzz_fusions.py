@@ -289,8 +289,11 @@ def _soup_op(d: _Draw, t: _Value, pool: list[_Value], reduced: list, base) -> _V
         src = d.positive(t) if name in UNARY_POSITIVE else t
         return d.op(name, [src.handle], t.shape, t.dtype)
     if kind in ("binary", "where"):
+        # partners that broadcast with t to no more than MAX_ELEMENTS (a merged axis beside
+        # another value's broadcast one multiplies extents: 5,402 GiB once)
         partners = [u for u in pool if len(u.shape) == rank
-                    and all(x == y or x == 1 or y == 1 for x, y in zip(u.shape, t.shape))]
+                    and all(x == y or x == 1 or y == 1 for x, y in zip(u.shape, t.shape))
+                    and math.prod(max(x, y) for x, y in zip(u.shape, t.shape)) <= MAX_ELEMENTS]
         u = d.rng.choice(partners)
         shape = tuple(y if x == 1 else x for x, y in zip(t.shape, u.shape))
         dtype = t.dtype if t.dtype == u.dtype else DType.float32
