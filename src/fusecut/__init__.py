@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fusecut.optimizer.errors import DefinitionError, FusecutError, InputError, PlanError
+from fusecut.version import __version__ as __version__  # re-exported: fusecut.__version__
 
 # The heavy names (they import torch and httpx) load on first use, so that ``fusecut --help``
 # and ``import fusecut`` for its errors start fast.
@@ -65,7 +66,6 @@ __all__ = [
     "compute_tensor_descriptor",
     "disable_automatic_serialization", "enable_automatic_serialization", "load",
 ]
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str):

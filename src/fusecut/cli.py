@@ -50,7 +50,7 @@ AS_JSON = typer.Option(False, "--json", help="print JSON instead of tables")
 
 def _version(value: bool) -> None:
     if value:
-        from fusecut import __version__
+        from fusecut.version import __version__
 
         out.print(f"fusecut {__version__}")
         raise typer.Exit()

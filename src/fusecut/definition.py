@@ -486,11 +486,11 @@ class FusionDefinition:
         """A script that defines and runs this fusion (with ``inputs`` made like these)."""
         import torch
 
-        import fusecut
+        from fusecut.version import __version__
 
         name = f"nvfuser_fusion_id{self.id()}" if self.id() is not None else \
             "nvfuser_incomplete_fusion"
-        lines = [f"# fusecut version: {fusecut.__version__}",
+        lines = [f"# fusecut version: {__version__}",
                  f"# torch version: {torch.__version__}", "import torch",
                  "from nvfuser import FusionDefinition, DataType",
                  print_definition(self.fusion, name), "with FusionDefinition() as fd:",

@@ -56,6 +56,6 @@ class Version:
 
 def version() -> Version:
     """fusecut's version, as a Version."""
-    from fusecut import __version__
+    from fusecut.version import __version__
 
     return Version(__version__)

@@ -27,6 +27,7 @@ from fusecut.service.security import (
     allowed_origins,
 )
 from fusecut.service.settings import Settings
+from fusecut.version import __version__
 
 EXPOSED_HEADERS = ["X-Fusecut-Plan-Id", "X-Fusecut-Backend", "X-Fusecut-Segments",
                    "X-Fusecut-Cache", "X-Request-Id", "Retry-After"]
@@ -36,7 +37,7 @@ def create_app(settings: Settings | None = None, worker=None) -> FastAPI:
     """The service's ASGI app. ``worker`` runs executions: a WorkerPool on the devices of
     ``settings`` by default; Ray Serve passes a handle on its execute deployment."""
     settings = settings or Settings.from_env()
-    app = FastAPI(title="fusecut", version="0.1.0", lifespan=lifespan, docs_url=None,
+    app = FastAPI(title="fusecut", version=__version__, lifespan=lifespan, docs_url=None,
                   redoc_url=None,
                   summary="Segmentation and rematerialization optimizer for GPU fusions")
     app.state.service = Service(settings, worker)

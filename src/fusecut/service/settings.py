@@ -15,7 +15,7 @@ def install_tag() -> str:
     checkout or environment it is (a digest of where the package lives). The default plan
     cache was one file for every checkout and version: a new version could serve an old plan
     (issue 32)."""
-    from fusecut import __version__
+    from fusecut.version import __version__
 
     where = str(Path(__file__).resolve().parents[1])
     return f"{__version__}-{hashlib.sha256(where.encode()).hexdigest()[:12]}"

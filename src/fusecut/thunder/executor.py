@@ -59,6 +59,7 @@ from fusecut.thunder.fast_tracing import install as install_fast_tracing  # noqa
 from fusecut.thunder.layout import is_layout_only, split_region  # noqa: E402
 from fusecut.thunder.memory_order import Order, inverse, orders_of, output_orders  # noqa: E402
 from fusecut.thunder.missing_sums import sum_mislabelled_gradients  # noqa: E402
+from fusecut.version import __version__  # noqa: E402
 
 __all__ = ["FusecutExecutor", "RegionReport", "executors", "fusecut_ex", "region_reports",
            "thunder"]
@@ -592,7 +593,7 @@ class FusecutExecutor(FusionExecutor):
     def __init__(self, name: str = "fusecut", *, claim_matmul: bool = False,
                  plan_remote: str | None = None, gemm_epilogues: bool = True,
                  epilogue_min_bytes: int = EPILOGUE_MIN_BYTES):
-        super().__init__(name, version="0.1.0")
+        super().__init__(name, version=__version__)
         self.plan_remote = plan_remote
         self.epilogues = (register_epilogue_ops(self, name, epilogue_min_bytes)
                           if gemm_epilogues else None)

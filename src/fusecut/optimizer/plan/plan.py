@@ -15,7 +15,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from fusecut import __version__
 from fusecut.optimizer.analysis.cost import lower_bound_bytes, read_bytes, segment_time, write_bytes
 from fusecut.optimizer.analysis.opclass import Role, role
 from fusecut.optimizer.analysis.shapes import Bound
@@ -30,6 +29,7 @@ from fusecut.optimizer.plan.subfusion import SubFusion, translate
 from fusecut.optimizer.profiles import DeviceProfile
 from fusecut.optimizer.segmenters.graph import SegGraph
 from fusecut.optimizer.segmenters.result import Group, SolverReport
+from fusecut.version import __version__
 
 
 @dataclass

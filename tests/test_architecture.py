@@ -1,0 +1,120 @@
+"""The package arrows of docs/architecture.md, held: every ``import fusecut...`` in
+``src/fusecut`` (at the top of a module or inside a function alike) goes one way.
+
+    optimizer <- codegen <- runtime <- service / SDK / thunder
+                            runtime <- wire <- service, the SDK's Client
+
+``fusecut.version`` is a leaf any layer may import. Inside ``optimizer`` each layer uses only
+those below it: ir < analysis (and profiles) < kinds < segmenters < plan < planner. Modules
+import each other at their top without a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+SRC = Path(__file__).parent.parent / "src"
+LAYERS = ("optimizer", "codegen", "runtime", "wire", "service", "thunder", "version")
+# layer -> the layers it may import (besides itself)
+ALLOWED = {
+    "version": set(),
+    "optimizer": {"version"},
+    "codegen": {"optimizer", "version"},
+    "runtime": {"codegen", "optimizer", "version"},
+    "wire": {"runtime", "optimizer", "version"},
+    "service": {"wire", "runtime", "codegen", "optimizer", "version"},
+    # the SDK: FusionDefinition, the Client, the CLI (which starts the service: fusecut serve)
+    "sdk": {"service", "wire", "runtime", "codegen", "optimizer", "version"},
+    "thunder": {"sdk", "wire", "runtime", "codegen", "optimizer", "version"},
+}
+OPTIMIZER_ORDER = ["ir", "analysis", "kinds", "segmenters", "plan", "planner"]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, top_only: bool = False) -> set[str]:
+    """The fusecut modules ``path`` imports (``from a.b import c``: a.b.c if that is a module,
+    else a.b)."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_only else ast.walk(tree)
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                found.add(full if full in MODULES else node.module)
+    return {n for n in found if n == "fusecut" or n.startswith("fusecut.")}
+
+
+MODULES = {module_name(p): p for p in (SRC / "fusecut").rglob("*.py")}
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "sdk"
+
+
+def optimizer_level(module: str) -> int | None:
+    """Where an optimizer module sits in OPTIMIZER_ORDER: profiles beside analysis, the plan
+    options (they name kinds and profiles) beside kinds, errors and the GC pause below ir."""
+    parts = module.split(".")
+    if len(parts) < 3 or parts[1] != "optimizer":
+        return None
+    name = parts[2]
+    if name in ("errors", "gcpause"):
+        return -1
+    if name in ("profiles", "options"):
+        return OPTIMIZER_ORDER.index("analysis" if name == "profiles" else "kinds")
+    return OPTIMIZER_ORDER.index(name) if name in OPTIMIZER_ORDER else None
+
+
+def arrows() -> list[tuple[str, str]]:
+    return [(m, n) for m, p in sorted(MODULES.items()) for n in sorted(imports(p))
+            if n in MODULES]
+
+
+def test_the_tree_is_what_the_arrows_are_checked_on():
+    names = set(MODULES)
+    assert {"fusecut.optimizer.planner", "fusecut.codegen.kernel", "fusecut.runtime.program",
+            "fusecut.service.app", "fusecut.thunder.executor", "fusecut.definition",
+            "fusecut.version"} <= names
+    assert len(arrows()) > 500
+
+
+def test_every_arrow_goes_the_documented_way():
+    wrong = [f"{m} -> {n}" for m, n in arrows()
+             if layer(m) != layer(n) and layer(n) not in ALLOWED[layer(m)]]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_inside_the_optimizer_each_layer_uses_only_those_below():
+    wrong = []
+    for m, n in arrows():
+        a, b = optimizer_level(m), optimizer_level(n)
+        if a is not None and b is not None and b > a:
+            wrong.append(f"{m} -> {n}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_modules_import_each_other_at_the_top_without_a_cycle():
+    graph = nx.DiGraph((m, n) for m, p in MODULES.items() for n in imports(p, top_only=True)
+                       if n in MODULES and n != m and not MODULES[n].name == "__init__.py")
+    cycles = list(nx.simple_cycles(graph))
+    assert not cycles, cycles[:5]
+
+
+@pytest.mark.parametrize("arrow", [("fusecut.optimizer.plan.plan", "fusecut"),
+                                   ("fusecut.codegen.kernel", "fusecut.runtime.compile"),
+                                   ("fusecut.service.core", "fusecut.definition")])
+def test_the_check_sees_an_arrow_back_up(arrow):
+    m, n = arrow
+    assert layer(m) != layer(n) and layer(n) not in ALLOWED[layer(m)]
