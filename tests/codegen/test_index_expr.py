@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from fusecut.codegen.emit import join_index
 from fusecut.codegen.index import (
     LANE,
     LANE_VAR,
@@ -31,6 +30,7 @@ from fusecut.codegen.index import (
     Var,
     at_lane_zero,
     contains,
+    join_index,
     lane_base,
     plus_lane,
     reads,

@@ -55,10 +55,14 @@ from fusecut.codegen.index import (
     Select,
     Sub,
     contains,
+    delinearize,
     is_atom,
+    join_index,
     lane_base,
+    linearize,
     plus_lane,
 )
+from fusecut.codegen.names import Names, describe_op, dynamic_scalars, value_name
 from fusecut.codegen.resize import NO_RESIZES, VectorResizes
 from fusecut.optimizer.analysis.axes import reshape_spans
 from fusecut.optimizer.analysis.opclass import Role, role
@@ -79,44 +83,6 @@ class _TooDeep(Exception):
     def __init__(self, emitter: Emitter, key: tuple[str, Index]):
         super().__init__(key)
         self.emitter, self.key = emitter, key
-
-
-def dynamic_scalars(bound: Bound) -> set[str]:
-    """Scalars whose value comes from a scalar input at run time (kernel parameters); the
-    others (constants, sizes, and arithmetic on them) are compiled in as literals."""
-    fusion = bound.fusion
-    dyn = set(fusion.scalar_inputs())
-    for op in fusion.ops:
-        if any(o in fusion.scalars for o in op.outputs) and any(n in dyn for n in op.refs()):
-            dyn.update(o for o in op.outputs if o in fusion.scalars)
-    return dyn
-
-
-def value_name(tensor: str) -> str:
-    """The C name of a tensor's value: the IR name where it cannot clash with a C or kernel
-    name (nvFuser's T7, S3), else prefixed."""
-    nvfuser_style = len(tensor) > 1 and tensor[0] in _CAPITALS and tensor[1:].isdecimal()
-    return tensor if nvfuser_style else f"t_{tensor}"
-
-
-_CAPITALS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
-
-
-class Names:
-    """The declared names of one kernel source, each unique (a value evaluated again gets
-    ``T7_1``, ``T7_2``...), and the ops the segment recomputes (their values are marked)."""
-
-    def __init__(self, recomputed: frozenset[int] | tuple[int, ...] = frozenset()):
-        self.used: set[str] = set()
-        self.recomputed = frozenset(recomputed)
-
-    def fresh(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.used:
-            k += 1
-            name = f"{base}_{k}"
-        self.used.add(name)
-        return name
 
 
 @dataclass(frozen=True)
@@ -523,8 +489,8 @@ class Emitter:
             out_shape = b.shapes[op.outputs[0]]
             spans = reshape_spans(shape, out_shape)
             if spans is None:  # elements regrouped: through the flat index
-                flat = _linearize(idx, out_shape)
-                return _delinearize(flat, shape, flags)
+                flat = linearize(idx, out_shape)
+                return delinearize(flat, shape, flags)
             out: list[IndexExpr] = [ZERO] * rank  # extent-1 axes are in no span
             for ins, outs in spans:
                 if len(ins) == 1:  # kept or split: the split parts make its index
@@ -722,68 +688,6 @@ class Emitter:
                                               start, step, idx[0]))
 
 
-def join_index(parts: Index, extents: tuple[int, ...]) -> IndexExpr:
-    """``sum(part * stride)`` over a row-major run of axes: ``(i1 * 10 + c_2)``. A vector lane
-    stays last and outside inner parentheses (``(i3 * 64 + c_4 + _lane)``), the form the kernels
-    recognise as a lane-contiguous index (``index.lane_base``)."""
-    if len(parts) == 1:
-        return parts[0]
-    groups: list[tuple[IndexExpr, ...]] = []  # innermost first
-    stride = 1
-    for p, e in zip(reversed(parts), reversed(extents)):
-        if p != ZERO:
-            lane = lane_base(p) if stride == 1 else None
-            if lane is not None:
-                groups.append((lane, LANE_VAR))
-            else:
-                groups.append((p if stride == 1 else Mul(p, Const(stride)),))
-        stride *= e
-    return _sum_in_parens([t for g in reversed(groups) for t in g])
-
-
-def _sum_in_parens(terms: list[IndexExpr]) -> IndexExpr:
-    """``(a + b + ...)``, ``(a)`` for one term, ``0`` for none."""
-    if not terms:
-        return ZERO
-    return Paren(terms[0] if len(terms) == 1 else Add(*terms))
-
-
-def _linearize(idx: Index, shape) -> IndexExpr:
-    terms = []
-    stride = 1
-    for i, e in zip(reversed(idx), reversed(shape)):
-        if i != ZERO:
-            terms.append(i if stride == 1 else Mul(i, Const(stride)))
-        stride *= e
-    return _sum_in_parens(terms[::-1])
-
-
-def _delinearize(flat: IndexExpr, shape, flags) -> Index:
-    out: list[IndexExpr] = []
-    stride = math.prod(shape)
-    for e, b in zip(shape, flags):
-        stride //= max(e, 1)
-        if b or e == 1:
-            out.append(ZERO)
-        elif stride == 1:
-            out.append(Paren(Mod(flat, Const(e))))
-        else:
-            out.append(Paren(Mod(Paren(Div(flat, Const(stride))), Const(e))))
-    return tuple(out)
-
-
 def literal(value, d: DType) -> Code:
     """A constant of compute type ``d`` as a value (``true`` and ``false`` are plain words)."""
     return Code(cuda.literal(value, d), simple=d.is_bool)
-
-
-def describe_op(op: Op) -> str:
-    """An op over IR names, as in the comments of generated code: ``sub(T3, T6)``,
-    ``cast(T18, bfloat16)``, ``sum(T4, dims=[1])``."""
-    args = list(op.inputs)
-    if op.name == "cast":
-        args.append(op.attrs["dtype"].value)
-    dims = op.attrs.get("dims")
-    if dims is not None and op.name in ("sum", "max", "min", "prod", "var", "var_mean"):
-        args.append(f"dims={list(dims)}")
-    return f"{op.name}({', '.join(args)})"

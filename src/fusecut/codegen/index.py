@@ -21,6 +21,7 @@ comparing one with a string raises, so a decision cannot quietly fall back to th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 LANE = "_lane"  # a vectorised kernel's lane within a vector
@@ -371,3 +372,53 @@ def _rebuilt(node: IndexExpr, kids: tuple[IndexExpr, ...]) -> IndexExpr:
     out = object.__new__(type(node))
     out._init(kids, node.arg)
     return out
+
+
+def join_index(parts: Index, extents: tuple[int, ...]) -> IndexExpr:
+    """``sum(part * stride)`` over a row-major run of axes: ``(i1 * 10 + c_2)``. A vector lane
+    stays last and outside inner parentheses (``(i3 * 64 + c_4 + _lane)``), the form the kernels
+    recognise as a lane-contiguous index (``index.lane_base``)."""
+    if len(parts) == 1:
+        return parts[0]
+    groups: list[tuple[IndexExpr, ...]] = []  # innermost first
+    stride = 1
+    for p, e in zip(reversed(parts), reversed(extents)):
+        if p != ZERO:
+            lane = lane_base(p) if stride == 1 else None
+            if lane is not None:
+                groups.append((lane, LANE_VAR))
+            else:
+                groups.append((p if stride == 1 else Mul(p, Const(stride)),))
+        stride *= e
+    return sum_in_parens([t for g in reversed(groups) for t in g])
+
+
+def sum_in_parens(terms: list[IndexExpr]) -> IndexExpr:
+    """``(a + b + ...)``, ``(a)`` for one term, ``0`` for none."""
+    if not terms:
+        return ZERO
+    return Paren(terms[0] if len(terms) == 1 else Add(*terms))
+
+
+def linearize(idx: Index, shape) -> IndexExpr:
+    terms = []
+    stride = 1
+    for i, e in zip(reversed(idx), reversed(shape)):
+        if i != ZERO:
+            terms.append(i if stride == 1 else Mul(i, Const(stride)))
+        stride *= e
+    return sum_in_parens(terms[::-1])
+
+
+def delinearize(flat: IndexExpr, shape, flags) -> Index:
+    out: list[IndexExpr] = []
+    stride = math.prod(shape)
+    for e, b in zip(shape, flags):
+        stride //= max(e, 1)
+        if b or e == 1:
+            out.append(ZERO)
+        elif stride == 1:
+            out.append(Paren(Mod(flat, Const(e))))
+        else:
+            out.append(Paren(Mod(Paren(Div(flat, Const(stride))), Const(e))))
+    return tuple(out)

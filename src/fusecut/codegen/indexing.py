@@ -21,7 +21,7 @@ from functools import cached_property
 
 from fusecut.codegen.bounds import Strided, in_bounds
 from fusecut.codegen.code import Code, derived, named, names
-from fusecut.codegen.emit import Emitter, FlatIndex, Names
+from fusecut.codegen.emit import Emitter, FlatIndex
 from fusecut.codegen.index import (
     LANE,
     ZERO,
@@ -36,6 +36,7 @@ from fusecut.codegen.index import (
 )
 from fusecut.codegen.launch import LaunchDecision, pointwise_launch
 from fusecut.codegen.layout import compact_strides, merge_axes, numel, tensor_strides
+from fusecut.codegen.names import Names
 from fusecut.codegen.regions import shorter_axes
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.kinds.rules import Schedule

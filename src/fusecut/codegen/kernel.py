@@ -11,7 +11,7 @@ from functools import cached_property
 
 from fusecut.codegen import cuda
 from fusecut.codegen.code import Code, Stmt, derived, drop_unread, stmt, text_of
-from fusecut.codegen.emit import describe_op
+from fusecut.codegen.names import describe_op
 from fusecut.codegen.preamble import preamble
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.errors import PlanError

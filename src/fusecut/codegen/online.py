@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from fusecut.codegen import cuda
 from fusecut.codegen.code import Code, Stmt, derived, stmt
-from fusecut.codegen.emit import describe_op
 from fusecut.codegen.index import LANE
 from fusecut.codegen.kernel import Reducer, copies_per_visit, reducer
+from fusecut.codegen.names import describe_op
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.ir.dtypes import DType
 from fusecut.optimizer.ir.fusion import Op

@@ -33,7 +33,7 @@ from fusecut.codegen.code import (
     stmt,
 )
 from fusecut.codegen.cuda import loaded
-from fusecut.codegen.emit import Emitter, Names
+from fusecut.codegen.emit import Emitter
 from fusecut.codegen.index import LANE, All, Index, IndexExpr, Var, at_lane_zero, lane_base, uses
 from fusecut.codegen.indexing import (
     Indexing,
@@ -61,6 +61,7 @@ from fusecut.codegen.layout import (
     numel,
     tensor_strides,
 )
+from fusecut.codegen.names import Names
 from fusecut.codegen.precision import fast_math_tensors
 from fusecut.codegen.regions import lane_for, vector_read
 from fusecut.codegen.tiles import generate_transpose

@@ -472,3 +472,74 @@ def preamble(uses: Iterable[str]) -> str:
     """The includes and the helpers kernels reading ``uses`` call."""
     pieces = needed(uses)
     return HEADER + "".join("\n" + p.text for p in pieces)
+
+
+# The inner-outer kernels' copies into shared memory (cp.async, and on sm_90 bulk copies on an
+# mbarrier), written at the head of their source.
+IO_PREAMBLE = r"""
+// ---- inner-outer: prefetch through shared memory, group reductions ------------------------
+// Copy BYTES (4, 8 or a multiple of 16) from global to this thread's own shared-memory slot,
+// asynchronously; a commit closes a group of copies, wait<N> leaves at most N groups in flight.
+template <int BYTES>
+__device__ __forceinline__ void fc_cp_async(void* dst, const void* src) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+#if __CUDA_ARCH__ >= 800
+  if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < BYTES / 16; ++i)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s + 16 * i),
+                   "l"((const char*)src + 16 * i) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(src), "n"(BYTES)
+                 : "memory");
+  }
+#else
+  (void)s;
+  for (int i = 0; i < BYTES / 4; ++i) ((int*)dst)[i] = ((const int*)src)[i];
+#endif
+}
+__device__ __forceinline__ void fc_cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void fc_cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+#if __CUDA_ARCH__ >= 900
+// Bulk copies (TMA) into shared memory, completed on an mbarrier; the barrier's phase parity
+// says which completion a waiter waits for.
+__device__ __forceinline__ unsigned fc_smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void fc_mbar_init(unsigned long long* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(fc_smem_addr(bar)), "r"(count)
+               : "memory");
+}
+__device__ __forceinline__ void fc_mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void fc_mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               ::"r"(fc_smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void fc_mbar_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(fc_smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void fc_mbar_wait(unsigned long long* bar, int parity) {
+  asm volatile("{\n .reg .pred p;\n FC_WAIT_%=:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra FC_WAIT_%=;\n}" ::"r"(fc_smem_addr(bar)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void fc_bulk_copy(void* dst, const void* src, unsigned bytes,
+                                             unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+               "%2, [%3];" ::"r"(fc_smem_addr(dst)), "l"(src), "r"(bytes),
+               "r"(fc_smem_addr(bar)) : "memory");
+}
+#endif
+"""

@@ -16,7 +16,6 @@ import math
 
 from fusecut.codegen import cuda
 from fusecut.codegen.code import Code, Stmt, declare, derived, indent, lines, stmt
-from fusecut.codegen.emit import Names
 from fusecut.codegen.index import LANE, ZERO, Index, Paren, Select, Var, plus_lane
 from fusecut.codegen.kernel import (
     Kernel,
@@ -38,6 +37,7 @@ from fusecut.codegen.launch import (
     segment_index_type,
 )
 from fusecut.codegen.layout import decompose, index_typedefs
+from fusecut.codegen.names import Names
 from fusecut.codegen.online import accumulator_bytes, add_batched, segment_reducers
 from fusecut.codegen.regions import Region, lane_for
 from fusecut.optimizer.analysis.axes import domain_axes

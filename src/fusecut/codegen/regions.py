@@ -14,18 +14,20 @@ from collections.abc import Callable
 from fusecut.codegen import cuda
 from fusecut.codegen.code import Code, Stmt, declare, derived, lines, named, stmt
 from fusecut.codegen.cuda import loaded
-from fusecut.codegen.emit import Emitter, Names, join_index, value_name
+from fusecut.codegen.emit import Emitter
 from fusecut.codegen.index import (
     LANE,
     ZERO,
     Index,
     IndexExpr,
     at_lane_zero,
+    join_index,
     lane_base,
     reads,
     uses,
 )
 from fusecut.codegen.layout import address, compact_strides, tensor_strides
+from fusecut.codegen.names import Names, value_name
 from fusecut.codegen.precision import fast_math_tensors
 from fusecut.codegen.resize import whole_vector_resizes
 from fusecut.optimizer.analysis.axes import domain_axes

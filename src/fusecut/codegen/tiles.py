@@ -32,7 +32,7 @@ from fusecut.codegen.code import (
     stmt,
 )
 from fusecut.codegen.cuda import loaded
-from fusecut.codegen.emit import Emitter, Names
+from fusecut.codegen.emit import Emitter
 from fusecut.codegen.index import (
     LANE,
     ZERO,
@@ -58,6 +58,7 @@ from fusecut.codegen.layout import (
     index_typedefs,
     tensor_strides,
 )
+from fusecut.codegen.names import Names
 from fusecut.codegen.precision import fast_math_tensors
 from fusecut.codegen.regions import lane_loop, shorter_axes, vector_read
 from fusecut.codegen.transpose import TilePlan, TransposeScheme

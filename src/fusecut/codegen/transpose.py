@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusecut.codegen.code import Code, named
-from fusecut.codegen.emit import Emitter, Names
+from fusecut.codegen.emit import Emitter
 from fusecut.codegen.index import (
     LANE,
     ZERO,
@@ -48,6 +48,7 @@ from fusecut.codegen.index import (
 )
 from fusecut.codegen.launch import segment_index_type, vector_width
 from fusecut.codegen.layout import compact_strides, tensor_strides
+from fusecut.codegen.names import Names
 from fusecut.codegen.resize import NO_RESIZES, whole_vector_resizes
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.kinds.rules import Schedule

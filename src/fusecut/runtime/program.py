@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fusecut.codegen.emit import dynamic_scalars
+from fusecut.codegen.names import dynamic_scalars
 from fusecut.optimizer.analysis.scalars import baked_scalar_inputs, eval_scalar_op
 from fusecut.optimizer.kinds.rules import Kind
 from fusecut.optimizer.plan.plan import Plan
