@@ -7,6 +7,7 @@ and an arrow for each tensor that crosses global memory, labelled with its bytes
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from html import escape
 from typing import Any
 
@@ -157,10 +158,46 @@ def _layout_edges(plan: dict[str, Any], shown: set[int]):
             for src, dst, tensor, size, n in merged.values()]
 
 
-def to_svg(plan: dict[str, Any]) -> str:
-    segments = plan["segments"][:MAX_SEGMENTS]
-    shown = {s["index"] for s in segments}
-    edges = _layout_edges(plan, shown)
+@dataclass
+class _SvgLayout:
+    """Where everything of the drawing goes. Columns: the plan's inputs, the segments layered
+    by dependency (a producer left of its consumers), its outputs. Each edge leaves its source
+    at the anchor of the tensor it carries and turns on a track in the gap after that column;
+    an edge that skips columns runs along a band above the boxes and comes down in the gap
+    before its target's column."""
+
+    edges: list[tuple[str, str, str, int]]  # (source node, target node, tensor, bytes)
+    layer: dict[str, int]  # node -> column
+    ins: list[str]
+    outs: list[str]
+    sends: dict[str, list[str]]  # node -> the tensors it sends, one anchor each
+    receives: dict[str, list[int]]  # node -> the edges arriving at it
+    long_edges: list[int]
+    band_top: int
+    gap_tracks: dict[int, list[tuple[int, str]]]
+    col_x: dict[int, float]
+    col_w: dict[int, float]
+    box: dict[str, tuple[float, float, float, float]]
+    width: float
+    height: float
+
+    def out_anchor(self, node: str, tensor: str) -> tuple[float, float]:
+        x0, y0, w, h = self.box[node]
+        names = self.sends[node]
+        return x0 + w, y0 + h * (names.index(tensor) + 1) / (len(names) + 1)
+
+    def in_anchor(self, node: str, k: int) -> tuple[float, float]:
+        x0, y0, w, h = self.box[node]
+        ks = self.receives[node]
+        return x0, y0 + h * (ks.index(k) + 1) / (len(ks) + 1)
+
+    def track_x(self, gap: int, k: int, side: str) -> float:
+        return self.col_x[gap] + self.col_w[gap] + LABEL_W + 8 + \
+            self.gap_tracks[gap].index((k, side)) * TRACK_STEP
+
+
+def _svg_layout(plan: dict[str, Any], segments: list[dict[str, Any]]) -> _SvgLayout:
+    edges = _layout_edges(plan, {s["index"] for s in segments})
     layer: dict[str, int] = {}
     for seg in segments:  # segments run in order: a producer comes before its consumers
         node = f"seg{seg['index']}"
@@ -212,45 +249,50 @@ def to_svg(plan: dict[str, Any]) -> str:
         box[node] = (col_x[c], y, col_w[c], h)
         heights[c] = heights.get(c, 0.0) + h + BOX_GAP
     height = top + max(heights.values(), default=0.0) + 30
+    return _SvgLayout(edges, layer, ins, outs, sends, receives, long_edges, band_top,
+                      gap_tracks, col_x, col_w, box, max(width, 520.0), height)
 
-    def out_anchor(node: str, tensor: str) -> tuple[float, float]:
-        x0, y0, w, h = box[node]
-        names = sends[node]
-        return x0 + w, y0 + h * (names.index(tensor) + 1) / (len(names) + 1)
 
-    def in_anchor(node: str, k: int) -> tuple[float, float]:
-        x0, y0, w, h = box[node]
-        ks = receives[node]
-        return x0, y0 + h * (ks.index(k) + 1) / (len(ks) + 1)
+def to_svg(plan: dict[str, Any]) -> str:
+    """The plan as an SVG drawing: a caption, then per stage of ``_svg_layout``'s drawing the
+    edges (boundary tensors between segments bold and red), their labels, the input and output
+    ports, and the segments."""
+    segments = plan["segments"][:MAX_SEGMENTS]
+    lay = _svg_layout(plan, segments)
+    return "\n".join(_svg_caption(plan, segments, lay.width, lay.height) + _svg_edges(lay)
+                     + _svg_labels(lay) + _svg_ports(lay) + _svg_segments(lay, segments)
+                     + ["</svg>"]) + "\n"
 
-    def track_x(gap: int, k: int, side: str) -> float:
-        return col_x[gap] + col_w[gap] + LABEL_W + 8 + \
-            gap_tracks[gap].index((k, side)) * TRACK_STEP
 
+def _svg_caption(plan: dict[str, Any], segments: list, width: float, height: float
+                 ) -> list[str]:
     options = plan.get("options") or {}
     ops = [op["name"] for op in plan.get("ops", [])]
     caption = (f"fusion of {counted(len(ops), 'op')}: {', '.join(dict.fromkeys(ops[:12]))}"
                f"{', ...' if len(set(ops)) > 12 else ''}")
     settings = ", ".join(f"{k} {options[k]}" for k in ("segmenter", "time_limit_s", "device")
                          if k in options)
-    width = max(width, 520.0)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-             f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="Helvetica,Arial,sans-serif" '
-             f'font-size="11">',
-             '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
-             'markerHeight="7" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" '
-             'fill="#555"/></marker></defs>',
-             f'<text class="caption" x="10" y="18" font-weight="bold">'
-             f'{escape(_short(caption, width - 20))}</text>',
-             f'<text class="caption" x="10" y="34">{escape(_short(settings, width - 20))}'
-             f'{escape(_summary(plan, len(segments)))}</text>']
-    for k, (src, dst, tensor, size) in enumerate(edges):
-        x1, y1 = out_anchor(src, tensor)
-        x2, y2 = in_anchor(dst, k)
-        tx = track_x(layer[src], k, "out")
-        if k in long_edges:
-            by = band_top + long_edges.index(k) * TRACK_STEP + 6
-            ux = track_x(layer[dst] - 1, k, "in")
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+            f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="Helvetica,Arial,sans-serif" '
+            f'font-size="11">',
+            '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
+            'markerHeight="7" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" '
+            'fill="#555"/></marker></defs>',
+            f'<text class="caption" x="10" y="18" font-weight="bold">'
+            f'{escape(_short(caption, width - 20))}</text>',
+            f'<text class="caption" x="10" y="34">{escape(_short(settings, width - 20))}'
+            f'{escape(_summary(plan, len(segments)))}</text>']
+
+
+def _svg_edges(lay: _SvgLayout) -> list[str]:
+    parts = []
+    for k, (src, dst, tensor, size) in enumerate(lay.edges):
+        x1, y1 = lay.out_anchor(src, tensor)
+        x2, y2 = lay.in_anchor(dst, k)
+        tx = lay.track_x(lay.layer[src], k, "out")
+        if k in lay.long_edges:
+            by = lay.band_top + lay.long_edges.index(k) * TRACK_STEP + 6
+            ux = lay.track_x(lay.layer[dst] - 1, k, "in")
             points = [(x1, y1), (tx, y1), (tx, by), (ux, by), (ux, y2), (x2, y2)]
         else:
             points = [(x1, y1), (tx, y1), (tx, y2), (x2, y2)]
@@ -262,15 +304,26 @@ def to_svg(plan: dict[str, Any]) -> str:
                      f'data-tensor="{escape(tensor)}" d="{d}" fill="none" stroke="{colour}" '
                      f'stroke-width="{2 if crossing else 1}" marker-end="url(#arrow)">'
                      f'<title>{escape(tensor)}: {human_bytes(size)}</title></path>')
-    for node, names in sends.items():  # one label per tensor a node sends, above its anchor
-        sizes = {t: s for src, _, t, s in edges if src == node}
+    return parts
+
+
+def _svg_labels(lay: _SvgLayout) -> list[str]:
+    """One label per tensor a node sends, above its anchor."""
+    parts = []
+    for node, names in lay.sends.items():
+        sizes = {t: s for src, _, t, s in lay.edges if src == node}
         for tensor in names:
-            ax, ay = out_anchor(node, tensor)
+            ax, ay = lay.out_anchor(node, tensor)
             parts.append(f'<text class="label" x="{ax + 4:.1f}" y="{ay - 3:.1f}">'
                          f'{escape(_short(f"{tensor} {human_bytes(sizes[tensor])}", LABEL_W))}'
                          f'</text>')
-    for node in ins + outs:
-        x0, y0, w, h = box[node]
+    return parts
+
+
+def _svg_ports(lay: _SvgLayout) -> list[str]:
+    parts = []
+    for node in lay.ins + lay.outs:
+        x0, y0, w, h = lay.box[node]
         parts.append(f'<rect class="port" data-node="{escape(node)}" x="{x0:.1f}" y="{y0:.1f}" '
                      f'width="{w}" height="{h:.1f}" fill="none" stroke="none"/>')
         text = _short(node.split(":", 1)[1], w - 4)
@@ -279,9 +332,14 @@ def to_svg(plan: dict[str, Any]) -> str:
                          f'text-anchor="end">{escape(text)}</text>')
         else:
             parts.append(f'<text x="{x0 + 4:.1f}" y="{y0 + h / 2 + 4:.1f}">{escape(text)}</text>')
+    return parts
+
+
+def _svg_segments(lay: _SvgLayout, segments: list[dict[str, Any]]) -> list[str]:
+    parts = []
     for seg in segments:
         node = f"seg{seg['index']}"
-        x0, y0, w, h = box[node]
+        x0, y0, w, h = lay.box[node]
         colour = KIND_COLOURS.get(seg["kind"], "#ffffff")
         parts.append(f'<rect class="segment" data-node="{node}" x="{x0:.1f}" y="{y0:.1f}" '
                      f'width="{w}" height="{h:.1f}" rx="6" fill="{colour}" stroke="#333"/>')
@@ -293,8 +351,7 @@ def to_svg(plan: dict[str, Any]) -> str:
             weight = ' font-weight="bold"' if k == 0 else ""
             parts.append(f'<text x="{x0 + 8:.1f}" y="{y0 + 18 + k * ROW_H:.1f}"{weight}>'
                          f'{escape(_short(row, w - 12))}</text>')
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+    return parts
 
 
 def _summary(plan: dict[str, Any], drawn: int) -> str:
