@@ -244,8 +244,72 @@ def _pointwise(bound: Bound, ops, inputs, outputs, axes: AxisMap) -> Schedule | 
 # ---- reduction kinds ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _ReductionDomain:
+    """Where a candidate reduction segment's reductions sit: the domain P (the axes of the first
+    row reduction's input, ``p_ref``, that are not broadcast), each axis id's position in it,
+    the reduced axes of the row reductions (the trailing ones where there are two sets) and of
+    the column reductions, and which reductions are which."""
+
+    p_ref: str
+    domain: tuple[int, ...]
+    pos: dict[int, int]  # axis id -> its position in the domain
+    row_axes: tuple[int, ...]
+    col_axes: tuple[int, ...]
+    row_reductions: tuple[int, ...]
+    col_reductions: tuple[int, ...]
+
+
 def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
                facts: SegmentFacts) -> Schedule | Rejection:
+    """The reduction kinds' rule: the views the segment may hold (resizes or row gathers, tied
+    into its axes), the domain its reductions share, every tensor mapped onto it, then which
+    kind keeps what on chip (``_reduction_kind``)."""
+    fusion = bound.fusion
+    views = _reduction_views(bound, facts)
+    if isinstance(views, Rejection):
+        return views
+    resizes, gathers, axes, partner = views
+    dom = _reduction_domain(bound, axes, reductions)
+    if isinstance(dom, Rejection):
+        return dom
+    base = facts.base if facts.base is not None and facts.base.kind in REDUCTION_KINDS and \
+        facts.consumers is not None and facts.producer is not None and not resizes \
+        and not gathers else None
+    new_ops: set[int] = set()
+    if base is None:
+        tensors = list(dict.fromkeys(list(inputs) + [o for i in ops for o in fusion.ops[i].outputs
+                                                     if o in fusion.tensors]))
+        axis_map: dict[str, tuple[AxisEntry, ...]] = {}
+    else:
+        # The base's tensors whose axes are all the domain's map as they did (the domain and
+        # its axis order are the base's: its reductions are among these); the rest, and the new
+        # ops' tensors, are mapped again, in program order.
+        new_ops = set(ops).difference(base.ops)
+        redo = set(base.by_position)
+        for i in new_ops:
+            op = fusion.ops[i]
+            redo.update(n for n in (*op.inputs, *op.outputs) if n in fusion.tensors)
+        first_use = {t: k for k, t in enumerate(inputs)}
+        tensors = sorted(redo, key=lambda t: (0, first_use[t], 0) if t in first_use else
+                         (1, _order(bound, t), fusion.ops[_order(bound, t)].outputs.index(t)))
+        axis_map = dict(base.axis_map)
+    by_position = _map_onto_domain(bound, axes, partner, dom, tensors, axis_map, outputs)
+    if isinstance(by_position, Rejection):
+        return by_position
+    extension = None
+    if base is not None and base.analysis is not None and base.reduction_axes == dom.row_axes \
+            and set(base.reductions) <= set(dom.row_reductions) \
+            and set(base.outer_reductions) <= set(dom.col_reductions):
+        extension = Extension(base.analysis, frozenset(new_ops), frozenset(tensors),
+                              facts.consumers, facts.producer)
+    return _reduction_kind(bound, ops, inputs, outputs, profile, dom, axis_map,
+                           frozenset(by_position), resizes, gathers, extension)
+
+
+def _reduction_views(bound: Bound, facts: SegmentFacts):
+    """(resizes, row gathers, the segment's axis ties with theirs, the resizes' partners), or
+    why the segment's views cannot join a reduction."""
     fusion = bound.fusion
     resizes = [i for i in facts.views if is_resize(fusion.ops[i])]
     gathers = [i for i in facts.views if may_gather_rows(bound, fusion.ops[i])]
@@ -263,6 +327,13 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
         axes, partner = tie_resizes(bound, axes, (fusion.ops[i] for i in resizes))
     if gathers:  # see optimizer.kinds.gather
         axes = tie_row_gathers(bound, axes, (fusion.ops[i] for i in gathers))
+    return resizes, gathers, axes, partner
+
+
+def _reduction_domain(bound: Bound, axes: AxisMap, reductions) -> _ReductionDomain | Rejection:
+    """The domain the reductions share: one domain, one or two complementary sets of reduced
+    axes, each reduction reading the domain in its order."""
+    fusion = bound.fusion
 
     def signature(i: int):
         op = fusion.ops[i]
@@ -307,7 +378,6 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
         last = p_ids[-1]
         if last not in inner_key[1]:
             inner_key, outer_key = outer_key, inner_key
-            first = sigs[inner_key][0]
     for members in sigs.values():
         for i in members:
             src = fusion.ops[i].inputs[0]
@@ -315,30 +385,20 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
             if [pos.get(x) for x in order] != sorted(pos.get(x, -1) for x in order):
                 return Rejection(f"{fusion.ops[i].outputs[0]} reduces a permuted view of the "
                                  f"domain")
-    row_axes = tuple(sorted(pos[x] for x in inner_key[1]))
-    col_axes = tuple(sorted(pos[x] for x in outer_key[1])) if outer_key else ()
-    row_reductions = tuple(sigs[inner_key])
-    col_reductions = tuple(sigs[outer_key]) if outer_key else ()
-    base = facts.base if facts.base is not None and facts.base.kind in REDUCTION_KINDS and \
-        facts.consumers is not None and facts.producer is not None and not resizes \
-        and not gathers else None
-    if base is None:
-        tensors = list(dict.fromkeys(list(inputs) + [o for i in ops for o in fusion.ops[i].outputs
-                                                     if o in fusion.tensors]))
-        axis_map: dict[str, tuple[AxisEntry, ...]] = {}
-    else:
-        # The base's tensors whose axes are all the domain's map as they did (the domain and
-        # its axis order are the base's: its reductions are among these); the rest, and the new
-        # ops' tensors, are mapped again, in program order.
-        new_ops = set(ops).difference(base.ops)
-        redo = set(base.by_position)
-        for i in new_ops:
-            op = fusion.ops[i]
-            redo.update(n for n in (*op.inputs, *op.outputs) if n in fusion.tensors)
-        first_use = {t: k for k, t in enumerate(inputs)}
-        tensors = sorted(redo, key=lambda t: (0, first_use[t], 0) if t in first_use else
-                         (1, _order(bound, t), fusion.ops[_order(bound, t)].outputs.index(t)))
-        axis_map = dict(base.axis_map)
+    return _ReductionDomain(
+        p_ref, domain, pos, tuple(sorted(pos[x] for x in inner_key[1])),
+        tuple(sorted(pos[x] for x in outer_key[1])) if outer_key else (),
+        tuple(sigs[inner_key]), tuple(sigs[outer_key]) if outer_key else ())
+
+
+def _map_onto_domain(bound: Bound, axes: AxisMap, partner, dom: _ReductionDomain,
+                     tensors: list[str], axis_map: dict[str, tuple[AxisEntry, ...]],
+                     outputs) -> set[str] | Rejection:
+    """Each of ``tensors`` mapped onto the domain (into ``axis_map``), through a resize's
+    partner where the resize shifts it; the tensors with an axis placed by position (those a
+    containing segment maps again). Or why one does not map."""
+    fusion = bound.fusion
+    pos, domain = dom.pos, dom.domain
     in_domain = set(pos)
     by_position = set()
     _complete_by_position(bound, axes, tensors, pos, domain)
@@ -363,15 +423,22 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
             by_position.add(t)
     by_position.update(resized)
     if resized:
-        why = _resize_misfit(fusion, resized, outputs, row_axes, row_reductions + col_reductions)
+        why = _resize_misfit(fusion, resized, outputs, dom.row_axes,
+                             dom.row_reductions + dom.col_reductions)
         if why:
             return Rejection(why)
-    extension = None
-    if base is not None and base.analysis is not None and base.reduction_axes == row_axes \
-            and set(base.reductions) <= set(row_reductions) \
-            and set(base.outer_reductions) <= set(col_reductions):
-        extension = Extension(base.analysis, frozenset(new_ops), frozenset(tensors),
-                              facts.consumers, facts.producer)
+    return by_position
+
+
+def _reduction_kind(bound: Bound, ops, inputs, outputs, profile, dom: _ReductionDomain,
+                    axis_map, by_position: frozenset[str], resizes, gathers,
+                    extension: Extension | None) -> Schedule | Rejection:
+    """Which kind computes the segment: a plain reduction where nothing on the domain reads a
+    reduction's result (but an online max/sum-exp pair), else a normalization (or inner-outer,
+    with column reductions) whose rows stay on chip within the profile's budget."""
+    fusion = bound.fusion
+    domain, row_axes = dom.domain, dom.row_axes
+    row_reductions, col_reductions = dom.row_reductions, dom.col_reductions
     persistence = analyze_persistence(bound, ops, inputs, outputs, domain, axis_map, row_axes,
                                       row_reductions, col_reductions, extension)
     if isinstance(persistence, str):
@@ -422,8 +489,8 @@ def _reduction(bound: Bound, ops, inputs, outputs, reductions, profile,
             return Rejection(why)
     if resizes or gathers:
         analysis = None  # the ties are this classification's: extend none of it
-    return Schedule(kind, ops, inputs, outputs, domain, p_ref, axis_map, row_axes, col_axes,
-                    row_reductions, col_reductions, persistence, frozenset(by_position),
+    return Schedule(kind, ops, inputs, outputs, domain, dom.p_ref, axis_map, row_axes,
+                    dom.col_axes, row_reductions, col_reductions, persistence, by_position,
                     analysis, online)
 
 
