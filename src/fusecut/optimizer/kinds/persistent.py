@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from fusecut.optimizer.analysis.axes import AxisEntry, domain_axes
 from fusecut.optimizer.analysis.shapes import Bound
@@ -72,8 +73,61 @@ def analyze_persistence(bound: Bound, ops, inputs, outputs, domain, axis_map, ro
     """The persistent-kernel analysis of a segment, or why it has none. With an ``extension``,
     only the new ops and what they change are analysed (worklists from them, forward through
     the stages and backward through the evaluation stages); the result is the same."""
-    fusion = bound.fusion
-    rows, cols = set(row_reductions), set(col_reductions)
+    w = _walk(bound.fusion, ops, inputs, row_reductions, col_reductions, extension)
+    why = _stages_forward(w)
+    if why:
+        return why
+    order = _order_key(w.fusion, inputs, w.producer)
+    check = w.stage if extension is None else sorted(
+        (w.moved | extension.remapped | w.made_by_new) & w.stage.keys(), key=order)
+    for t in check:
+        if w.stage[t] >= COLUMN and any(a not in row_axes for m in axis_map[t]
+                                        for a in domain_axes(m)):
+            return f"{t} combines a column reduction's result with per-row values"
+    written = set(outputs)
+    _evaluation_stages(w, written)
+    persisted, depends_back = _kept_on_chip(w, inputs, axis_map, row_axes, order)
+    row_bytes = 0
+    for t in persisted:
+        dtype = w.fusion.tensors[t].dtype
+        size = dtype.itemsize if t in inputs else dtype.compute.itemsize
+        row_bytes += _row_extent(domain, axis_map, row_axes, t) * size
+    n_stages = 1 + max((w.in_stage[i] + 1 for i in w.rows), default=0)
+    return Persistence(w.stage, w.evals, tuple(persisted), row_bytes, n_stages,
+                       bool(depends_back), w.in_stage, w.chain, frozenset(w.cheap),
+                       frozenset(written), frozenset(depends_back))
+
+
+@dataclass
+class _Walk:
+    """One analysis's working state: the segment (its ops, row and column reductions, who reads
+    and makes each value) and what the passes find, carried over from the base analysis when
+    extending one: each value's stage, each op's input stage, recompute chain cost and
+    cheapness, the stages that evaluate it, and which values and ops the forward pass moved."""
+
+    fusion: Any
+    members: set[int]
+    rows: set[int]
+    cols: set[int]
+    new: set[int]  # the ops to analyse (all of them, or an extension's new ones)
+    users: Callable[[str], Sequence[int]]
+    producer: Mapping[str, int]
+    extension: Extension | None
+    base: Persistence
+    stage: dict[str, int]
+    in_stage: dict[int, int]
+    chain: dict[str, float]
+    cheap: set[int]
+    evals: dict[int, frozenset[int]]
+    made_by_new: set[str] = field(default_factory=set)
+    moved: set[str] = field(default_factory=set)  # tensors whose stage changed
+    recosted: set[int] = field(default_factory=set)  # ops whose stage or cheapness changed
+    read_by_new: set[str] = field(default_factory=set)
+    reevaluated: set[int] = field(default_factory=set)
+
+
+def _walk(fusion, ops, inputs, row_reductions, col_reductions,
+          extension: Extension | None) -> _Walk:
     members = set(ops)
     if extension is None:
         stage: dict[str, int] = dict.fromkeys(inputs, 0)
@@ -98,131 +152,126 @@ def analyze_persistence(bound: Bound, ops, inputs, outputs, domain, axis_map, ro
         def users(t: str) -> Sequence[int]:
             return [c for c in index.get(t, ()) if c in members]
 
-    in_stage, chain = dict(base.in_stage), dict(base.chain)
-    cheap, evals = set(base.cheap), dict(base.eval_stages)
+    return _Walk(fusion, members, set(row_reductions), set(col_reductions), new, users,
+                 producer, extension, base, stage, dict(base.in_stage), dict(base.chain),
+                 set(base.cheap), dict(base.eval_stages))
 
-    # ---- forward: the stage each op runs in, and what recomputing each value costs ----------
-    made_by_new = {o for i in new for o in fusion.ops[i].outputs}
-    seeds = set(new) if extension is None else \
-        set(new) | {c for t in made_by_new for c in users(t)}
-    moved: set[str] = set()  # tensors whose stage changed
-    recosted: set[int] = set()  # ops whose stage or cheapness changed
+
+def _stages_forward(w: _Walk) -> str | None:
+    """Forward: the stage each op runs in, and what recomputing each value costs (or why a
+    column reduction cannot take its input)."""
+    fusion, ext = w.fusion, w.extension
+    w.made_by_new = {o for i in w.new for o in fusion.ops[i].outputs}
+    seeds = set(w.new) if ext is None else \
+        set(w.new) | {c for t in w.made_by_new for c in w.users(t)}
     heap = sorted(seeds)
     queued = set(seeds)
     while heap:
         i = heapq.heappop(heap)
         op = fusion.ops[i]
-        s = max((stage[n] for n in op.inputs if n in fusion.tensors), default=0)
-        if i in cols and s >= COLUMN:
+        s = max((w.stage[n] for n in op.inputs if n in fusion.tensors), default=0)
+        if i in w.cols and s >= COLUMN:
             return f"{op.outputs[0]} reduces the result of another column reduction"
-        out_stage = s + 1 if i in rows else COLUMN if i in cols else s
-        if i in rows or i in cols or s == 0:
+        out_stage = s + 1 if i in w.rows else COLUMN if i in w.cols else s
+        if i in w.rows or i in w.cols or s == 0:
             cost = 0.0
         else:
-            cost = get_spec(op.name).cost + sum(chain.get(n, 0.0) for n in op.inputs)
-        is_cheap = not (i in rows or i in cols or s == 0) and cost <= RECOMPUTE_LIMIT and \
+            cost = get_spec(op.name).cost + sum(w.chain.get(n, 0.0) for n in op.inputs)
+        is_cheap = not (i in w.rows or i in w.cols or s == 0) and cost <= RECOMPUTE_LIMIT and \
             s < COLUMN
-        if i in new or in_stage.get(i) != s or (i in cheap) != is_cheap:
-            recosted.add(i)
-        in_stage[i] = s
+        if i in w.new or w.in_stage.get(i) != s or (i in w.cheap) != is_cheap:
+            w.recosted.add(i)
+        w.in_stage[i] = s
         if is_cheap:
-            cheap.add(i)
+            w.cheap.add(i)
         else:
-            cheap.discard(i)
+            w.cheap.discard(i)
         for o in op.outputs:
-            changed = chain.get(o) != cost
-            chain[o] = cost
+            changed = w.chain.get(o) != cost
+            w.chain[o] = cost
             if o in fusion.tensors:
-                if stage.get(o) != out_stage:
-                    moved.add(o)
+                if w.stage.get(o) != out_stage:
+                    w.moved.add(o)
                     changed = True
-                stage[o] = out_stage
-            if changed and extension is not None:
-                for c in users(o):
+                w.stage[o] = out_stage
+            if changed and ext is not None:
+                for c in w.users(o):
                     if c not in queued:
                         queued.add(c)
                         heapq.heappush(heap, c)
-    order = _order_key(fusion, inputs, producer)
-    check = stage if extension is None else sorted(
-        (moved | extension.remapped | made_by_new) & stage.keys(), key=order)
-    for t in check:
-        if stage[t] >= COLUMN and any(a not in row_axes for m in axis_map[t]
-                                      for a in domain_axes(m)):
-            return f"{t} combines a column reduction's result with per-row values"
+    return None
 
-    # ---- backward: the stages that evaluate each op -----------------------------------------
-    written = set(outputs)
-    seeds = set(new) | recosted
-    if extension is not None:
-        read_by_new = {n for i in new for n in fusion.ops[i].inputs if n in fusion.tensors}
-        rewritten = written ^ base.written
-        seeds |= {producer[t] for t in read_by_new | rewritten
-                  if t in producer and producer[t] in members}
+
+def _evaluation_stages(w: _Walk, written: set[str]) -> None:
+    """Backward: the stages that evaluate each op (a cheap value is recomputed in each stage
+    that reads it; anything else in its own)."""
+    fusion, ext = w.fusion, w.extension
+    seeds = set(w.new) | w.recosted
+    if ext is not None:
+        w.read_by_new = {n for i in w.new for n in fusion.ops[i].inputs if n in fusion.tensors}
+        rewritten = written ^ w.base.written
+        seeds |= {w.producer[t] for t in w.read_by_new | rewritten
+                  if t in w.producer and w.producer[t] in w.members}
     heap = [-i for i in seeds]
     heapq.heapify(heap)
     queued = set(seeds)
-    reevaluated: set[int] = set()
     while heap:
         i = -heapq.heappop(heap)
         op = fusion.ops[i]
-        if i in rows or i in cols or (in_stage[i] > 0 and i not in cheap):
-            need = {min(in_stage[i], COLUMN)}
+        if i in w.rows or i in w.cols or (w.in_stage[i] > 0 and i not in w.cheap):
+            need = {min(w.in_stage[i], COLUMN)}
         else:
-            need = {s for o in op.outputs for c in users(o) for s in evals[c]}
+            need = {s for o in op.outputs for c in w.users(o) for s in w.evals[c]}
             if any(o in written for o in op.outputs) or not need:
-                need.add(in_stage[i])
-        if evals.get(i) == need:
+                need.add(w.in_stage[i])
+        if w.evals.get(i) == need:
             continue
-        evals[i] = frozenset(need)
-        reevaluated.add(i)
-        if extension is not None:
+        w.evals[i] = frozenset(need)
+        w.reevaluated.add(i)
+        if ext is not None:
             for n in op.inputs:
-                p = producer.get(n)
-                if p is not None and p in members and p not in queued:
+                p = w.producer.get(n)
+                if p is not None and p in w.members and p not in queued:
                     queued.add(p)
                     heapq.heappush(heap, -p)
 
-    # ---- what each row keeps on chip ---------------------------------------------------------
-    if extension is None:
-        recheck = stage
+
+def _kept_on_chip(w: _Walk, inputs, axis_map, row_axes, order) -> tuple[list[str], set[str]]:
+    """What each row keeps on chip (values read in later stages than they are made, inputs
+    used in several), and the row values that depend on a reduction's result."""
+    fusion, ext = w.fusion, w.extension
+    if ext is None:
+        recheck = w.stage
         persisted_set: set[str] = set()
         depends_back: set[str] = set()
     else:
-        recheck = moved | extension.remapped | made_by_new | read_by_new
-        recheck |= {n for i in reevaluated for n in fusion.ops[i].inputs}
-        recheck |= {o for i in recosted for o in fusion.ops[i].outputs}
-        recheck &= stage.keys()
-        persisted_set, depends_back = set(base.persisted), set(base.depends_back)
+        recheck = w.moved | ext.remapped | w.made_by_new | w.read_by_new
+        recheck |= {n for i in w.reevaluated for n in fusion.ops[i].inputs}
+        recheck |= {o for i in w.recosted for o in fusion.ops[i].outputs}
+        recheck &= w.stage.keys()
+        persisted_set, depends_back = set(w.base.persisted), set(w.base.depends_back)
     input_set = set(inputs)
     for t in recheck:
         row = is_row_tensor(axis_map, row_axes, t)
         keep = False
-        if row and stage[t] < COLUMN:
-            use = {s for c in users(t) for s in evals[c]}
+        if row and w.stage[t] < COLUMN:
+            use = {s for c in w.users(t) for s in w.evals[c]}
             if t in input_set:
                 keep = len(use) > 1  # read once, used in several stages
             else:
-                p = producer.get(t)
-                keep = stage[t] > 0 and p not in cheap and any(s > stage[t] for s in use)
+                p = w.producer.get(t)
+                keep = w.stage[t] > 0 and p not in w.cheap and any(s > w.stage[t] for s in use)
         if keep:
             persisted_set.add(t)
         else:
             persisted_set.discard(t)
-        if row and 0 < stage[t] < COLUMN:
+        if row and 0 < w.stage[t] < COLUMN:
             depends_back.add(t)
         else:
             depends_back.discard(t)
-    persisted = [t for t in stage if t in persisted_set] if extension is None else \
+    persisted = [t for t in w.stage if t in persisted_set] if ext is None else \
         sorted(persisted_set, key=order)
-    row_bytes = 0
-    for t in persisted:
-        dtype = fusion.tensors[t].dtype
-        size = dtype.itemsize if t in input_set else dtype.compute.itemsize
-        row_bytes += _row_extent(domain, axis_map, row_axes, t) * size
-    n_stages = 1 + max((in_stage[i] + 1 for i in rows), default=0)
-    return Persistence(stage, evals, tuple(persisted), row_bytes, n_stages, bool(depends_back),
-                       in_stage, chain, frozenset(cheap), frozenset(written),
-                       frozenset(depends_back))
+    return persisted, depends_back
 
 
 def _order_key(fusion, inputs, producer: Mapping[str, int]):
