@@ -129,7 +129,7 @@ def profile_step(fn, x, extra, grad, profiled: int = 3,
 
 
 def fusecut_bytes(jitted) -> str:
-    from fusecut.thunder.executor import region_reports
+    from fusecut.thunder.reports import region_reports
 
     reports = [r for r in region_reports(jitted) if r.planned_bytes is not None]
     planned = sum(r.planned_bytes for r in reports) / 2**20

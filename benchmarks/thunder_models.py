@@ -298,7 +298,7 @@ def _run_steps(model_name, systems, steps, iters, emit, module, make_batch, size
 
 def fusecut_note(fn) -> str:
     """Regions, those that fell back, and fusecut's part of the first step by stage."""
-    from fusecut.thunder.executor import region_reports
+    from fusecut.thunder.reports import region_reports
 
     if hasattr(fn, "_backend"):  # thunderfx: one Thunder function per Dynamo subgraph
         jitted = [f for info in fn._backend.subgraph_infos for f in info.thunder_compiled_fns]

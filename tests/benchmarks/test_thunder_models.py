@@ -135,7 +135,7 @@ def test_thunder_without_a_fusion_executor_and_fusecuts_note_of_its_setup():
     tokens, targets = make_batch(2, 16)
     plain = bench.build("thunder+torch", model)
     torch.testing.assert_close(plain(tokens, targets), model(tokens, targets))
-    from fusecut.thunder.executor import region_reports
+    from fusecut.thunder.reports import region_reports
 
     assert region_reports(plain) == []
     ours = bench.build("thunder+fusecut", model)

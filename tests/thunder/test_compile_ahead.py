@@ -10,13 +10,15 @@ import torch
 import fusecut.runtime.kernels
 import fusecut.thunder.compile_ahead
 import fusecut.thunder.executor
+import fusecut.thunder.regions
 from fusecut.codegen import generate_segment
 from fusecut.optimizer.ir.inputs import TensorMeta, contiguous_strides
 from fusecut.runtime import ahead
 from fusecut.runtime import compile as rc
 from fusecut.runtime.lru import BoundedCache
 from fusecut.thunder.compile_ahead import metadata_of
-from fusecut.thunder.executor import FusecutExecutor, FusecutRegion, fusecut_regions, thunder
+from fusecut.thunder.executor import FusecutExecutor, thunder
+from fusecut.thunder.regions import FusecutRegion, fusecut_regions
 from tests.helpers import record_nvrtc_threads
 from tests.thunder.test_thunder_executor import block, final_traces
 from tests.thunder.thunder_steps import assert_same_step
@@ -31,7 +33,7 @@ def fresh(monkeypatch, tmp_path):
 
     monkeypatch.setenv("FUSECUT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(rc, "_memory", BoundedCache(rc.MAX_CUBINS))
-    monkeypatch.setattr(fusecut.thunder.executor, "_definitions", {})
+    monkeypatch.setattr(fusecut.thunder.regions, "_definitions", {})
     fusecut.runtime.kernels._code.clear()
     FusionCache.reset()
     yield
@@ -115,4 +117,4 @@ def test_a_first_step_on_the_gpu_runs_kernels_compiled_ahead(fresh, nvrtc_thread
     assert_same_step(ours, model, torch.randn(2, 8, 32, device="cuda"))
     ahead.wait()
     assert any(t.startswith("fusecut-ahead-") for t in nvrtc_threads), nvrtc_threads
-    assert all(r.fallback is None for r in fusecut.thunder.executor.region_reports(ours))
+    assert all(r.fallback is None for r in fusecut.thunder.region_reports(ours))

@@ -18,7 +18,9 @@ from thunder.core.trace import TraceCtx, tracectx
 
 import fusecut.thunder
 from fusecut.thunder.cross_entropy import claims, cross_entropy_ex
-from fusecut.thunder.executor import fusecut_regions, region_reports, thunder
+from fusecut.thunder.executor import thunder
+from fusecut.thunder.regions import fusecut_regions
+from fusecut.thunder.reports import region_reports
 
 
 def proxy(shape, dtype=dtypes.bfloat16, device="cpu"):

@@ -20,7 +20,8 @@ import torch
 import fusecut.thunder
 from benchmarks.whole_models import whole_model
 from fusecut.thunder.cudagraphs import INSTANCES, GraphInstance, _use_count
-from fusecut.thunder.executor import region_reports, thunder
+from fusecut.thunder.executor import thunder
+from fusecut.thunder.reports import region_reports
 from tests.thunder.thunder_steps import assert_same_lm_step, torch_executor_lm_step
 
 

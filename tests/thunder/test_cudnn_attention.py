@@ -25,7 +25,8 @@ from packaging.requirements import Requirement
 import fusecut.thunder
 import fusecut.thunder.attention
 from benchmarks.whole_models import Size, whole_model
-from fusecut.thunder.executor import CUDNN_ATTENTION_WRONG, fusecut_regions, thunder
+from fusecut.thunder.executor import CUDNN_ATTENTION_WRONG, thunder
+from fusecut.thunder.regions import fusecut_regions
 from tests.thunder.test_thunder_executor import block
 from tests.thunder.thunder_steps import lm_step
 

@@ -26,7 +26,8 @@ from fusecut.local import as_metadata
 from fusecut.optimizer.planner import make_plan
 from fusecut.runtime.reference import run_reference
 from fusecut.runtime.run import run_plan
-from fusecut.thunder.executor import FusecutRegion, thunder
+from fusecut.thunder.executor import thunder
+from fusecut.thunder.regions import FusecutRegion
 from tests.thunder.bias_grad_blocks import BLOCKS
 from tests.thunder.model_zoo import ZOO
 from tests.thunder.test_model_zoo import assert_every_region_runs_on_fusecut_and_compiles

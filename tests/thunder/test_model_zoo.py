@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import fusecut.thunder
-from fusecut.thunder.executor import region_reports, thunder
+from fusecut.thunder.executor import thunder
+from fusecut.thunder.reports import region_reports
 from tests.thunder.model_zoo import ZOO
 from tests.thunder.test_whole_models import compile_failures, regions_of
 from tests.thunder.thunder_steps import assert_as_close_to_fp32

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 import fusecut.thunder
-from fusecut.thunder.executor import region_reports, thunder
+from fusecut.thunder.executor import thunder
+from fusecut.thunder.reports import region_reports
 from tests.thunder.thunder_steps import assert_as_close_to_fp32
 
 D, HEADS = 32, 4

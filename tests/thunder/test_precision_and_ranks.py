@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import fusecut.thunder
-from fusecut.thunder.executor import fusecut_ex, region_reports, thunder
+from fusecut.thunder.executor import fusecut_ex, thunder
+from fusecut.thunder.reports import region_reports
 from tests.thunder.model_zoo import ZOO
 from tests.thunder.thunder_steps import assert_as_close_to_fp32
 
@@ -193,7 +194,7 @@ def test_a_0d_parameter_in_fp32_matches_eager(which):
 
 def test_the_missing_sum_goes_in_where_the_label_says_0d():
     # the pass itself: a bf16 backward of the block has a mislabelled prim, and none after it
-    from fusecut.thunder.executor import POINTWISE
+    from fusecut.thunder.claims import POINTWISE
     from fusecut.thunder.missing_sums import mislabelled_shape
 
     seen: list[int] = []

@@ -18,10 +18,12 @@ import fusecut.local
 import fusecut.runtime.kernels
 import fusecut.thunder
 import fusecut.thunder.executor
+import fusecut.thunder.regions
 from fusecut.optimizer.errors import PlanError
 from fusecut.runtime.compile import CompileError
 from fusecut.runtime.program import Program
-from fusecut.thunder.executor import FusecutExecutor, region_reports, thunder
+from fusecut.thunder.executor import FusecutExecutor, thunder
+from fusecut.thunder.reports import region_reports
 from tests.thunder.test_thunder_executor import block
 from tests.thunder.thunder_steps import assert_same_step
 
@@ -35,7 +37,7 @@ def no_shared_definitions(monkeypatch):
     be made again, and the failure injected into making it would never happen."""
     from fusecut.fusion_cache import FusionCache
 
-    monkeypatch.setattr(fusecut.thunder.executor, "_definitions", {})
+    monkeypatch.setattr(fusecut.thunder.regions, "_definitions", {})
     FusionCache.reset()
     yield
     FusionCache.reset()

@@ -16,16 +16,15 @@ from thunder.core.proxies import Proxy  # noqa: E402
 import fusecut.local
 from benchmarks.models import blocks, place  # noqa: E402
 from fusecut.runtime import ahead
+from fusecut.thunder.claims import POINTWISE, REDUCTIONS
 from fusecut.thunder.executor import (
-    POINTWISE,
-    REDUCTIONS,
     FusecutExecutor,
     fusecut_ex,
-    fusecut_regions,
-    region_reports,
     thunder,  # imported through fusecut, which first patches torch 2.13 for Thunder 0.2.6
 )
 from fusecut.thunder.layout import is_layout_only, split_region  # noqa: E402
+from fusecut.thunder.regions import fusecut_regions
+from fusecut.thunder.reports import region_reports
 from tests.thunder.thunder_steps import assert_same_step, step
 
 nanogpt_model = importlib.import_module("thunder.tests.nanogpt_model")

@@ -19,7 +19,9 @@ from fusecut.codegen import generate_segment
 from fusecut.optimizer.planner import make_plan
 from fusecut.runtime.compile import compile_cubin
 from fusecut.runtime.kernels import NOT_GENERATED
-from fusecut.thunder.executor import fusecut_regions, region_reports, thunder
+from fusecut.thunder.executor import thunder
+from fusecut.thunder.regions import fusecut_regions
+from fusecut.thunder.reports import region_reports
 from tests.thunder.thunder_steps import assert_same_lm_step, torch_executor_lm_step
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

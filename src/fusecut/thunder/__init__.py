@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 
 _LAZY = {
     "CUDAGraphTransform": "fusecut.thunder.cudagraphs",
-    "FusecutExecutor": "fusecut.thunder.executor", "RegionReport": "fusecut.thunder.executor",
+    "FusecutExecutor": "fusecut.thunder.executor", "RegionReport": "fusecut.thunder.reports",
     "executors": "fusecut.thunder.executor", "fusecut_ex": "fusecut.thunder.executor",
-    "region_reports": "fusecut.thunder.executor", "transforms": "fusecut.thunder.executor",
+    "region_reports": "fusecut.thunder.reports", "transforms": "fusecut.thunder.executor",
     "TiedParametersTransform": "fusecut.thunder.tied_parameters",
     "MultiheadAttentionTransform": "fusecut.thunder.multihead_attention",
 }
