@@ -334,6 +334,7 @@ def test_a_new_version_never_serves_an_old_plan(tmp_path, monkeypatch):
     # issue 32: the cache key held no fusecut version, and the default cache was one file for
     # every checkout: a new version could serve an old plan
     import fusecut
+    import fusecut.version
     from fusecut.optimizer.plan import plan as plan_module
     from fusecut.optimizer.plan.plan import request_key
     from fusecut.service import settings as settings_module
@@ -365,8 +366,8 @@ def test_a_new_version_never_serves_an_old_plan(tmp_path, monkeypatch):
     here = Path(Settings().db_path)
     assert here.parent.parent == tmp_path / "data" / "fusecut"
     assert here.parent.name.startswith(f"{fusecut.__version__}-")
-    monkeypatch.setattr(fusecut, "__version__", "99.0")
+    monkeypatch.setattr(fusecut.version, "__version__", "99.0")  # declared there, once
     assert Path(Settings().db_path).parent.name.startswith("99.0-")
-    monkeypatch.setattr(fusecut, "__version__", here.parent.name.split("-")[0])
+    monkeypatch.setattr(fusecut.version, "__version__", here.parent.name.split("-")[0])
     monkeypatch.setattr(settings_module, "__file__", "/elsewhere/fusecut/service/settings.py")
     assert Settings().db_path != str(here)
