@@ -508,10 +508,21 @@ def execute(file: str = FILE,
                       f"{worst:.3g}")
 
 
+# uvicorn's log levels (its own check would end in a traceback)
+LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]
+
+
+def _log_level(value: str) -> str:
+    if value.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(LOG_LEVELS)}")
+    return value.lower()
+
+
 @app.command(short_help="Run the HTTP service.")
 def serve(host: str = typer.Option("127.0.0.1", "--host", metavar="HOST",
                                    help="address to bind (loopback by default)"),
-          port: int = typer.Option(8000, "--port", metavar="PORT", help="TCP port"),
+          port: int = typer.Option(8000, "--port", metavar="PORT", min=1, max=65535,
+                                   help="TCP port (1-65535)"),
           workers: int = typer.Option(1, "--workers", metavar="N", help="uvicorn worker processes"),
           db: str = typer.Option(None, "--db", metavar="PATH",
                                  help="the plan cache, an SQLite file (default: "
@@ -531,7 +542,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", metavar="HOST",
           ssl_keyfile: Path = typer.Option(None, "--ssl-keyfile", metavar="PATH",
                                            help="the certificate's private key (PEM)"),
           log_level: str = typer.Option("info", "--log-level", metavar="LEVEL",
-                                        help="uvicorn log level"),
+                                        callback=lambda v: _log_level(v),
+                                        help="uvicorn log level: " + ", ".join(LOG_LEVELS)),
           access_log: bool = typer.Option(False, "--access-log/--no-access-log",
                                           help="log every request (metrics count them "
                                                "either way)")):
@@ -542,6 +554,12 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", metavar="HOST",
 
     from fusecut.service.settings import Settings
 
+    if api_key is not None and not api_key.strip():
+        # --api-key "$KEY" with KEY unset would otherwise serve with no authentication (an empty
+        # FUSECUT_API_KEY stays "unset": compose passes ${FUSECUT_API_KEY:-})
+        raise typer.BadParameter("the API key is empty: give a key, or leave --api-key (and "
+                                 "FUSECUT_API_KEY) out to serve without one",
+                                 param_hint="'--api-key'")
     # Settings reach every uvicorn worker process through the environment.
     for name, value in (("FUSECUT_DB_PATH", db), ("FUSECUT_API_KEY", api_key),
                         ("FUSECUT_CACHE_URL", cache), ("FUSECUT_GPUS", gpus)):

@@ -390,3 +390,18 @@ def test_check_summarizes_a_huge_fusion():
     assert elapsed < 20, elapsed
     r = fusecut("check", "-", "--json", stdin=text)
     assert len(json.loads(r.stdout)["ops"]) == 20_000
+
+
+def test_serve_refuses_an_empty_api_key_a_port_out_of_range_and_an_unknown_log_level():
+    # issue 45: --api-key "$KEY" with KEY unset served with no authentication, silently;
+    # --port 83748 listened on 18212; --log-level xyz ended in a traceback
+    env = {k: v for k, v in os.environ.items() if k != "FUSECUT_API_KEY"}
+    cases = [(["--api-key", ""], "the API key is empty"),
+             (["--api-key", "  "], "the API key is empty"),
+             (["--port", "83748"], "--port"), (["--port", "0"], "--port"),
+             (["--log-level", "xyz"], "'xyz' is not one of critical")]
+    for args, said in cases:
+        r = subprocess.run([sys.executable, "-m", "fusecut.cli", "serve", *args], env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (args, r.returncode, r.stderr[-500:])
+        assert said in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-500:])
