@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,8 +116,12 @@ class FusionCache:
                 if load_from_default_workspace and path.is_file():
                     try:
                         cls._singleton.deserialize(str(path))
-                    except (OSError, ValueError, DefinitionError):
-                        pass  # a stale or foreign workspace: start empty, as nvFuser does
+                    except (OSError, ValueError, DefinitionError) as e:
+                        # a stale, foreign or damaged workspace: start empty, as nvFuser does,
+                        # and say so once (never fail every FusionDefinition until it is gone)
+                        warnings.warn(f"fusecut: the fusion cache workspace {path} was not "
+                                      f"loaded ({e}); starting with an empty cache",
+                                      RuntimeWarning, stacklevel=2)
             return cls._singleton
 
     @classmethod
@@ -140,8 +145,17 @@ class FusionCache:
         data = json.loads(Path(filename).read_text())
         if not isinstance(data, dict) or data.get("format") != "fusecut-fusion-cache":
             raise ValueError(f"{filename} is not a fusecut fusion cache")
-        for item in data["fusions"]:
-            self.register(fusion_from_json(item))
+        items = data.get("fusions")
+        if not isinstance(items, list):
+            raise ValueError(f"{filename}: 'fusions' must be a list of definitions, got "
+                             f"{type(items).__name__}")
+        try:  # every definition read before any is added: a damaged file adds none
+            fusions = [fusion_from_json(item) for item in items]
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{filename}: a definition in 'fusions' is malformed ({e!r})") \
+                from None
+        for fusion in fusions:
+            self.register(fusion)
 
     def stats(self) -> str:
         rate = 100 * self.hits // self.lookups if self.lookups else 0

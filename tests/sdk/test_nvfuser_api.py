@@ -502,3 +502,25 @@ def test_validate_and_profile_of_a_fusion_without_tensor_inputs_run_on_the_gpu()
     (plain,) = fd.execute([])
     assert {t.device.type for t in (checked, profiled, plain)} == {"cuda"}
     assert torch.equal(checked, plain)
+
+
+@pytest.mark.parametrize("content", ['{"format": "fusecut-fusion-cache", "version": 1}',
+                                     '{"format": "fusecut-fusion-cache", "fusions": null}',
+                                     '{"format": "fusecut-fusion-cache", "fusions": [{"x": 1}]}',
+                                     "not json"])
+def test_an_unreadable_workspace_is_skipped_with_a_warning(content, tmp_path, monkeypatch):
+    # issue 45: a workspace without "fusions" (or null) made every FusionDefinition fail until
+    # the file was deleted
+    from fusecut.fusion_cache import FusionCache
+
+    path = tmp_path / "fusion_cache.json"
+    path.write_text(content)
+    monkeypatch.setenv("FUSECUT_FUSION_CACHE", str(path))
+    FusionCache.reset()
+    try:
+        with pytest.warns(RuntimeWarning, match="was not loaded"):
+            cache = FusionCache.get()
+        assert cache.num_fusions() == 0
+        assert FusionCache.get() is cache  # once: later calls find the empty cache
+    finally:
+        FusionCache.reset()
