@@ -112,3 +112,53 @@ def test_scalar_values_must_fit_their_dtype(http):
     assert http.post("/v1/plan", json={"definition": listed}).status_code == 200
     too_big = SCALAR + "\ninputs = [torch.randint(0, 9, (4,)), 9223372036854775808]\n"
     assert_problem(http.post("/v1/plan", json={"definition": too_big}), 422, "64 bits")
+
+
+NONE_ARGUMENTS = {
+    "reshape": "fd.ops.reshape(T0, new_shape=None)",
+    "pad": "fd.ops.pad(T0, None)",
+    "expand": "fd.ops.expand(T0, shape=None)",
+    "broadcast_in_dim": "fd.ops.broadcast_in_dim(T0, shape=None, broadcast_dims=[0, 1])",
+    "slice": "fd.ops.slice(T0, start_indices=None, end_indices=[1, 1])",
+    "full": "fd.ops.full(shape=None, fill_value=1.0, dtype=DataType.Float)",
+    "uniform": "fd.ops.uniform(0.0, 1.0, shape=None, dtype=DataType.Float)",
+}
+
+
+@pytest.mark.parametrize("op", sorted(NONE_ARGUMENTS))
+def test_none_as_a_shape_or_index_list_is_a_422_naming_the_line(http, op):
+    # issue 45: None (null in wire JSON) where a list of extents goes was a 500
+    text = ("def f(fd):\n"
+            "    T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], "
+            "dtype=DataType.Float)\n"
+            f"    T1 = {NONE_ARGUMENTS[op]}\n"
+            "    fd.add_output(T1)\n")
+    r = http.post("/v1/plan", json={"definition": text,
+                                    "inputs": [{"shape": [2, 3], "dtype": "float32"}]})
+    assert_problem(r, 422, "line 3", op, "got None")
+
+
+def test_null_shape_in_wire_json_is_a_422(http):
+    from fusecut.optimizer.ir import parse_text
+    from fusecut.optimizer.ir.wire import fusion_to_json
+
+    wire = fusion_to_json(parse_text(
+        "def f(fd):\n"
+        "    T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], "
+        "dtype=DataType.Float)\n"
+        "    fd.add_output(fd.ops.reshape(T0, new_shape=[3, 2]))\n").fusion)
+    (op,) = wire["ops"]
+    op["attrs"]["new_shape"] = None
+    r = http.post("/v1/plan", json={"definition": wire,
+                                    "inputs": [{"shape": [2, 3], "dtype": "float32"}]})
+    assert_problem(r, 422, "new_shape", "got None")
+
+
+def test_float_of_a_complex_is_a_422_naming_the_line(http):
+    text = ("def f(fd):\n"
+            "    T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+            "    S1 = fd.define_scalar(float(complex(1, 2)), dtype=DataType.Double)\n"
+            "    fd.add_output(fd.ops.mul(T0, S1))\n")
+    r = http.post("/v1/plan", json={"definition": text,
+                                    "inputs": [{"shape": [4], "dtype": "float32"}]})
+    assert_problem(r, 422, "line 3", "complex")

@@ -583,7 +583,9 @@ class FusionBuilder:
             return value
         if kind == "SH":
             if value is None:
-                return None
+                if pname == "original_shape":  # legacy and optional
+                    return None
+                raise DefinitionError(f"{pname} must be a list of extents, got None")
             if isinstance(value, ScalarHandle):
                 value = [value]
             if not isinstance(value, (list, tuple)):

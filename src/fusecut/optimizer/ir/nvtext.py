@@ -222,7 +222,11 @@ def _literal_number(node: ast.expr, constants: dict[str, Any] | None = None) -> 
             if word not in FLOAT_WORDS:
                 raise DefinitionError(f"float({arg.value!r}) is not allowed; use inf, -inf or nan")
             return FLOAT_WORDS[word]
-        return float(_literal_number(arg, constants))
+        value = _literal_number(arg, constants)
+        if isinstance(value, complex):  # float() of a complex is a TypeError in Python too
+            raise DefinitionError(f"float() of the complex number {value} is not a number; use "
+                                  f"its .real part or a complex scalar")
+        return float(value)
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "complex"
             and 1 <= len(node.args) <= 2 and not node.keywords):
         parts = [_literal_number(a, constants) for a in node.args]
