@@ -115,7 +115,8 @@ class Service:
         has workers, and ``max_queued_executions`` wait."""
         self.settings = settings
         s = settings
-        self.store = PlanStore(s.cache_location, s.cache_max_bytes, s.cache_memory_items)
+        self.store = PlanStore(s.cache_location, s.cache_max_bytes, s.cache_memory_items,
+                               timeout_s=s.cache_timeout_s)
         self.worker = worker or WorkerPool(parse_gpus(s.gpus), s.worker, s.workers_per_device)
         self.flights: SingleFlight[tuple[StoredPlan, str]] = SingleFlight()
         self.planners = PlannerPool()

@@ -33,6 +33,9 @@ class Settings:
     cache_url: str | None = None  # or a postgresql:// URL (or SQLite path): overrides db_path
     cache_max_bytes: int = 512 * 1024**2  # the cache's bound: least recently used plans go
     cache_memory_items: int = 1024  # plans (and request keys) also kept in memory
+    # the longest one call on the plan cache may take (a connection, a statement, a lock
+    # wait): then the cache counts as degraded and requests are served without it
+    cache_timeout_s: float = 1.0
     max_body_bytes: int = 256 * 1024 * 1024
     max_plan_body_bytes: int = 16 * 1024 * 1024  # POST /v1/plan carries no tensors
     # a KServe-v2 JSON body: its values become Python objects as it is read (a 40 MB body grew

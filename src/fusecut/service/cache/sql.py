@@ -91,6 +91,10 @@ class SqlCache:
         """A cursor in one transaction that writers take one at a time."""
         raise NotImplementedError
 
+    def writer(self) -> AbstractContextManager[Cursor]:
+        """A cursor for a write that needs no transaction (it commits on its own)."""
+        return self.connection()
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -228,7 +232,7 @@ class SqlCache:
         if not ids:
             return
         marks = ", ".join(self.placeholder for _ in ids)
-        with self.connection() as cur:  # sizes do not change: no usage lock
+        with self.writer() as cur:  # sizes do not change: no usage lock
             cur.execute(f"UPDATE plans SET used = {self.placeholder} WHERE plan_id IN ({marks})",
                         (now, *ids))
 

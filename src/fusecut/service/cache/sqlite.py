@@ -1,6 +1,11 @@
 """The plan cache in an SQLite file (the embedded default): WAL mode, so several service
 processes may share it and nothing committed is lost to a crash.
 
+Writes go through one connection, reads through another (one statement at a time on each), so
+that a read never waits behind a write. A write waits at most ``timeout_s`` for the file's write
+lock (another process in a transaction, a backup), not SQLite's usual 30 s: then it fails, and the
+store serves without the cache until the lock is free again (issue 45).
+
 A file SQLite reports as corrupt (a bad header, a damaged page) is renamed aside
 (``PATH.corrupt-TIME``) and a fresh cache is started in its place: a cache holds nothing that
 cannot be planned again, and a damaged file only gets worse.
@@ -30,17 +35,21 @@ def is_corrupt(error: BaseException) -> bool:
 
 
 class SqliteCache(SqlCache):
-    def __init__(self, path: str, read_only: bool = False):
+    def __init__(self, path: str, read_only: bool = False, timeout_s: float = 1.0):
         self.path = path
         self.read_only = read_only
+        self.timeout_s = timeout_s  # the longest a statement waits for a lock
         self.quarantined: list[str] = []  # where corrupt files were moved, oldest first
-        self._lock = threading.Lock()  # one statement at a time on the connection
+        self._lock = threading.Lock()  # one statement at a time on the writing connection
+        self._read_lock = threading.Lock()  # and on the reading one
         self._db = self._open()
+        self._reader = self._open_reader()
 
     def _open(self) -> sqlite3.Connection:
         if self.read_only:  # a planner process's look into the service's file
-            return sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30,
-                                   check_same_thread=False, isolation_level=None)
+            return sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
+                                   timeout=self.timeout_s, check_same_thread=False,
+                                   isolation_level=None)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         opened = _inode(self.path)
@@ -53,7 +62,7 @@ class SqliteCache(SqlCache):
             return self._prepare()
 
     def _prepare(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=30, check_same_thread=False,
+        db = sqlite3.connect(self.path, timeout=self.timeout_s, check_same_thread=False,
                              isolation_level=None)  # transactions are explicit
         try:
             db.execute("PRAGMA journal_mode=WAL")
@@ -72,6 +81,14 @@ class SqliteCache(SqlCache):
             raise
         self._inode = _inode(self.path)
         return db
+
+    def _open_reader(self) -> sqlite3.Connection | None:
+        """The connection reads go through (None: the writing one, for a read-only cache or an
+        in-memory one, which another connection would not see)."""
+        if self.read_only or self.path == ":memory:":
+            return None
+        return sqlite3.connect(self.path, timeout=self.timeout_s, check_same_thread=False,
+                               isolation_level=None)
 
     def _quarantine(self, error: BaseException, corrupt_inode: int | None) -> None:
         """Move the corrupt file (and its WAL) aside, unless another process sharing it did
@@ -92,14 +109,30 @@ class SqliteCache(SqlCache):
         start a fresh cache (True)."""
         if self.read_only or not is_corrupt(error):
             return False
-        with self._lock:
+        with self._lock, self._read_lock:
             self._db.close()
+            if self._reader is not None:
+                self._reader.close()
             self._quarantine(error, self._inode)
             self._db = self._prepare()
+            self._reader = self._open_reader()
         return True
 
     @contextmanager
     def connection(self) -> Iterator[sqlite3.Cursor]:
+        if self._reader is None:
+            with self.writer() as cur:
+                yield cur
+            return
+        with self._read_lock:
+            cur = self._reader.cursor()
+            try:
+                yield cur
+            finally:
+                cur.close()
+
+    @contextmanager
+    def writer(self) -> Iterator[sqlite3.Cursor]:
         with self._lock:
             cur = self._db.cursor()
             try:
@@ -123,8 +156,10 @@ class SqliteCache(SqlCache):
                 cur.close()
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._read_lock:
             self._db.close()
+            if self._reader is not None:
+                self._reader.close()
 
 
 def _inode(path: str) -> int | None:

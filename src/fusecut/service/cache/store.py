@@ -11,8 +11,12 @@ are written in one statement a second, so a hit costs no write.
 The cache is an optimization, never a reason to fail a request: a database that cannot be
 reached, is full or is damaged makes reads misses and writes no-ops. Each failure is logged and
 counted (``fusecut_cache_errors_total``), ``status()`` (and so ``/readyz``) reports the cache
-as degraded, and the failing kind of operation (reads, writes) is not tried again for
-``retry_s`` seconds, so that requests do not each wait for a dead server. A damaged row (its
+as degraded, and requests no longer try the failing kind of operation (reads, writes): a
+background thread tries it again every ``retry_s`` seconds or so, and requests use the cache
+again once that succeeds, so that no request waits for a dead server. Every call has a deadline
+(``timeout_s``): an SQLite file another process holds the write lock of, or a PostgreSQL server
+that stopped answering with its connections open, costs one call about that long, then the cache
+is degraded (issue 45). ``status()`` waits a quarter of a second at most. A damaged row (its
 digest does not match) is a miss, and is deleted.
 """
 
@@ -34,6 +38,8 @@ log = logging.getLogger("fusecut.cache")
 T = TypeVar("T")
 POSTGRES = ("postgresql://", "postgres://")
 MEMORY_BYTES = 64 * 1024 * 1024  # plan bodies kept in memory, at most
+READ_ONLY_TIMEOUT_S = 0.5  # a planner process's look-up: without it, it only plans
+STATUS_WAIT_S = 0.25  # the longest status() (so /readyz) waits for the cache's counts
 
 
 @dataclass(frozen=True)
@@ -43,19 +49,21 @@ class StoredPlan:
     body: bytes  # the plan's JSON, ready to send
 
 
-def open_cache(location: str, read_only: bool = False) -> SqlCache:
+def open_cache(location: str, read_only: bool = False, timeout_s: float = 1.0) -> SqlCache:
     """The cache at ``location``: a ``postgresql://`` URL, or an SQLite file path (or
-    ``sqlite:///path``)."""
+    ``sqlite:///path``). Each call on it gives up after ``timeout_s`` (a read-only one, a
+    planner process's look-up, after READ_ONLY_TIMEOUT_S at most)."""
+    if read_only:
+        timeout_s = min(timeout_s, READ_ONLY_TIMEOUT_S)
     if location.startswith(POSTGRES):
         from fusecut.service.cache.postgres import PostgresCache
 
-        # a planner process's lookup gives up sooner: without it, it only plans
-        return PostgresCache(location, max_connections=1, timeout_s=0.5) if read_only else \
-            PostgresCache(location)
+        return PostgresCache(location, max_connections=1, timeout_s=timeout_s) if read_only \
+            else PostgresCache(location, timeout_s=timeout_s)
     from fusecut.service.cache.sqlite import SqliteCache
 
     path = location.removeprefix("sqlite://") if location.startswith("sqlite://") else location
-    return SqliteCache(path, read_only=read_only)
+    return SqliteCache(path, read_only=read_only, timeout_s=timeout_s)
 
 
 def redact(location: str) -> str:
@@ -106,18 +114,23 @@ class Breaker:
 
 class PlanStore:
     def __init__(self, location: str, max_bytes: int = 512 * 1024**2,
-                 memory_items: int = 1024, retry_s: float = 2.0, touch_s: float = 1.0):
+                 memory_items: int = 1024, retry_s: float = 2.0, touch_s: float = 1.0,
+                 timeout_s: float = 1.0):
         from fusecut.service import metrics
 
         self.metrics = metrics
         self.location = location
+        self.timeout_s = timeout_s  # the longest one call on the database may take
         self.where = redact(location)
         self.kind = "postgresql" if location.startswith(POSTGRES) else "sqlite"
         self.max_bytes = max_bytes
         self.errors = 0
         self.evicted = 0
         self._breakers = {"read": Breaker(retry_s), "write": Breaker(retry_s)}
-        self._lock = threading.Lock()  # the memory maps, the marks and the backend's opening
+        self._lock = threading.Lock()  # the memory maps and the marks
+        self._opening = threading.Lock()  # the backend's opening (which may wait timeout_s)
+        self._stats: tuple[int, int] | None = None  # the counts read last
+        self._stats_done: threading.Event | None = None  # set when the last read of them ends
         self._memory: OrderedDict[str, StoredPlan] = OrderedDict()  # by plan id
         self._memory_bytes = 0
         self._requests: OrderedDict[str, str] = OrderedDict()  # request key -> plan id
@@ -136,10 +149,10 @@ class PlanStore:
         """The backend, opened now if it is not yet (a failure is a degraded cache)."""
         if self._backend is not None:
             return self._backend
-        with self._lock:
+        with self._opening:
             if self._backend is None:
                 try:
-                    self._backend = open_cache(self.location)
+                    self._backend = open_cache(self.location, timeout_s=self.timeout_s)
                 except Exception as e:
                     self._failed("read", "open", e)
                     self._failed("write", "open", e, count=False)
@@ -149,11 +162,13 @@ class PlanStore:
                     log.debug("quarantined %s", moved)
         return self._backend
 
-    def _call(self, kind: str, operation: str, fn: Callable[[SqlCache], T], default: T) -> T:
-        """``fn(backend)``, or ``default`` if the database fails (or failed under ``retry_s``
-        ago): logged, counted and shown by status()."""
+    def _call(self, kind: str, operation: str, fn: Callable[[SqlCache], T], default: T,
+              probe: bool = False) -> T:
+        """``fn(backend)``, or ``default`` if the database fails: logged, counted and shown by
+        status(). While this kind of call fails, only probes (the background thread's, at most
+        one each ``retry_s``) try the database; the others get ``default`` at once."""
         breaker = self._breakers[kind]
-        if not breaker.closed():
+        if not breaker.closed() or (breaker.failing and not probe):
             return default
         backend = self._open()
         if backend is None:
@@ -227,9 +242,9 @@ class PlanStore:
             self.flush_marks()
             ticks += 1
             if self._breakers["read"].failing or ticks % 10 == 0:  # also keeps the gauge live
-                self._refresh_stats()
+                self._refresh_stats(probe=True)
             if self._breakers["write"].failing:
-                self._call("write", "probe", lambda b: b.probe_write(), None)
+                self._call("write", "probe", lambda b: b.probe_write(), None, probe=True)
 
     def flush_marks(self) -> None:
         """Write the last-use times of the plans used since the last call (one statement)."""
@@ -343,16 +358,35 @@ class PlanStore:
     def count(self) -> int:
         return self._call("read", "stats", lambda b: b.stats(), (0, 0))[0]
 
-    def _refresh_stats(self) -> tuple[int, int] | None:
-        stats = self._call("read", "stats", lambda b: b.stats(), None)
+    def _refresh_stats(self, probe: bool = False) -> tuple[int, int] | None:
+        stats = self._call("read", "stats", lambda b: b.stats(), None, probe)
         if stats is not None:
+            self._stats = stats
             self.metrics.CACHE_BYTES.set(stats[1])
         return stats
 
+    def _stats_soon(self) -> tuple[int, int] | None:
+        """The counts, read now in a thread of their own: those read last if that takes more
+        than STATUS_WAIT_S (a read still running is waited for, not started again)."""
+        with self._lock:
+            done = self._stats_done
+            if done is None or done.is_set():
+                done = self._stats_done = threading.Event()
+
+                def read() -> None:
+                    try:
+                        self._refresh_stats()
+                    finally:
+                        done.set()
+
+                threading.Thread(target=read, daemon=True, name="fusecut-cache-stats").start()
+        done.wait(STATUS_WAIT_S)
+        return self._stats
+
     def status(self) -> dict[str, Any]:
-        """What /readyz says of the cache: counts read now, unless reads are failing (then
-        none, with no wait: the background thread retries)."""
-        stats = self._refresh_stats() if not self._breakers["read"].failing else None
+        """What /readyz says of the cache: counts read now (or, if that takes longer than
+        STATUS_WAIT_S, those read last), none while reads are failing; never a longer wait."""
+        stats = self._stats_soon() if not self._breakers["read"].failing else None
         errors = [b.error for b in self._breakers.values() if b.error]
         return {"state": "degraded" if self.degraded else "ok", "backend": self.kind,
                 "location": self.where, "plans": stats[0] if stats else None,
