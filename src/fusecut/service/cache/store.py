@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 from fusecut.service.cache.sql import PlanRow, SqlCache, digest
 
@@ -66,20 +66,23 @@ def open_cache(location: str, read_only: bool = False, timeout_s: float = 1.0) -
     return SqliteCache(path, read_only=read_only, timeout_s=timeout_s)
 
 
+# the password of a URL's user info, and a password=, sslpassword= ... parameter of a URL's query
+# or of a key=value connection string (quoted or not): every form libpq accepts
+USER_INFO = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
+PASSWORD_PARAMETER = re.compile(r"((?:^|[?&\s;,])[a-z_]*password\s*=\s*)"
+                                r"('(?:[^'\\]|\\.)*'|[^\s&#;,]*)", re.IGNORECASE)
+
+
 def redact(location: str) -> str:
-    """A location fit for logs and /readyz: a URL's password replaced."""
-    if not location.startswith(POSTGRES):
-        return location
-    parts = urlsplit(location)
-    if parts.password is None:
-        return location
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+    """A location (or any text naming one) fit for logs and /readyz: every password in it
+    replaced by ``***``."""
+    return PASSWORD_PARAMETER.sub(r"\1***", USER_INFO.sub(r"\1***@", location))
 
 
 def describe(error: BaseException) -> str:
-    """One line naming the error (a driver's message may span lines)."""
-    text = " ".join(str(error).split())
+    """One line naming the error (a driver's message may span lines, or quote the location:
+    its passwords are redacted)."""
+    text = redact(" ".join(str(error).split()))
     return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
 
 
