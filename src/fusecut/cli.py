@@ -565,12 +565,12 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", metavar="HOST",
                         ("FUSECUT_CACHE_URL", cache), ("FUSECUT_GPUS", gpus)):
         if value is not None:
             os.environ[name] = value
-    try:
+    try:  # every setting checked here, in one line naming it, not in every worker
         from fusecut.service.processes.worker_pool import parse_gpus
 
-        parse_gpus(Settings.from_env().gpus)  # refuse bad values here, not in every worker
+        parse_gpus(Settings.from_env().gpus)
     except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
+        fail(str(e))
     if (ssl_certfile is None) != (ssl_keyfile is None):
         fail("HTTPS needs both --ssl-certfile and --ssl-keyfile")
     for path in (ssl_certfile, ssl_keyfile):

@@ -1,9 +1,18 @@
-"""Service settings: embedded defaults, overridable by FUSECUT_* environment variables."""
+"""Service settings: embedded defaults, overridable by FUSECUT_* environment variables.
+
+Every setting is checked when the settings are made (so at start): a number must parse as its
+type, be finite and lie in its range (``LOWEST``); a boolean is one of ``TRUE`` or ``FALSE``; a
+cache location names a scheme the service knows. A bad value is one line naming the variable
+(``SettingError``), never a service that starts and then misbehaves (issue 45: a body rate of 0
+dropped every body, a NaN timeout never answered, ``FUSECUT_WORKER=off`` turned workers on).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -19,6 +28,34 @@ def install_tag() -> str:
 
     where = str(Path(__file__).resolve().parents[1])
     return f"{__version__}-{hashlib.sha256(where.encode()).hexdigest()[:12]}"
+
+
+# a boolean's spellings, any case (one rule for every boolean setting); set empty it is unset
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+# the least value of each number, and whether that value itself is refused (a timeout of 0)
+LOWEST: dict[str, tuple[float, bool]] = {
+    "cache_max_bytes": (1, False), "cache_memory_items": (0, False),
+    "cache_timeout_s": (0, True), "max_body_bytes": (1, False),
+    "max_plan_body_bytes": (1, False), "max_json_body_bytes": (1, False), "max_ops": (1, False),
+    "max_tensor_bytes": (1, False), "max_plan_tensor_bytes": (1, False),
+    "workers_per_device": (1, False), "max_concurrent_plans": (1, False),
+    "max_queued_executions": (0, False), "max_queued_plans": (0, False),
+    "queue_wait_s": (0, True), "max_requests_per_client": (0, False),
+    "plan_grace_s": (0, False), "execute_timeout_s": (0, True), "max_output_bytes": (1, False),
+    "max_intermediate_bytes": (1, False), "read_timeout_s": (0, True),
+    "header_timeout_s": (0, True), "min_body_rate": (1, False), "max_header_count": (1, False),
+    "max_header_bytes": (1, False), "max_connections": (1, False), "recent_plans": (0, False),
+}
+CACHE_SCHEMES = ("postgresql://", "postgres://", "sqlite://")
+
+
+class SettingError(ValueError):
+    """A setting's value refused: one line, naming its environment variable."""
+
+
+def variable(name: str) -> str:
+    return f"FUSECUT_{name.upper()}"
 
 
 def _default_db() -> str:
@@ -82,14 +119,34 @@ class Settings:
     recent_plans: int = 20  # shown on the dashboard
 
     def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in LOWEST:
+                low, open_ = LOWEST[f.name]
+                if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+                        not math.isfinite(value) or value < low or (open_ and value == low):
+                    bound = f"greater than {low:g}" if open_ else f"at least {low:g}"
+                    raise SettingError(f"{variable(f.name)} must be a finite number {bound}, "
+                                       f"got {value!r}")
+            elif f.type == "bool" and not isinstance(value, bool):
+                raise SettingError(f"{variable(f.name)} must be true or false, got {value!r}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise SettingError("FUSECUT_API_KEY is blank: give a key, or leave it unset (or "
+                               "empty) to serve without one")
+        if self.cache_url and re.match(r"[a-z][a-z0-9+.-]*://", self.cache_url, re.IGNORECASE) \
+                and not self.cache_url.startswith(CACHE_SCHEMES):
+            from fusecut.service.cache.store import redact
+
+            raise SettingError(f"FUSECUT_CACHE_URL must be an SQLite path, sqlite:///PATH or "
+                               f"postgresql://..., got {redact(self.cache_url)!r}")
         declared = TIME_LIMIT_S.range
         if not declared.holds(self.max_solver_seconds):
-            raise ValueError(f"max_solver_seconds (FUSECUT_MAX_SOLVER_SECONDS) must be in "
+            raise SettingError(f"max_solver_seconds (FUSECUT_MAX_SOLVER_SECONDS) must be in "
                              f"{declared}, the time_limit_s option's range: a service may lower "
                              f"it, not raise it; got {self.max_solver_seconds:g}")
         allowed = Range(declared.low, self.max_solver_seconds, declared.low_open)
         if not allowed.holds(self.default_time_limit_s):
-            raise ValueError(f"default_time_limit_s (FUSECUT_DEFAULT_TIME_LIMIT_S) must be in "
+            raise SettingError(f"default_time_limit_s (FUSECUT_DEFAULT_TIME_LIMIT_S) must be in "
                              f"{allowed}, within max_solver_seconds; got "
                              f"{self.default_time_limit_s:g}")
 
@@ -109,9 +166,15 @@ class Settings:
                 try:
                     values[f.name] = int(raw) if f.type == "int" else float(raw)
                 except ValueError:
-                    raise ValueError(f"{name} must be a number ({f.type}), got {raw!r}") from None
+                    raise SettingError(f"{name} must be a number ({f.type}), got "
+                                       f"{raw!r}") from None
             elif f.type in ("bool",):
-                values[f.name] = raw.lower() not in ("0", "false", "no", "")
+                if raw.strip() == "":
+                    continue  # set empty: unset
+                if raw.strip().lower() not in TRUE + FALSE:
+                    raise SettingError(f"{name} must be one of {', '.join(TRUE)} (true) or "
+                                       f"{', '.join(FALSE)} (false), got {raw!r}")
+                values[f.name] = raw.strip().lower() in TRUE
             else:
                 values[f.name] = raw
         values.update({k: v for k, v in overrides.items() if v is not None})
