@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from fusecut.service.settings import FALSE, TRUE, Settings, SettingError
+from fusecut.service.settings import FALSE, TRUE, SettingError, Settings
 
 BAD = [
     ("FUSECUT_MIN_BODY_RATE", "0"), ("FUSECUT_MIN_BODY_RATE", "-5"),
