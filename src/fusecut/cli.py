@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from fusecut.optimizer.errors import FusecutError, counted
 from fusecut.optimizer.options import (
@@ -33,8 +34,9 @@ if TYPE_CHECKING:  # the commands import what they use, so that --help starts fa
 # plain help (no rich panels): they tagged every option with its Python type and cut long lines
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Plan GPU fusions so that the fewest bytes cross global memory.")
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False)
+# no markup: file names, literals and messages are the user's text ("[/x]" is no tag)
+out = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False, markup=False)
 # the largest file (or standard input) read: the service's largest POST /v1/plan body
 MAX_FILE_BYTES = 16 * 1024 * 1024
 SUMMARY_OPS = 200  # `check` counts the ops of a larger fusion by op, not one row each
@@ -97,7 +99,7 @@ def read_definition(path: str) -> ParsedDefinition:
 
 
 def fail(message: str, code: int = 2):
-    err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    err.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -114,8 +116,8 @@ def progress(what: str) -> Iterator[Callable[[str], None]]:
         return
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=err, transient=True) as bar:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
+                  TimeElapsedColumn(), console=err, transient=True) as bar:
         task = bar.add_task(what)
         yield lambda text: bar.update(task, description=text)
 

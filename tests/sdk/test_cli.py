@@ -405,3 +405,25 @@ def test_serve_refuses_an_empty_api_key_a_port_out_of_range_and_an_unknown_log_l
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, (args, r.returncode, r.stderr[-500:])
         assert said in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-500:])
+
+
+def test_user_text_that_looks_like_markup_is_printed_as_it_is(tmp_path):
+    # issue 45: "[/x]" in a file name or a literal crashed the error printing (rich markup:
+    # a traceback, exit 1)
+    missing = tmp_path / "[/x]" / "[bold]a[/].py"
+    r = fusecut("check", str(missing))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"cannot read {missing}" in " ".join(r.stderr.split()), r.stderr
+    bad = ("def f(fd):\n"
+           "    T0 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.Float)\n"
+           "    T1 = fd.ops.add(T0, '[/x]')\n    fd.add_output(T1)\n")
+    named = tmp_path / "[bold red]f[x].py"
+    named.write_text(bad)
+    for args, stdin in ((("check", str(named)), None), (("check", "-"), bad),
+                        (("plan", "-", "--inputs", '[{"shape": [4], "dtype": "[/x]"}]'), bad)):
+        r = fusecut(*args, stdin=stdin)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert "[/x]" in r.stderr and r.stderr.startswith("error: "), (args, r.stderr)
+    r = fusecut("plan", str(CORPUS / "softmax_fwd.py"), "--svg", str(tmp_path / "[b]p[x].svg"))
+    assert r.returncode == 0, r.stderr
+    assert "[b]p[x].svg" in " ".join(r.stderr.split()), r.stderr
