@@ -29,6 +29,7 @@ from fusecut.optimizer.ir.nvtext import ParsedDefinition, parse_text
 from fusecut.optimizer.ir.wire import fusion_from_json, fusion_to_json, meta_to_json
 from fusecut.plan import PlanView
 from fusecut.runtime.executor import Execution, SegmentTiming
+from fusecut.wire.safetensors import metadata as safetensors_metadata
 from fusecut.wire.tensors import dump_safetensors, from_json, load_safetensors, to_json
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -165,7 +166,10 @@ def execution_of(response: httpx.Response, fusion: Fusion) -> RemoteExecution:
         outputs = [by_name[n] for n in fusion.outputs]
         plan_id = response.headers["x-fusecut-plan-id"]
         backend = response.headers["x-fusecut-backend"]
-        segments = json.loads(response.headers["x-fusecut-segments"])
+        # the timings are in the body's metadata (a header, only while they are few)
+        found = safetensors_metadata(response.content).get("fusecut.segments")
+        segments = json.loads(found if found is not None
+                              else response.headers.get("x-fusecut-segments", "[]"))
     return RemoteExecution(outputs, [SegmentTiming(**s) for s in segments], backend, plan_id)
 
 

@@ -129,10 +129,27 @@ def tensor_from_bytes(raw: bytes | bytearray | memoryview, dtype: torch.dtype,
     return tensor if expand_to is None else tensor.expand(expand_to)
 
 
-def dump(tensors: dict[str, torch.Tensor]) -> memoryview:
-    """A safetensors body of ``tensors`` (dense, row-major, on the CPU), as a view of one buffer."""
+def metadata(blob: bytes | bytearray | memoryview) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors body (its header alone is read; {} if none)."""
+    blob = memoryview(blob).cast("B")
+    n = int.from_bytes(blob[:8], "little") if len(blob) >= 8 else 0
+    if n > min(len(blob) - 8, MAX_HEADER_BYTES):
+        raise _bad(f"header length {n} runs past the end")
+    try:
+        found = json.loads(bytes(blob[8:8 + n])).get("__metadata__") or {}
+    except (ValueError, AttributeError, RecursionError):
+        raise _bad("the header is not a JSON object") from None
+    if not isinstance(found, dict) or not all(isinstance(v, str) for v in found.values()):
+        raise _bad("__metadata__ must map names to strings")
+    return found
+
+
+def dump(tensors: dict[str, torch.Tensor],
+         metadata: dict[str, str] | None = None) -> memoryview:
+    """A safetensors body of ``tensors`` (dense, row-major, on the CPU), as a view of one buffer;
+    ``metadata`` (strings) goes in its header's ``__metadata__``."""
     dense = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
-    header, offset = {}, 0
+    header, offset = ({"__metadata__": metadata} if metadata else {}), 0
     for name, t in dense.items():
         if t.dtype not in NAMES:
             raise InputError(f"tensor {name}: safetensors has no dtype for {t.dtype}")

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fusecut.service import openapi
 from fusecut.service.bodies import read_body
@@ -28,6 +29,9 @@ from fusecut.service.routes.media import JSON, SAFETENSORS, media_type, require_
 from fusecut.service.routes.plans import PlanId
 from fusecut.wire import safetensors
 from fusecut.wire.tensors import NAMES, from_array, to_array
+
+# the per-segment timings also go in an X-Fusecut-Segments header while they take at most this
+MAX_SEGMENTS_HEADER_BYTES = 4096
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -101,7 +105,7 @@ async def execute_safetensors(request: Request, service: Service, content_type: 
                                           "X-Fusecut-Plan-Id header; or send "
                                           "multipart/form-data with a definition part")
     else:
-        form = await request.form()
+        form = await read_form(request, service)
         part = form.get("tensors")
         if part is None or isinstance(part, str):
             raise Problem(422, "no tensors", "the multipart body needs a 'tensors' file part "
@@ -123,10 +127,33 @@ async def execute_safetensors(request: Request, service: Service, content_type: 
     del raw  # the body: the tensors are copies
     plan_id, result = await run(request, service, definition, plan_id,
                                 options.model_dump_json(), tensors, "safetensors")
-    content = await run_in_threadpool(safetensors.dump, dict(result.outputs))  # a view, no copy
-    return Response(content, media_type=SAFETENSORS,
-                    headers={"X-Fusecut-Plan-Id": plan_id, "X-Fusecut-Backend": result.backend,
-                             "X-Fusecut-Segments": json.dumps(result.timings)})
+    # the timings go in the body (the header's __metadata__), and in a header only while it
+    # stays small: one header grew with the plan (163 KB for 1,500 segments), past what
+    # proxies and clients take (issue 45)
+    segments = json.dumps(result.timings, separators=(",", ":"))
+    content = await run_in_threadpool(  # a view, no copy
+        safetensors.dump, dict(result.outputs),
+        {"fusecut.plan_id": plan_id, "fusecut.backend": result.backend,
+         "fusecut.segments": segments})
+    headers = {"X-Fusecut-Plan-Id": plan_id, "X-Fusecut-Backend": result.backend}
+    if len(segments) <= MAX_SEGMENTS_HEADER_BYTES:
+        headers["X-Fusecut-Segments"] = segments
+    return Response(content, media_type=SAFETENSORS, headers=headers)
+
+
+async def read_form(request: Request, service: Service):
+    """A multipart body's parts: its text parts (a definition, above all) as large as a
+    POST /v1/plan body may be, not the framework's 1 MiB (a 15,000-op definition is 1.1 MB of
+    wire JSON; the op limit is 20,000)."""
+    limit = service.settings.max_plan_body_bytes
+    try:
+        return await request.form(max_part_size=limit, max_fields=100)
+    except StarletteHTTPException as e:
+        if e.status_code == 400 and "maximum size" in str(e.detail):
+            raise Problem(413, "part too large",
+                          f"a multipart text part (definition, plan_id, options) may take "
+                          f"{limit:,} bytes (FUSECUT_MAX_PLAN_BODY_BYTES)") from None
+        raise
 
 
 def what_to_run(definition: str | None, plan_id: str | None) -> None:
