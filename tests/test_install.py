@@ -62,3 +62,24 @@ def test_the_wheel_builds_without_warnings_and_holds_fusecut_alone(tmp_path):
                                                                 "fusecut-thunder.pth"}, top
     cuda = [line for line in metadata.splitlines() if "cuda-python" in line]
     assert cuda and all('extra == "gpu"' in line for line in cuda), cuda
+
+
+def make_dry_run(target: str, venv: Path) -> str:
+    """What ``make TARGET`` would run (``make -n``) with a virtual environment at ``venv``."""
+    return subprocess.run(["make", "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=True).stdout
+
+
+def test_make_run_installs_what_serving_needs_and_says_so(tmp_path):
+    # issue 45: `make run` installed 2.1 GB silently (test tools, Ray, NVRTC) to serve on a CPU
+    run = make_dry_run("run", tmp_path / "fresh")
+    installs = [line for line in run.splitlines() if "pip install" in line and "-e" in line]
+    assert installs and all(line.rstrip().endswith("-e .") for line in installs), installs
+    assert "-q" not in installs[0].split() and "GB" in run  # progress, and the size said
+    assert "fusecut serve" in run.splitlines()[-1]
+    # the tests keep everything they need, and CI keeps the whole suite
+    test = make_dry_run("test", tmp_path / "fresh")
+    assert "-e '.[dev,gpu,thunder,postgres,ray]'" in test and "pytest -q" in test
+    assert "make test\n" in (ROOT / ".ci/run").read_text()
+    quick = make_dry_run("test-quick", tmp_path / "fresh")
+    assert "-e '.[dev,gpu,thunder,postgres,ray]'" in quick and "pytest -q" in quick
