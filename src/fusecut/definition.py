@@ -11,6 +11,7 @@ definition (which runs again, as nvFuser's does), and class-style definitions (a
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,14 @@ from fusecut.plan import PlanView
 
 class _DataTypeMeta(type):
     def __getattr__(cls, name: str):
-        raise AttributeError(f"DataType has no member {name!r}")
+        if name.startswith("__"):  # copy, pickle and inspect probe for dunders
+            raise AttributeError(name)
+        members = [k for k, v in vars(cls).items() if not k.startswith("_")]
+        same = [k for k in members if k.lower() == name.lower()]
+        close = same or difflib.get_close_matches(name, members, n=1, cutoff=0.8)
+        hint = f"; did you mean DataType.{close[0]}?" if close else ""
+        raise AttributeError(f"DataType has no member {name!r}{hint} (nvFuser's DataType "
+                             f"has: {', '.join(members)})")
 
     def __iter__(cls):
         return iter(v for k, v in vars(cls).items() if not k.startswith("_") and v is not None)
@@ -304,6 +312,7 @@ class FusionDefinition:
         self._ensure_defined()
         inputs = _flat_arguments(inputs)  # a define_vector(n)'s value comes as one list
         remote = options.pop("remote", None)
+        _check_plan_options("plan", options)
         if remote is not None:
             from fusecut.client import Client
 
@@ -353,6 +362,7 @@ class FusionDefinition:
         remote = options.pop("remote", None)
         return_execution = options.pop("return_execution", False)
         opts = parse_execute_options(options)
+        _check_plan_options("execute", opts.planning)
         opts.check_fusion(self.fusion)
         if remote is not None:
             from fusecut.client import Client
@@ -555,9 +565,28 @@ def _unit_strides(tensor: Any, order: list[int]) -> Any:
     return tensor.as_strided(tensor.shape, strides)
 
 
+def _check_plan_options(method: str, options: dict[str, Any]) -> None:
+    """An unknown option is a TypeError naming it, and the option meant if one is close
+    (``time_limit=3`` was PlanOptions.__init__'s "unexpected keyword argument")."""
+    from fusecut.optimizer.options import BY_NAME
+
+    for key in options:
+        if key not in BY_NAME:
+            close = difflib.get_close_matches(key, list(BY_NAME), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"fd.{method}() got an unknown option {key!r}{hint} (plan "
+                            f"options: {', '.join(BY_NAME)})")
+
+
 def _flat_arguments(inputs: Any) -> list[Any]:
     """Arguments in definition order: a list or tuple (the value of a ``define_vector(n)``)
-    gives its entries, one scalar input each."""
+    gives its entries, one scalar input each. A tensor (or another non-list) is refused, named:
+    iterated, a tensor's rows were taken as the inputs ("1 input but 4 were given")."""
+    if not isinstance(inputs, (list, tuple)):
+        what = f"a tensor of shape {list(inputs.shape)}" if hasattr(inputs, "shape") and \
+            hasattr(inputs, "dtype") else f"a {type(inputs).__name__}"
+        raise TypeError(f"the inputs must be a list, one entry per input of the definition "
+                        f"(like fd.execute([x])); got {what}")
     out: list[Any] = []
     for a in inputs:
         if isinstance(a, (list, tuple)):

@@ -117,15 +117,20 @@ def check_inputs(fusion: Fusion, metas: list[InputMeta]) -> dict[str, InputMeta]
             out[name] = meta
             continue
         t = fusion.tensors[name]
+        if not isinstance(meta, TensorMeta) and meta.value is None:
+            # metadata without a shape (an --inputs entry, a dict) reads as a scalar's
+            raise InputError(f"{where} is a tensor, but its metadata has no shape: give "
+                             f"{{\"shape\": [...], \"dtype\": \"{t.dtype.value}\"}}")
         if not isinstance(meta, TensorMeta):
             raise InputError(f"Expected input {i}, {name}, to be an at::Tensor but got scalar "
                              f"{_nv_scalar(meta.value)}: {where} is a tensor but a scalar was "
                              f"given")
         if meta.dtype != t.dtype:
+            # nvFuser's words (C++ names) first, as programs match them; then torch's
             raise InputError(f"Expected input {i}, {name}, to be bound to a tensor of dtype "
                              f"{_c_name(t.dtype)}, but got a tensor of dtype "
-                             f"{_c_name(meta.dtype)}: {where}: expected dtype {t.dtype.value}, "
-                             f"got {meta.dtype.value}")
+                             f"{_c_name(meta.dtype)} (in torch's names, {where}: expected "
+                             f"dtype {t.dtype.value}, got {meta.dtype.value})")
         if meta.rank != t.rank:
             raise InputError(f"{where}: expected rank {t.rank}, got shape {list(meta.shape)}")
         if len(meta.strides) != meta.rank:

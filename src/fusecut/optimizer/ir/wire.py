@@ -14,7 +14,16 @@ import json
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, WithJsonSchema
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    WithJsonSchema,
+)
 
 from fusecut.optimizer.errors import DefinitionError, InputError
 from fusecut.optimizer.ir.builder import FusionBuilder, TensorHandle
@@ -64,11 +73,37 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# other names people give dtypes (torch's, nvFuser's, the usual abbreviations): a suggestion,
+# never accepted in their place
+DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "f16": "float16", "float": "float32",
+                 "fp32": "float32", "f32": "float32", "single": "float32", "double": "float64",
+                 "fp64": "float64", "f64": "float64", "bf16": "bfloat16", "long": "int64",
+                 "i64": "int64", "i32": "int32", "int": "int64 (nvFuser's Int) or int32",
+                 "boolean": "bool", "bool_": "bool", "cfloat": "complex64",
+                 "complexfloat": "complex64", "cdouble": "complex128",
+                 "complexdouble": "complex128", "fp8": "float8_e4m3fn or float8_e5m2"}
+
+
+def _known_dtype(value: Any) -> Any:
+    """A dtype name that is not one: what it is called here, if it is another name for one
+    ("half": float16), in the error."""
+    if isinstance(value, str) and value not in DType._value2member_map_:
+        bare = value.strip().lower().removeprefix("torch.").removeprefix("datatype.")
+        meant = bare if bare in DType._value2member_map_ else DTYPE_ALIASES.get(bare)
+        hint = f"; did you mean {meant}?" if meant else ""
+        raise ValueError(f"unknown dtype {value!r}{hint} (dtypes: "
+                         f"{', '.join(d.value for d in DType)})")
+    return value
+
+
+WireDType = Annotated[DType, BeforeValidator(_known_dtype)]
+
+
 class TensorDecl(_Strict):
     """A fusion input tensor as ``define_tensor`` declares it."""
 
     id: str
-    dtype: DType
+    dtype: WireDType
     shape: list[int] = Field(description="-1 for a symbolic extent, 1 for a broadcast axis")
     contiguity: list[bool | None] | None = Field(
         None, description="per axis in allocation order (the stride order's, when given), as "
@@ -80,7 +115,7 @@ class ScalarDecl(_Strict):
     """A scalar: a constant (value given) or a fusion input (value null)."""
 
     id: str
-    dtype: DType
+    dtype: WireDType
     value: Number | None = None
 
 
@@ -113,7 +148,7 @@ class FusionJSON(_Strict):
 class InputMetaJSON(_Strict):
     """Concrete metadata of one fusion input: a tensor (shape, dtype, strides) or a scalar."""
 
-    dtype: DType
+    dtype: WireDType
     shape: list[int] | None = None
     strides: list[int] | None = None
     value: Number | None = None
@@ -282,7 +317,13 @@ def checked_scalar(dtype: DType, value: Any) -> Any:
 
 
 def meta_from_json(data: dict[str, Any] | InputMetaJSON) -> InputMeta:
-    m = data if isinstance(data, InputMetaJSON) else InputMetaJSON.model_validate(data)
+    try:
+        m = data if isinstance(data, InputMetaJSON) else InputMetaJSON.model_validate(data)
+    except ValidationError as e:  # one line naming the field, not pydantic's report
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        raise InputError(f"input metadata {data!r:.80}: {where + ': ' if where else ''}"
+                         f"{first.get('msg', 'invalid').removeprefix('Value error, ')}") from None
     if m.shape is None:
         if m.strides is not None:
             raise InputError("a scalar input has no strides")
