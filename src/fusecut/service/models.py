@@ -66,8 +66,9 @@ PlanOptionsModel = create_model("PlanOptionsModel", __base__=_FiniteStrict, __mo
 
 
 def _definition_form(value: Any) -> str | None:
+    # a dict when a body is read, a FusionJSON when a request is written back (its key)
     return "nvFuser text" if isinstance(value, str) else \
-        "wire JSON" if isinstance(value, dict) else None
+        "wire JSON" if isinstance(value, dict | FusionJSON) else None
 
 
 # A definition is text or wire JSON, told apart by its JSON type, so that an error names the
