@@ -10,8 +10,10 @@ tensor.
 
 from __future__ import annotations
 
+import asyncio
 import gc
-from contextlib import asynccontextmanager
+import logging
+from contextlib import asynccontextmanager, suppress
 
 from fastapi import Depends, FastAPI
 
@@ -82,5 +84,20 @@ async def lifespan(app: FastAPI):
     # process: keep it out of the collector's full passes, which would stall requests.
     gc.collect()
     gc.freeze()
+    announcing = asyncio.create_task(announce_ready(service))
     yield
+    announcing.cancel()
+    with suppress(asyncio.CancelledError):
+        await announcing
     service.stop()
+
+
+async def announce_ready(service: Service, every_s: float = 0.1) -> None:
+    """One line once /readyz says ready (uvicorn's "Application startup complete" comes
+    seconds before the workers are up), saying where to look next (issue 45, new-user item 9).
+    In uvicorn's log, at its info level."""
+    while not service.ready:
+        await asyncio.sleep(every_s)
+    logging.getLogger("uvicorn.error").info(
+        "fusecut %s is ready (GET /readyz): the API and its schemas at /docs, recent plans at "
+        "/dashboard", __version__)
