@@ -382,10 +382,24 @@ def codegen(file: str = FILE,
             if compile_check:
                 from fusecut.runtime.compile import compile_cubin
 
-                compile_cubin(sk.source, arch, sk.kernels[0].name)
+                say(f"compiling segment {seg.index} with NVRTC for {arch}")
+                try:
+                    launch["cubin_bytes"] = len(compile_cubin(sk.source, arch,
+                                                              sk.kernels[0].name))
+                except Exception as e:  # NVRTC's log, or no NVRTC: one line, not a traceback
+                    fail(f"segment {seg.index} ({path}) did not compile for {arch}: "
+                         f"{' '.join(str(e).split())[:2000]}")
             written.append(launch)
+    compiled = None
+    if compile_check:
+        from fusecut.runtime.compile import cache_dir
+
+        # the cubins are not written beside the sources: they go to the kernel cache
+        compiled = {"arch": arch, "segments": sum("cubin_bytes" in w for w in written),
+                    "cubin_cache": str(cache_dir())}
     if as_json:
-        emit_json({"out": str(out_dir), "segments": written})
+        emit_json({"out": str(out_dir), "segments": written,
+                   **({"compiled": compiled} if compiled else {})})
         return
     table = Table(title=f"generated kernels in {out_dir}")
     for col in ("segment", "kind", "file", "kernels", "grid x block"):
@@ -396,6 +410,10 @@ def codegen(file: str = FILE,
                       ", ".join(k["name"] for k in w["kernels"]),
                       "; ".join(f"{k['grid']} x {k['block']}" for k in w["kernels"]))
     out.print(table)
+    if compiled:
+        err.print(f"compiled {counted(compiled['segments'], 'segment')} with NVRTC for "
+                  f"{arch}: the cubins are in the kernel cache, {compiled['cubin_cache']} "
+                  f"(FUSECUT_CACHE_DIR), not in {out_dir}", soft_wrap=True)
 
 
 @app.command(short_help="Run a definition; print per-segment times.")

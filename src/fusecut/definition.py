@@ -521,9 +521,13 @@ class FusionDefinition:
 
     def __getattr__(self, name: str):
         if name in _SCHEDULING_METHODS:
+            # the CUDA fusecut generates is there to read, from its CLI (issue 45, item 8)
+            where = (" (the CUDA it generates for each segment of a plan: `fusecut codegen "
+                     "FILE --out DIR`, FILE a repro such as fd.repro_script_for(inputs) "
+                     "writes)") if "cuda" in name or "ir" in name else ""
             raise ManualSchedulingError(f"fd.{name}() belongs to nvFuser's manual scheduling "
                                         f"and kernel introspection; fusecut schedules "
-                                        f"automatically and has no {name}")
+                                        f"automatically and has no {name}{where}")
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 

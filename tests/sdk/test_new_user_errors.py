@@ -92,3 +92,37 @@ def test_a_dtype_by_another_name_gets_a_suggestion(written, meant):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"did you mean {meant}?" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_the_generated_cuda_is_pointed_to_where_nvfuser_would_show_it():
+    # item 8: fd.cuda_code_for() was refused without saying where fusecut's CUDA is
+    fd = two_inputs()
+    from fusecut.optimizer.errors import ManualSchedulingError
+
+    for name in ("cuda_code_for", "last_cuda_code", "scheduled_fusion_ir_for"):
+        with pytest.raises(ManualSchedulingError, match="`fusecut codegen FILE --out DIR`"):
+            getattr(fd, name)()
+    assert "from nvfuser import" in fd.repro_script_for([torch.rand(4, 8)] * 2)
+
+
+def test_codegen_compile_says_what_it_compiled_and_where_the_cubins_go(tmp_path):
+    # item 8: `codegen --compile` said nothing about the compile or where cubins go
+    pytest.importorskip("cuda.bindings", reason="NVRTC comes with the gpu extra")
+    import json
+    import os
+
+    env = dict(os.environ, FUSECUT_CACHE_DIR=str(tmp_path / "kernels"))
+    command = [sys.executable, "-m", "fusecut.cli", "codegen", str(CORPUS / "softmax_fwd.py"),
+               "--out", str(tmp_path / "cu"), "--compile"]
+    r = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    said = " ".join(r.stderr.split())
+    assert f"compiled 1 segment with NVRTC for sm_90: the cubins are in the kernel cache, " \
+           f"{tmp_path / 'kernels'} (FUSECUT_CACHE_DIR), not in {tmp_path / 'cu'}" in said, said
+    assert list((tmp_path / "kernels").glob("*.cubin"))
+    r = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=300,
+                       env=env)
+    data = json.loads(r.stdout)
+    assert data["compiled"] == {"arch": "sm_90", "segments": 1,
+                                "cubin_cache": str(tmp_path / "kernels")}
+    assert data["segments"][0]["cubin_bytes"] > 0
