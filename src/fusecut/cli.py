@@ -617,7 +617,8 @@ def ray_serve(address: str = typer.Option(None, "--address", metavar="ADDRESS",
                                                "default: start one here"),
               host: str = typer.Option("127.0.0.1", "--host", metavar="HOST",
                                        help="address Serve's HTTP proxy binds"),
-              port: int = typer.Option(8000, "--port", metavar="PORT", help="Serve's HTTP port"),
+              port: int = typer.Option(8000, "--port", metavar="PORT", min=1, max=65535,
+                                       help="Serve's HTTP port (1-65535)"),
               cache: str = typer.Option(None, "--cache", envvar="FUSECUT_CACHE_URL", metavar="URL",
                                         help="plan cache shared by the replicas: "
                                              "postgresql://... (or an SQLite path on one node)"),
@@ -648,6 +649,12 @@ def ray_serve(address: str = typer.Option(None, "--address", metavar="ADDRESS",
         fail(f"ray-serve needs Ray Serve: pip install 'fusecut[ray]' ({e})")
     if cache is not None:
         os.environ["FUSECUT_CACHE_URL"] = cache
+    from fusecut.service.settings import Settings
+
+    try:  # every setting checked before Ray starts, in one line naming it
+        Settings.from_env()
+    except ValueError as e:
+        fail(str(e))
 
     def ready(url: str, gpus: float) -> None:
         err.print(f"fusecut on Ray Serve at {url} ({plan_replicas} planning replicas, "

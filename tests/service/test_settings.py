@@ -92,3 +92,13 @@ def test_serve_refuses_a_bad_setting_in_one_line(name, value):
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {name} "), r.stderr
+
+
+def test_ray_serve_refuses_a_bad_setting_and_port_before_starting_ray():
+    pytest.importorskip("ray.serve", reason="the ray extra")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSECUT_")}
+    for args, extra, said in ((["--port", "83748"], {}, "--port"),
+                              ([], {"FUSECUT_WORKER": "maybe"}, "error: FUSECUT_WORKER ")):
+        r = subprocess.run([sys.executable, "-m", "fusecut.cli", "ray-serve", *args],
+                           env={**env, **extra}, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
