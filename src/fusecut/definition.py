@@ -501,7 +501,10 @@ class FusionDefinition:
         name = f"nvfuser_fusion_id{self.id()}" if self.id() is not None else \
             "nvfuser_incomplete_fusion"
         lines = [f"# fusecut version: {__version__}",
-                 f"# torch version: {torch.__version__}", "import torch",
+                 f"# torch version: {torch.__version__}",
+                 "# nvFuser runs this file as it is; fusecut runs it with `fusecut execute FILE`",
+                 "# (or under python with `from fusecut import` in place of `from nvfuser import`)",
+                 "import torch",
                  "from nvfuser import FusionDefinition, DataType",
                  print_definition(self.fusion, name), "with FusionDefinition() as fd:",
                  f"    {name}(fd)"]

@@ -105,6 +105,24 @@ def test_the_generated_cuda_is_pointed_to_where_nvfuser_would_show_it():
     assert "from nvfuser import" in fd.repro_script_for([torch.rand(4, 8)] * 2)
 
 
+def test_a_repro_says_how_fusecut_runs_it_and_fusecut_execute_does(tmp_path):
+    # item 1: a repro imports nvfuser; `python repro.py` failed with no word on what to do
+    fd = two_inputs()
+    text = fd.repro_script_for([torch.rand(4, 8), torch.rand(4, 8)])
+    assert "fusecut runs it with `fusecut execute FILE`" in text
+    assert "`from fusecut import` in place of `from nvfuser import`" in text
+    repro = tmp_path / "repro.py"
+    repro.write_text(text)
+    r = subprocess.run([sys.executable, "-m", "fusecut.cli", "execute", str(repro)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    swapped = tmp_path / "swapped.py"
+    swapped.write_text(text.replace("from nvfuser import", "from fusecut import"))
+    r = subprocess.run([sys.executable, str(swapped)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+
+
 def test_codegen_compile_says_what_it_compiled_and_where_the_cubins_go(tmp_path):
     # item 8: `codegen --compile` said nothing about the compile or where cubins go
     pytest.importorskip("cuda.bindings", reason="NVRTC comes with the gpu extra")
