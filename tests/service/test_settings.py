@@ -102,3 +102,15 @@ def test_ray_serve_refuses_a_bad_setting_and_port_before_starting_ray():
         r = subprocess.run([sys.executable, "-m", "fusecut.cli", "ray-serve", *args],
                            env={**env, **extra}, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_postgresql_cache_without_its_driver_says_what_to_install(clean_env, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "psycopg_pool" else real(name, *a))
+    clean_env.setenv("FUSECUT_CACHE_URL", "postgresql://u@h/db")
+    with pytest.raises(SettingError, match=r"^FUSECUT_CACHE_URL names PostgreSQL.*"
+                                           r"pip install 'fusecut\[postgres\]'"):
+        Settings.from_env()

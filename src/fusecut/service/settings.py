@@ -139,6 +139,12 @@ class Settings:
 
             raise SettingError(f"FUSECUT_CACHE_URL must be an SQLite path, sqlite:///PATH or "
                                f"postgresql://..., got {redact(self.cache_url)!r}")
+        if self.cache_url and self.cache_url.startswith(CACHE_SCHEMES[:2]):
+            import importlib.util
+
+            if importlib.util.find_spec("psycopg_pool") is None:  # `make run` leaves it out
+                raise SettingError("FUSECUT_CACHE_URL names PostgreSQL, whose driver is not "
+                                   "installed: pip install 'fusecut[postgres]'")
         declared = TIME_LIMIT_S.range
         if not declared.holds(self.max_solver_seconds):
             raise SettingError(f"max_solver_seconds (FUSECUT_MAX_SOLVER_SECONDS) must be in "
