@@ -140,3 +140,38 @@ def test_executions_equal_a_plain_service(ray_and_plain):
     assert results[0].keys() == results[1].keys()
     for name in results[0]:
         assert torch.equal(results[0][name], results[1][name])
+
+
+def test_ctrl_c_stops_a_local_cluster_at_once_and_quietly(tmp_path):
+    # issue 45, new-user item 10: stopping took long and ended in an error from Ray (Ctrl-C
+    # reaches Ray's own processes too: Serve's controller was gone when serve.shutdown() asked
+    # it to stop, "Task ServeController.graceful_shutdown failed")
+    port = free_port()
+    log = tmp_path / "ray-serve.log"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "src")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fusecut.cli", "ray-serve", "--port", str(port), "--cache",
+         str(tmp_path / "plans.sqlite"), "--num-cpus", "2", "--object-store-mb", "100",
+         "--plan-replicas", "1", "--plan-cpus", "0.5", "--execute-replicas", "1"],
+        env=env, cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+        start_new_session=True)  # its own process group, as a terminal's job is
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        start = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole group
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+        assert time.monotonic() - start < 30
+        after = log.read_text().split("Deleting app", 1)[-1]
+        assert "failed" not in after and "Error" not in after, after[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)

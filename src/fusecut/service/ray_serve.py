@@ -215,6 +215,7 @@ def run(address: str | None, host: str, port: int, plan_replicas: int,
     finally:
         try:
             serve.delete(APP_NAME)
-            serve.shutdown()
+            if address:  # a cluster of one's own goes with ray.shutdown(), Serve with it
+                serve.shutdown()
         finally:
             ray.shutdown()
