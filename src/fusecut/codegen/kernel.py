@@ -121,9 +121,9 @@ class Reducer:
                     raw = f"({acc}.n == {zero} ? {nan} : fc_welford_mean({acc}))"
                     helpers = ("fc_welford_mean",)
                 expr = derived(cuda.convert(raw, self.value_dtype, d), acc, helpers)
-            elif self.copies > 1 and self.functor == "fc_add()":
+            elif self.op.name == "sum":
                 expr = derived(cuda.convert(self.counted(acc), self.value_dtype, d), acc)
-            elif self.copies > 1 and self.functor == "fc_mul()":
+            elif self.op.name == "prod" and self.copies > 1:
                 power = cuda.binary("pow", acc, cuda.literal(self.copies, self.value_dtype),
                                     self.value_dtype)
                 expr = derived(cuda.convert(power, self.value_dtype, d), acc)
