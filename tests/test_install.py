@@ -3,6 +3,7 @@ libraries the CPU path never loads, and about 50 lines of setuptools warnings)."
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -65,9 +66,14 @@ def test_the_wheel_builds_without_warnings_and_holds_fusecut_alone(tmp_path):
 
 
 def make_dry_run(target: str, venv: Path) -> str:
-    """What ``make TARGET`` would run (``make -n``) with a virtual environment at ``venv``."""
-    return subprocess.run(["make", "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, check=True).stdout
+    """What ``make TARGET`` would run (``make -n``) with a virtual environment at ``venv``.
+
+    The make that runs the tests (CI's ``make test``) must not leak in: under it this make is a
+    sub-make and would add "Entering/Leaving directory" lines around what it prints."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    return subprocess.run(["make", "--no-print-directory", "-n", target, f"VENV={venv}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+                          env=env).stdout
 
 
 def test_make_run_installs_what_serving_needs_and_says_so(tmp_path):
