@@ -244,7 +244,7 @@ def warm_fusecut(case: Case, clock: Clock) -> None:
     try:
         plan = fd.plan(case.inputs)  # the plan execute cached
         row.segments = len(plan.segments)
-        row.lower_bound_bytes = logical_lower_bound(plan._internal)
+        row.lower_bound_bytes = logical_lower_bound(plan.plan)
     except Exception as exc:
         row.notes.append(f"fusecut plan failed: {describe(exc)}")
 

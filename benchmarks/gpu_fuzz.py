@@ -117,7 +117,7 @@ def _first(e: BaseException) -> str:
 def _narrow(plan, args, want) -> str:
     """The segments that are wrong alone (run on the GPU, every other on the reference), each
     as a definition of its own with its arguments' metadata."""
-    from fusecut.local import as_metadata
+    from fusecut.engine import as_metadata
     from fusecut.optimizer.ir.printer import print_fusion
     from fusecut.runtime.executor import execute_plan, reference_runner
     from fusecut.runtime.kernels import NOT_GENERATED, cuda_runner

@@ -1,7 +1,7 @@
 """The package arrows of docs/architecture.md, held: every ``import fusecut...`` in
 ``src/fusecut`` (at the top of a module or inside a function alike) goes one way.
 
-    optimizer <- codegen <- runtime <- service / SDK / thunder
+    optimizer <- codegen <- runtime <- engine <- service / SDK / thunder
                             runtime <- wire <- service, the SDK's Client
 
 ``fusecut.version`` is a leaf any layer may import. Inside ``optimizer`` each layer uses only
@@ -18,18 +18,20 @@ import networkx as nx
 import pytest
 
 SRC = Path(__file__).parent.parent / "src"
-LAYERS = ("optimizer", "codegen", "runtime", "wire", "service", "thunder", "version")
+LAYERS = ("optimizer", "codegen", "runtime", "engine", "wire", "service", "thunder", "version")
 # layer -> the layers it may import (besides itself)
 ALLOWED = {
     "version": set(),
     "optimizer": {"version"},
     "codegen": {"optimizer", "version"},
     "runtime": {"codegen", "optimizer", "version"},
+    # the engine: plan, program and run in stages, the caches every door shares
+    "engine": {"runtime", "codegen", "optimizer", "version"},
     "wire": {"runtime", "optimizer", "version"},
-    "service": {"wire", "runtime", "codegen", "optimizer", "version"},
+    "service": {"engine", "wire", "runtime", "codegen", "optimizer", "version"},
     # the SDK: FusionDefinition, the Client, the CLI (which starts the service: fusecut serve)
-    "sdk": {"service", "wire", "runtime", "codegen", "optimizer", "version"},
-    "thunder": {"sdk", "wire", "runtime", "codegen", "optimizer", "version"},
+    "sdk": {"engine", "service", "wire", "runtime", "codegen", "optimizer", "version"},
+    "thunder": {"sdk", "engine", "wire", "runtime", "codegen", "optimizer", "version"},
 }
 OPTIMIZER_ORDER = ["ir", "analysis", "kinds", "segmenters", "plan", "planner"]
 
@@ -118,3 +120,71 @@ def test_modules_import_each_other_at_the_top_without_a_cycle():
 def test_the_check_sees_an_arrow_back_up(arrow):
     m, n = arrow
     assert layer(m) != layer(n) and layer(n) not in ALLOWED[layer(m)]
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _owned_private_names(tree: ast.AST) -> set[str]:
+    """The private names a module defines: functions, classes, variables, attributes it
+    assigns (``self._x = ...``), fields and parameters."""
+    owned = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            owned.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            owned.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            owned.add(node.attr)
+        elif isinstance(node, ast.arg):
+            owned.add(node.arg)
+    return {n for n in owned if _private(n)}
+
+
+def private_reaches(sources: dict[str, str]) -> list[str]:
+    """Every place a module uses another fusecut module's private member: ``x._name`` where
+    ``_name`` is defined by some other module and not by this one (``self._name`` and
+    ``cls._name`` are a class's own), and ``from fusecut.other import _name``. By name, not by
+    type: a module reaching into an object of another module's class through a private name it
+    also defines itself is not seen."""
+    trees = {m: ast.parse(text) for m, text in sources.items()}
+    owned = {m: _owned_private_names(t) for m, t in trees.items()}
+    owners: dict[str, set[str]] = {}
+    for m, names in owned.items():
+        for n in names:
+            owners.setdefault(n, set()).add(m)
+    found = []
+    for m, tree in sorted(trees.items()):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr) \
+                    and node.attr not in owned[m] and node.attr in owners \
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                found.append(f"{m}:{node.lineno} {ast.unparse(node)} (defined in "
+                             f"{', '.join(sorted(owners[node.attr]))})")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fusecut") \
+                    and node.module != m:
+                found += [f"{m}:{node.lineno} from {node.module} import {a.name}"
+                          for a in node.names if _private(a.name)]
+    return found
+
+
+def test_no_module_reaches_into_another_modules_private_members():
+    # issue 46: the Thunder region entered the SDK through definition._local_state() and
+    # definition._warm; every door now goes through public names (fusecut.engine's handle)
+    reaches = private_reaches({m: p.read_text() for m, p in MODULES.items()})
+    assert not reaches, "\n".join(reaches)
+
+
+def test_the_private_member_check_sees_a_reach():
+    sources = {
+        "fusecut.definition": "class FusionDefinition:\n    def _local_state(self):\n"
+                              "        return self._entry\n",
+        "fusecut.thunder.regions": "from fusecut.definition import _helper\n"
+                                   "def run(definition):\n"
+                                   "    return definition._local_state(), definition.handle\n",
+    }
+    reaches = private_reaches(sources)
+    assert reaches == ["fusecut.thunder.regions:1 from fusecut.definition import _helper",
+                       "fusecut.thunder.regions:3 definition._local_state (defined in "
+                       "fusecut.definition)"], reaches

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import torch
 
-from fusecut.local import as_metadata
+from fusecut.engine import as_metadata
 from fusecut.optimizer.errors import FusecutError, counted
 from fusecut.optimizer.ir.fusion import Fusion
 from fusecut.optimizer.ir.nvtext import ParsedDefinition, parse_text
@@ -150,9 +150,8 @@ def _checked(response: httpx.Response) -> httpx.Response:
 
 
 def plan_of(response: httpx.Response, source: Definition | None = None) -> PlanView:
-    plan = PlanView(_checked(response).json())
-    plan._source = source  # so that the plan can be executed without naming its fusion again
-    return plan
+    # the source, so that the plan can be executed without naming its fusion again
+    return PlanView(_checked(response).json(), source=source)
 
 
 def execution_of(response: httpx.Response, fusion: Fusion) -> RemoteExecution:
@@ -278,9 +277,9 @@ def _fusion_of_plan(definition: Any) -> Fusion | None:
     """A plan carries its ops, not its definition: the fusion comes from where it was made."""
     if not isinstance(definition, PlanView):
         return None
-    if definition._internal is not None:
-        return definition._internal.fusion
-    if definition._source is not None:
-        return fusion_of(definition._source)
+    if definition.plan is not None:
+        return definition.plan.fusion
+    if definition.source is not None:
+        return fusion_of(definition.source)
     raise ValueError("this plan came from get_plan(): pass fusion=<its Fusion> to execute it "
                      "(or execute the definition itself)")

@@ -15,6 +15,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
+from fusecut.engine import FusionHandle
 from fusecut.execute_options import ExecuteOptions, parse_execute_options
 from fusecut.fusion_cache import CacheEntry, CompiledFusion, FusionCache
 from fusecut.optimizer.errors import DefinitionError, ManualSchedulingError
@@ -167,7 +168,6 @@ class FusionDefinition:
             self._entry = entry
         self.ops = _Ops(self)
         self.sched = _Sched(self)
-        self._warm = None  # the last compiled program's warm call
         self.fec: CompiledFusion | None = None
         self.profiled = False
         self._profile: FusionProfile | None = None
@@ -318,14 +318,14 @@ class FusionDefinition:
 
             with Client(remote) as client:
                 return client.plan(self.fusion, inputs, **options)
-        return self._local_state().plan(inputs, **options)
+        return PlanView(plan=self.handle.plan(inputs, **options))
 
     def segment(self, inputs: list[Any], **options: Any) -> list[SegmentDefinition]:
         """The plan's segments as standalone definitions with maps to this one."""
         planned = self.plan(inputs, **options)
-        internal = planned._internal
+        internal = planned.plan
         if internal is None:  # planned by a service: rebuild it here from its JSON
-            from fusecut.local import as_metadata
+            from fusecut.engine import as_metadata
             from fusecut.optimizer.plan.restore import restore_plan
 
             internal = restore_plan(self.fusion, as_metadata(_flat_arguments(inputs)),
@@ -349,7 +349,7 @@ class FusionDefinition:
         """
         from fusecut.runtime.tensors import with_cpu_scalars_on_device  # torch, imported late
 
-        warm = self._warm
+        warm = self._entry.handle.warm if self._entry is not None else None
         inputs = with_cpu_scalars_on_device(_flat_arguments(inputs))
         if warm is not None and (not options or _only_defaults(options)):
             outputs = warm(inputs)
@@ -399,9 +399,9 @@ class FusionDefinition:
         if self.fec is not None and not timed and not opts.planning:
             outputs = self.fec.execute(inputs, device=device if not tensors else None)
             return self._returned(_placed(outputs, device, tensors))
-        local = self._local_state()
-        result = local.execute(inputs, return_execution=timed,
-                               device=device if not tensors else None, **opts.planning)
+        result = self.handle.execute(inputs, return_execution=timed,
+                                     device=device if not tensors else None,
+                                     keep_warm=opts.plain, **opts.planning)
         if opts.capture_debug_output:
             self._debug_output = self._debug_text(inputs, opts.planning)
         if timed:
@@ -412,8 +412,6 @@ class FusionDefinition:
             if return_execution:
                 return result
             return self._returned(_placed(result.outputs, device, tensors))
-        if opts.plain:
-            self._warm = local.warm
         return self._returned(_placed(result, device, tensors))
 
     def _returned(self, outputs: list[Any]) -> list[Any]:
@@ -446,8 +444,7 @@ class FusionDefinition:
 
     def _debug_text(self, inputs: list[Any], planning: dict[str, Any]) -> str:
         """What fusecut tells about a run: the plan's segments and bytes."""
-        planned = self._local_state().plan(inputs, **planning)
-        return planned.table() if hasattr(planned, "table") else str(planned.json["totals"])
+        return str(PlanView(plan=self.handle.plan(inputs, **planning)).totals)
 
     def debug_output(self) -> str | None:
         """The plan summary of the last ``execute(..., capture_debug_output=True)``."""
@@ -514,11 +511,16 @@ class FusionDefinition:
             lines += ["]", "fd.execute(inputs)"]
         return "\n".join(lines) + "\n"
 
-    def _local_state(self):
+    @property
+    def handle(self) -> FusionHandle:
+        """This definition's way into the process's engine (``fusecut.engine``): its plans and
+        compiled programs, shared with every definition of the same structure, and the warm call
+        of its last program. What a front that builds definitions (Thunder's regions) uses to
+        plan, compile and launch a stage at a time."""
         self._ensure_defined()
         if self._entry is None:
             self._entry = FusionCache.get().register(self.fusion)
-        return self._entry.local
+        return self._entry.handle
 
     # ---- nvFuser's scheduling and introspection API, which fusecut does not have -------------
 

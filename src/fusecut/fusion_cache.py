@@ -3,12 +3,13 @@
 - ``FusionCache`` (nvFuser's legacy frontend): one per process. Every completed definition is
   looked up by its *structure* (ops, attributes, input declarations and constants; not the names
   it happens to use); a new structure gets the next id, and ``num_fusions()`` counts them. The
-  entry owns the definition's ``Local`` state (plans per input metadata, compiled programs per
-  argument signature), so a definition written twice (a repro printed and run again, a helper
-  that rebuilds the same fusion) plans and compiles once. ``reset()`` forgets everything, ids
-  restart at 0. ``serialize``/``deserialize`` write and read the definitions (wire JSON): after a
-  round trip the same definitions have the same ids; plans and kernels are rebuilt on first use
-  (fusecut's kernel cache on disk keeps the compiled code).
+  entry holds the definition's handle on the process's engine (``fusecut.engine``: plans per
+  input metadata, compiled programs per argument signature), so a definition written twice (a
+  repro printed and run again, a helper that rebuilds the same fusion) plans and compiles once.
+  ``reset()`` forgets everything (the engine's plans and programs too), ids restart at 0.
+  ``serialize``/``deserialize`` write and read the definitions (wire JSON): after a round trip
+  the same definitions have the same ids; plans and kernels are rebuilt on first use (fusecut's
+  kernel cache on disk keeps the compiled code).
 - ``LRUCache`` (nvfuser_direct): ``cache_compile(fusion)`` returns the cached executor of that
   fusion's structure (a ``CompiledFusion``), holding at most ``max_fusions`` (least recently used
   evicted). ``LruFusionCache`` is the decorator form over a function that builds definitions.
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fusecut.engine import FusionHandle, default_engine
 from fusecut.optimizer.errors import DefinitionError
 from fusecut.optimizer.ir.fusion import Fusion
 from fusecut.optimizer.ir.wire import canonical_json, fusion_from_json, fusion_to_json
@@ -69,19 +71,18 @@ def structural_key(fusion: Fusion) -> str:
 
 @dataclass
 class CacheEntry:
-    """One cached definition: its id, the fusion, and its plans and programs (made on use)."""
+    """One cached definition: its id, the fusion, and its handle on the process's engine (its
+    plans and programs; made on first use)."""
 
     id: int
     fusion: Fusion
-    _local: Any = field(default=None, repr=False)
+    _handle: Any = field(default=None, repr=False)
 
     @property
-    def local(self):
-        if self._local is None:
-            from fusecut.local import Local
-
-            self._local = Local(self.fusion)
-        return self._local
+    def handle(self) -> FusionHandle:
+        if self._handle is None:
+            self._handle = default_engine().fusion(self.fusion)
+        return self._handle
 
 
 class FusionCache:
@@ -129,6 +130,7 @@ class FusionCache:
         """Forget every cached definition, plan and program; ids start again at 0."""
         with cls._lock:
             cls._singleton = None
+        default_engine().clear()
 
     def num_fusions(self) -> int:
         return len(self._entries)
@@ -238,11 +240,11 @@ class CompiledFusion:
         return self._entry.fusion
 
     def execute(self, inputs: list[Any], **options: Any) -> list[Any]:
-        return self._entry.local.execute(list(inputs), **options)
+        return self._entry.handle.execute(list(inputs), **options)
 
     def is_compiled(self, inputs: list[Any]) -> bool:
         """Whether a plan for arguments like ``inputs`` exists (and, on a GPU, its program)."""
-        return self._entry.local.has_plan(list(inputs))
+        return self._entry.handle.cached_plan(list(inputs)) is not None
 
 
 class LRUCache:

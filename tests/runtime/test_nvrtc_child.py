@@ -61,7 +61,7 @@ def test_children_are_reused():
 def test_a_segment_nvrtc_cannot_compile_runs_through_torch(path, monkeypatch, caplog):
     import torch
 
-    from fusecut.local import as_metadata
+    from fusecut.engine import as_metadata
     from fusecut.optimizer.planner import make_plan
     from fusecut.runtime import kernels
     from fusecut.runtime.executor import execute_plan

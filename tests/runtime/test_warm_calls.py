@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-import fusecut.local
+import fusecut.engine
 import fusecut.runtime.compile
 from fusecut import DataType, FusionDefinition
 from fusecut.optimizer.errors import InputError
@@ -42,7 +42,7 @@ def definition(name: str, max_numel: int = 1 << 14, device: str = "cpu"):
 
 
 def test_repeated_calls_plan_once_on_the_cpu_path(monkeypatch):
-    planned = Counted(monkeypatch, fusecut.local, "make_plan")
+    planned = Counted(monkeypatch, fusecut.engine, "make_plan")
     fusion, fd, args = definition("layernorm_fwd")
     for _ in range(3):
         outs = fd.execute(args)
@@ -75,8 +75,8 @@ def native_built():
 def test_warm_calls_neither_plan_nor_compile(name, monkeypatch, native_built):
     fusion, fd, args = definition(name, device="cuda")
     first = fd.execute(args)
-    planned = Counted(monkeypatch, fusecut.local, "make_plan")
-    built = Counted(monkeypatch, fusecut.local, "compile_plan")
+    planned = Counted(monkeypatch, fusecut.engine, "make_plan")
+    built = Counted(monkeypatch, fusecut.engine, "compile_plan")
     compiled = Counted(monkeypatch, fusecut.runtime.compile, "_nvrtc")
     cached = fusecut.runtime.compile.STATS.memory_hits + fusecut.runtime.compile.STATS.disk_hits
     for _ in range(5):
@@ -87,7 +87,7 @@ def test_warm_calls_neither_plan_nor_compile(name, monkeypatch, native_built):
     torch.cuda.synchronize()
     close(outs, run_reference(fusion, args), name)
     close(outs, first, name)
-    program = next(iter(fd._local_state().programs.values()))
+    program = fd.handle.programs()[0]
     assert program.native is not None  # C++ runs kernel and linear/matmul plans
 
 
@@ -95,7 +95,7 @@ def test_warm_calls_neither_plan_nor_compile(name, monkeypatch, native_built):
 def test_python_and_native_paths_agree(monkeypatch, native_built):
     fusion, fd, args = definition("layernorm_bwd", device="cuda")
     native_outs = fd.execute(args)
-    program = next(iter(fd._local_state().programs.values()))
+    program = fd.handle.programs()[0]
     assert program.native is not None
     python_outs = program.run_python(args)
     torch.cuda.synchronize()
@@ -116,7 +116,7 @@ def test_signature_changes_take_the_slow_path(native_built):
         close([got], run_reference(fusion, [other]))
     (again,) = fd.execute(args)
     close([again], run_reference(fusion, args))
-    assert len(fd._local_state().programs) == 3
+    assert len(fd.handle.programs()) == 3
 
 
 @gpu
@@ -156,7 +156,7 @@ def test_scalar_inputs_change_without_replanning(monkeypatch, native_built):
         fd.add_output(fd.ops.sum(fd.ops.mul(t0, s1), dims=[1], keepdim=False))
     x = torch.randn(64, 256, device="cuda")
     fd.execute([x, 1.0])
-    planned = Counted(monkeypatch, fusecut.local, "make_plan")
+    planned = Counted(monkeypatch, fusecut.engine, "make_plan")
     for factor in (2.0, -3.5):
         (got,) = fd.execute([x, factor])
         torch.testing.assert_close(got, (x * factor).sum(1), rtol=1e-5, atol=1e-4)

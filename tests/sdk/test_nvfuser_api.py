@@ -86,7 +86,7 @@ def test_fusion_cache_counts_definitions_by_structure():
         _add_mul(fd2, x)
     assert cache.num_fusions() == 1 and fd1.id() == fd2.id() == 0
     fd1.execute([x, x])
-    assert fd2._local_state() is fd1._local_state()  # one set of plans and programs
+    assert fd2.handle is fd1.handle  # one set of plans and programs
     with FusionDefinition() as fd3:
         t = fd3.from_pytorch(x)
         fd3.add_output(fd3.ops.neg(t))
@@ -213,10 +213,10 @@ def test_a_fusion_without_tensor_inputs_runs_on_the_current_gpu(monkeypatch):
     # nvFuser's test_random_distinct_values compares such outputs with CUDA tensors, and its
     # test_uniform_range draws 2**29 values a call: without a device= hint they must still be
     # computed on the current GPU (fusecut's kernels), not on the CPU
-    import fusecut.local
+    import fusecut.engine
 
     asked = []
-    run = fusecut.local.Local.execute
+    run = fusecut.engine.FusionHandle.execute
 
     def execute(self, inputs, return_execution=False, device=None, **options):
         asked.append(device)
@@ -224,7 +224,7 @@ def test_a_fusion_without_tensor_inputs_runs_on_the_current_gpu(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(fusecut.local.Local, "execute", execute)
+    monkeypatch.setattr(fusecut.engine.FusionHandle, "execute", execute)
     monkeypatch.setattr(fusecut.definition, "_placed", lambda outs, device, tensors: outs)
     with FusionDefinition() as fd:
         s0, s1 = fd.define_scalar(0.0), fd.define_scalar(1.0)

@@ -85,7 +85,7 @@ def test_the_fusion_pass_compiles_each_region_ahead_for_its_first_call(fresh, nv
     for _, fn in regions(ours):
         if not row_major(fn.first_args):
             continue
-        plan = fn.definition._local_state().plan(fn.first_args)._internal
+        plan = fn.definition.handle.plan(fn.first_args)
         for segment in plan.segments:  # what the first launch on sm_90 would compile
             if segment.kind not in ahead.NOT_GENERATED:
                 code = generate_segment(plan, segment, None)

@@ -22,7 +22,7 @@ import torch
 
 import fusecut.thunder
 from benchmarks.gpu_fuzz import mismatch
-from fusecut.local import as_metadata
+from fusecut.engine import as_metadata
 from fusecut.optimizer.planner import make_plan
 from fusecut.runtime.reference import run_reference
 from fusecut.runtime.run import run_plan

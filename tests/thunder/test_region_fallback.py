@@ -14,7 +14,7 @@ import logging
 import pytest
 import torch
 
-import fusecut.local
+import fusecut.engine
 import fusecut.runtime.kernels
 import fusecut.thunder
 import fusecut.thunder.executor
@@ -79,7 +79,7 @@ def assert_every_region_fell_back(ours, stage: str, message: str, caplog) -> Non
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_plan_that_fails_runs_the_region_on_torch(device, monkeypatch, caplog):
-    monkeypatch.setattr(fusecut.local, "make_plan", broken(PlanError("injected plan failure")))
+    monkeypatch.setattr(fusecut.engine, "make_plan", broken(PlanError("injected plan failure")))
     model, ours = jitted_block(device)
     x = torch.randn(2, 8, 32, device=device)
     with caplog.at_level(logging.WARNING, logger="fusecut.thunder"):
@@ -90,7 +90,7 @@ def test_a_plan_that_fails_runs_the_region_on_torch(device, monkeypatch, caplog)
 
 def test_any_error_in_planning_falls_back_not_only_fusecut_errors(monkeypatch, caplog):
     # a bug in the planner (a KeyError, say) is still not the user's problem
-    monkeypatch.setattr(fusecut.local, "make_plan", broken(KeyError("T7")))
+    monkeypatch.setattr(fusecut.engine, "make_plan", broken(KeyError("T7")))
     model, ours = jitted_block("cpu")
     with caplog.at_level(logging.WARNING, logger="fusecut.thunder"):
         assert_same_step(ours, model, torch.randn(2, 8, 32))
@@ -99,7 +99,7 @@ def test_any_error_in_planning_falls_back_not_only_fusecut_errors(monkeypatch, c
 
 def test_out_of_memory_reaches_the_user(monkeypatch):
     # torch would run out of memory as well: falling back would only hide it
-    monkeypatch.setattr(fusecut.local, "make_plan",
+    monkeypatch.setattr(fusecut.engine, "make_plan",
                         broken(torch.OutOfMemoryError("injected: out of memory")))
     model, ours = jitted_block("cpu")
     with pytest.raises(torch.OutOfMemoryError):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from thunder.core.proxies import Proxy  # noqa: E402
 
-import fusecut.local
+import fusecut.engine
 from benchmarks.models import blocks, place  # noqa: E402
 from fusecut.runtime import ahead
 from fusecut.thunder.claims import POINTWISE, REDUCTIONS
@@ -71,13 +71,13 @@ def assert_all_fused_by_fusecut(jitted) -> None:
 @pytest.fixture
 def planner_calls(monkeypatch):
     calls = []
-    real = fusecut.local.make_plan
+    real = fusecut.engine.make_plan
 
     def counting(*args, **kwargs):
         calls.append(args[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(fusecut.local, "make_plan", counting)
+    monkeypatch.setattr(fusecut.engine, "make_plan", counting)
     return calls
 
 
@@ -342,7 +342,7 @@ def test_region_whose_plan_fails_runs_on_torch(monkeypatch):
     def refuse(*args, **kwargs):
         raise PlanError("refused for this test")
 
-    monkeypatch.setattr(fusecut.local, "make_plan", refuse)
+    monkeypatch.setattr(fusecut.engine, "make_plan", refuse)
 
     def f(a, b):
         return torch.softmax(a * b + 0.5, dim=-1)

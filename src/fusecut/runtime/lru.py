@@ -39,6 +39,11 @@ class BoundedCache(Generic[K, V]):
         with self._lock:
             self._items.clear()
 
+    def items(self) -> list[tuple[K, V]]:
+        """A snapshot of the entries, least recently used first."""
+        with self._lock:
+            return list(self._items.items())
+
     def __len__(self) -> int:
         return len(self._items)
 

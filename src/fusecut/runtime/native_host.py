@@ -28,10 +28,10 @@ from fusecut.runtime.program import (
     SCALAR_TYPE,
     Launch,
     Program,
-    _native_program,
     baked_positions,
     input_specs,
     native_eligible,
+    native_program,
     signature,
 )
 from fusecut.runtime.stream_pool import entry_event, events_pool, segment_io
@@ -160,7 +160,7 @@ def event_functions() -> tuple[int, int]:
 
 def _capsule(program: Program) -> Any:
     if program.native is None and native_eligible(program):
-        program.native, program.native_ready = _native_program(program), None
+        program.native, program.native_ready = native_program(program), None
     return program.native[1] if program.native is not None else None
 
 

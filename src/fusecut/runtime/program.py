@@ -159,7 +159,7 @@ class Program:
         if signature(args, self.baked) != self.signature:
             return None
         if self.native_ready is not None and self.native_ready():  # built since: use it
-            self.native, self.native_ready = _native_program(self), None
+            self.native, self.native_ready = native_program(self), None
         return self.run_python(args, into)
 
     def _call_drawing(self, args: list[Any], into: list[torch.Tensor | None] | None
@@ -398,7 +398,7 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
         from fusecut.runtime import launcher
 
         if launcher.native() is not None:
-            program.native = _native_program(program)
+            program.native = native_program(program)
         elif launcher.failure() is None and launcher.enabled():
             program.native_ready = launcher.native
     return program
@@ -463,7 +463,7 @@ def native_eligible(program: Program) -> bool:
             and all(isinstance(s, (Launch, LibraryCall)) for s in program.steps))
 
 
-def _native_program(program: Program) -> Any:
+def native_program(program: Program) -> Any:
     from fusecut.runtime.launcher import native
 
     module = native()

@@ -62,10 +62,10 @@ def compile_region_ahead(definition: Any, proxies: Sequence[Any],
     metas = metadata_of(proxies)
     if arch is None or metas is None or not ahead.enabled():
         return False
-    local = definition._local_state()  # on this thread: the fusion cache's entry is made once
+    handle = definition.handle  # on this thread: the fusion cache's entry is made once
 
     def job() -> None:
-        ahead.compile_plan(local.plan(metas)._internal, arch)
+        ahead.compile_plan(handle.plan(metas), arch)
 
     ahead.submit(job)
     return True

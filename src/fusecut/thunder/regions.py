@@ -20,6 +20,7 @@ from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, tracectx
 
 from fusecut.definition import FusionDefinition
+from fusecut.plan import PlanView
 from fusecut.runtime.compile import CompileError
 from fusecut.runtime.run import on_gpu
 from fusecut.thunder.memory_order import Order, inverse, orders_of, output_orders
@@ -178,11 +179,12 @@ class FusecutRegion:
         args = variant.inputs(args)
         definition = variant.definition
         if self.first_args is None:
-            from fusecut.local import as_metadata
+            from fusecut.engine import as_metadata
 
             self.first_args = as_metadata(args)
             self._first_variant = variant
-        warm = definition._warm  # a compiled program for arguments like these: no metadata,
+        handle = definition.handle
+        warm = handle.warm  # a compiled program for arguments like these: no metadata,
         if warm is not None:  # no planning, no service call
             with stage("launch"):
                 outputs = warm(args)
@@ -193,33 +195,33 @@ class FusecutRegion:
         with stage("plan", self.setup_seconds):
             if self.plan_remote is not None:
                 self._adopt_remote_plan(definition, args)
-            definition._local_state().plan(args)
+            handle.plan(args)
         if on_gpu(args):
             # generated and compiled: a CompileError says "compile"
             with stage("codegen", self.setup_seconds):
-                definition._local_state().program(args)
+                handle.program(args)
         with stage("launch"):
             return variant.outputs(definition.execute(args))
 
     def _adopt_remote_plan(self, definition: FusionDefinition, args: list[Any]) -> None:
         """Plan through the service (metadata only) once per input signature; run locally."""
         from fusecut.client import Client
-        from fusecut.local import as_metadata
+        from fusecut.engine import as_metadata
         from fusecut.optimizer.plan.restore import restore_plan
 
-        local = definition._local_state()
+        handle = definition.handle
         metas = as_metadata(args)
-        if local.has_plan(metas):
+        if handle.cached_plan(metas) is not None:
             return
         with Client(self.plan_remote) as client:
-            remote = client.plan(definition.fusion, metas)
-        local.adopt(metas, restore_plan(definition.fusion, metas, remote.json))
+            remote = client.plan(handle.fusion, metas)
+        handle.adopt(metas, restore_plan(handle.fusion, metas, remote.json))
 
     def plan(self):
         """The plan of the first call's inputs (cached: planning again costs nothing)."""
         if self.first_args is None or self.fallback_reason is not None:
             return None
-        return self._first_variant.definition._local_state().plan(self.first_args)
+        return PlanView(plan=self._first_variant.definition.handle.plan(self.first_args))
 
     @property
     def first_definition(self) -> FusionDefinition:

@@ -76,13 +76,38 @@ class Request:
     source: PlanSource | None
 
 
-def restore_stored(source: PlanSource):
+def held_plan(source: PlanSource) -> tuple[Held, Any]:
+    """The plan ``source`` describes, from the process's engine when it holds it (planned by the
+    SDK, a Thunder region or the CLI in this process, or restored before), else rebuilt from
+    its JSON without solving and given to the engine, under the request's definition, input
+    metadata and options (so that any door asking for the same plan is served it)."""
+    from fusecut.engine import default_engine
     from fusecut.optimizer.ir.wire import fusion_from_json, meta_from_json
     from fusecut.optimizer.plan.restore import restore_plan
 
-    request, plan = json.loads(source[0]), json.loads(source[1])
+    request, data = json.loads(source[0]), json.loads(source[1])
     fusion = fusion_from_json(request["definition"])
-    return restore_plan(fusion, [meta_from_json(m) for m in request["inputs"]], plan)
+    held = Held(default_engine().fusion(fusion),
+                tuple(meta_from_json(m) for m in request["inputs"]), data["options"])
+    plan = held.plan()
+    if plan is None or plan.plan_id != data.get("plan_id"):
+        plan = restore_plan(fusion, list(held.inputs), data)
+        held.handle.adopt(list(held.inputs), plan, **held.options)
+    return held, plan
+
+
+@dataclass(frozen=True)
+class Held:
+    """Where a plan a worker runs lives: in the process's engine, under its definition's
+    handle, input metadata and options."""
+
+    handle: Any  # fusecut.engine.FusionHandle
+    inputs: tuple
+    options: dict[str, Any]
+
+    def plan(self):
+        """The plan, or None when the engine has let it go (the least recently used)."""
+        return self.handle.cached_plan(list(self.inputs), **self.options)
 
 
 class _Runner:
@@ -93,24 +118,25 @@ class _Runner:
 
         self.torch = torch
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.plans: OrderedDict[str, Any] = OrderedDict()
+        self.held: OrderedDict[str, Held] = OrderedDict()  # plan id -> where it is
 
     def execute(self, job: Job, source: PlanSource | None) -> Outcome | PlanNeeded:
         import fusecut.runtime.compile as rc
+        from fusecut.engine import default_engine
         from fusecut.optimizer.errors import FusecutError
-        from fusecut.runtime.run import run_plan
         from fusecut.service.processes.limits import check_result_sizes
         from fusecut.wire.tensors import arguments, check_encodable, to_device
 
         try:
-            plan = self.plans.get(job.plan_id)
-            if plan is None:
+            held = self.held.get(job.plan_id)
+            plan = held.plan() if held is not None else None  # None too when the engine let
+            if plan is None:  # it go
                 if source is None:
                     return PlanNeeded(job.plan_id)
-                plan = self.plans[job.plan_id] = restore_stored(source)
-                while len(self.plans) > PLANS_HELD:
-                    self.plans.popitem(last=False)
-            self.plans.move_to_end(job.plan_id)
+                self.held[job.plan_id], plan = held_plan(source)
+                while len(self.held) > PLANS_HELD:
+                    self.held.popitem(last=False)
+            self.held.move_to_end(job.plan_id)
             args = arguments(plan.fusion, job.tensors)
             check_encodable(plan.fusion, job.wire)
             check_result_sizes(plan, job.max_output_bytes, job.max_tensor_bytes)
@@ -118,7 +144,7 @@ class _Runner:
                     for v in args]
             stats = rc.STATS
             before = (stats.compiles, stats.seconds, stats.memory_hits + stats.disk_hits)
-            result = run_plan(plan, args, timed=True)
+            result = default_engine().run(plan, args, timed=True)
             outputs = [(name, t.cpu()) for name, t in zip(plan.fusion.outputs, result.outputs)]
         except FusecutError as e:
             return refusal(e)
