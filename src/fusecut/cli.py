@@ -264,16 +264,16 @@ def plan(file: str = FILE,
 
     FILE is an nvFuser repro, a wire-JSON definition or a POST /v1/plan body ('-' reads
     standard input); without an inputs list in it, give --inputs."""
-    from fusecut.optimizer.planner import PlanOptions, make_plan
+    from fusecut.engine import default_engine
 
     parsed = read_definition(file)
     metas = input_metadata(parsed, inputs)
     try:
         with progress(f"planning {counted(len(parsed.fusion.ops), 'op')} with {segmenter} "
                       f"(time limit {time_limit:g} s)"):
-            result = make_plan(parsed.fusion, metas, PlanOptions(
-                segmenter=segmenter, time_limit_s=time_limit, device=device,
-                num_streams=num_streams)).to_json()
+            result = default_engine().fusion(parsed.fusion).plan(
+                metas, segmenter=segmenter, time_limit_s=time_limit, device=device,
+                num_streams=num_streams).to_json()
     except FusecutError as e:
         fail(str(e))
     for path, draw, what in ((svg, to_svg, "picture"), (dot, to_dot, "DOT graph")):
@@ -347,12 +347,12 @@ def codegen(file: str = FILE,
     FILE is an nvFuser repro, a wire-JSON definition or a POST /v1/plan body ('-' reads
     standard input)."""
     from fusecut.codegen import generate_segment
-    from fusecut.optimizer.planner import make_plan
+    from fusecut.engine import default_engine
 
     parsed = read_definition(file)
     try:
         with progress(f"planning {counted(len(parsed.fusion.ops), 'op')}"):
-            plan_ = make_plan(parsed.fusion, input_metadata(parsed, inputs))
+            plan_ = default_engine().fusion(parsed.fusion).plan(input_metadata(parsed, inputs))
     except FusecutError as e:
         fail(str(e))
     try:
