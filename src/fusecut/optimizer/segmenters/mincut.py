@@ -51,6 +51,15 @@ def refine(graph: SegGraph, groups: list[Group], options: SolverOptions,
     writes = graph.derive_writes(ops_list)
     refined = list(zip(ops_list, writes))
     note = "; time limit reached" if late else ""
+    # each grown segment scheduled when it grew, but the writes derived at the end can ask
+    # another segment to write more (a value a later one no longer recomputes): one that then
+    # does not schedule keeps the input plan (a Llama backward region's rotary slices wrote
+    # [2, 2, 16, 16] and [2, 4, 16, 8] from one segment)
+    unscheduled = [ops for ops, written in refined if not graph.classify(ops, written)]
+    if unscheduled:
+        return groups, SolverReport("FEASIBLE", wall_s=time.perf_counter() - start,
+                                    message="a refined segment did not schedule; kept the "
+                                            "input plan" + note)
     if plan_cost(graph, refined) > plan_cost(graph, groups):
         return groups, SolverReport("FEASIBLE", wall_s=time.perf_counter() - start,
                                     message="refinement did not pay; kept the input plan" + note)
