@@ -69,3 +69,30 @@ def record_nvrtc_threads(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(rc, "_nvrtc", recorded)
     return threads
+
+
+def compile_failures(regions: dict[str, tuple]) -> list[str]:
+    """Every generated segment of every region, compiled for sm_90 as the GPU would compile it
+    (vectorised, and the scalar variant taken for unaligned arguments)."""
+    failures = []
+    from fusecut.codegen import generate_segment
+    from fusecut.optimizer.planner import make_plan
+    from fusecut.runtime.compile import compile_cubin
+    from fusecut.runtime.kernels import NOT_GENERATED
+
+    for name, definition, metas in regions.values():
+        plan = make_plan(definition.fusion, metas)
+        for segment in plan.segments:
+            if segment.kind in NOT_GENERATED:
+                continue
+            for vector in (None, 1):
+                try:
+                    kernels = generate_segment(plan, segment, vector)
+                    if kernels.kernels:
+                        compile_cubin(kernels.source, "sm_90", kernels.kernels[0].name)
+                except Exception as e:  # collect them all: one failure hides no other
+                    first = (str(e).strip().splitlines() or [""])[0]
+                    log = [line for line in str(e).splitlines() if "error" in line][:2]
+                    failures.append(f"{name} segment {segment.index} ({segment.kind.value}, "
+                                    f"vector={vector}): {type(e).__name__}: {first} {log}")
+    return failures

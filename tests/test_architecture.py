@@ -4,9 +4,9 @@
     optimizer <- codegen <- runtime <- engine <- service / SDK / thunder
                             runtime <- wire <- service, the SDK's Client
 
-``fusecut.version`` is a leaf any layer may import. Inside ``optimizer`` each layer uses only
-those below it: ir < analysis (and profiles) < kinds < segmenters < plan < planner. Modules
-import each other at their top without a cycle.
+``fusecut.version`` and ``fusecut.environment`` are leaves any layer may import. Inside
+``optimizer`` each layer uses only those below it: ir < analysis (and profiles) < kinds <
+segmenters < plan < planner. Modules import each other at their top without a cycle.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import networkx as nx
 import pytest
 
 SRC = Path(__file__).parent.parent / "src"
-LAYERS = ("optimizer", "codegen", "runtime", "engine", "wire", "service", "thunder", "version")
+LAYERS = ("optimizer", "codegen", "runtime", "engine", "wire", "service", "thunder", "dynamo",
+          "version", "environment")
 # layer -> the layers it may import (besides itself)
 ALLOWED = {
     "version": set(),
@@ -32,7 +33,13 @@ ALLOWED = {
     # the SDK: FusionDefinition, the Client, the CLI (which starts the service: fusecut serve)
     "sdk": {"engine", "service", "wire", "runtime", "codegen", "optimizer", "version"},
     "thunder": {"sdk", "engine", "wire", "runtime", "codegen", "optimizer", "version"},
+    # the torch.compile backend, a front like Thunder's executor (and sharing fusecut.fronts)
+    "dynamo": {"sdk", "engine", "wire", "runtime", "codegen", "optimizer", "version"},
 }
+# fusecut.environment, the FUSECUT_* variables declared once: a leaf like version, which every
+# other layer may import (issue 46)
+ALLOWED = {k: v if k == "version" else v | {"environment"} for k, v in ALLOWED.items()}
+ALLOWED["environment"] = {"version"}
 OPTIMIZER_ORDER = ["ir", "analysis", "kinds", "segmenters", "plan", "planner"]
 
 

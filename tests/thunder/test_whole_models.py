@@ -15,13 +15,10 @@ import torch
 
 import fusecut.thunder
 from benchmarks.whole_models import MODEL_NAMES, whole_model
-from fusecut.codegen import generate_segment
-from fusecut.optimizer.planner import make_plan
-from fusecut.runtime.compile import compile_cubin
-from fusecut.runtime.kernels import NOT_GENERATED
 from fusecut.thunder.executor import thunder
 from fusecut.thunder.regions import fusecut_regions
 from fusecut.thunder.reports import region_reports
+from tests.helpers import compile_failures
 from tests.thunder.thunder_steps import assert_same_lm_step, torch_executor_lm_step
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -43,28 +40,6 @@ def regions_of(jitted) -> dict[str, tuple]:
                 found.setdefault(repr(fn.first_definition),
                                  (bsym.sym.name, fn.first_definition, fn.first_args))
     return found
-
-
-def compile_failures(regions: dict[str, tuple]) -> list[str]:
-    """Every generated segment of every region, compiled for sm_90 as the GPU would compile it
-    (vectorised, and the scalar variant taken for unaligned arguments)."""
-    failures = []
-    for name, definition, metas in regions.values():
-        plan = make_plan(definition.fusion, metas)
-        for segment in plan.segments:
-            if segment.kind in NOT_GENERATED:
-                continue
-            for vector in (None, 1):
-                try:
-                    kernels = generate_segment(plan, segment, vector)
-                    if kernels.kernels:
-                        compile_cubin(kernels.source, "sm_90", kernels.kernels[0].name)
-                except Exception as e:  # collect them all: one failure hides no other
-                    first = (str(e).strip().splitlines() or [""])[0]
-                    log = [line for line in str(e).splitlines() if "error" in line][:2]
-                    failures.append(f"{name} segment {segment.index} ({segment.kind.value}, "
-                                    f"vector={vector}): {type(e).__name__}: {first} {log}")
-    return failures
 
 
 _references: dict[tuple, list[torch.Tensor]] = {}

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +18,8 @@ from thunder.core.symbol import BoundSymbol
 from thunder.core.trace import TraceCtx, tracectx
 
 from fusecut.definition import FusionDefinition
+from fusecut.fronts import RegionFailure, stage
 from fusecut.plan import PlanView
-from fusecut.runtime.compile import CompileError
 from fusecut.runtime.run import on_gpu
 from fusecut.thunder.memory_order import Order, inverse, orders_of, output_orders
 from fusecut.thunder.translation import Translation
@@ -65,41 +63,6 @@ class _Variant:
 # ---- failures --------------------------------------------------------------------------------
 
 log = logging.getLogger("fusecut.thunder")
-
-# Where a region's work can fail, in order. A failure at any of them moves the region to the next
-# executor for good: a CompileError escaping into a user's training step is never the answer.
-STAGES = ("translate", "plan", "codegen", "compile", "launch")
-
-
-class RegionFailure(Exception):
-    """A region's fusecut work failed at ``stage`` (one of STAGES) with ``cause``."""
-
-    def __init__(self, stage: str, cause: BaseException):
-        first_line = (str(cause).strip().splitlines() or [""])[0][:300]
-        super().__init__(f"{stage} failed: {type(cause).__name__}: {first_line}")
-        self.stage = stage
-        self.cause = cause
-
-
-@contextmanager
-def stage(name: str, seconds: dict[str, float] | None = None):
-    """Failures inside become RegionFailure(name); NVRTC's refusal is the compile stage whatever
-    the caller called it. Out of memory is not fusecut's failure: torch would fail the same way,
-    so it reaches the user as it is. ``seconds[name]`` adds the wall time spent inside: what a
-    region costs the first step."""
-    start = time.perf_counter()
-    try:
-        yield
-    except RegionFailure:
-        raise
-    except torch.OutOfMemoryError:
-        raise
-    except Exception as e:
-        raise RegionFailure("compile" if isinstance(e, CompileError) else name, e) from e
-    finally:
-        if seconds is not None:
-            seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
-
 
 def fast_path_off() -> bool:
     return False

@@ -6,44 +6,11 @@ seconds.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import thunder
 
-from fusecut.optimizer.errors import counted
+from fusecut.fronts import RegionReport
 from fusecut.thunder.regions import Fallback, FusecutRegion, fusecut_regions
-
-# ---- reports ------------------------------------------------------------------------------------
-
-
-@dataclass
-class RegionReport:
-    name: str
-    direction: str  # "forward" or "backward"
-    ops: list[str]
-    definition: str
-    calls: int
-    planned_bytes: int | None = None
-    greedy_bytes: int | None = None
-    lower_bound_bytes: int | None = None
-    segments: list[str] = field(default_factory=list)  # segment kinds
-    fallback: str | None = None  # why the region ran on torch instead, if it did
-    fallback_stage: str | None = None  # where fusecut's work failed then (one of STAGES)
-    # wall seconds fusecut spent setting the region up, by stage (translate, plan, codegen:
-    # generation and NVRTC): its part of the first step
-    setup_seconds: dict[str, float] = field(default_factory=dict)
-
-    def summary(self) -> str:
-        if self.fallback is not None:
-            return (f"{self.direction} {self.name}: {counted(len(self.ops), 'op')} on torch "
-                    f"({self.fallback})")
-        if self.planned_bytes is None:
-            return f"{self.direction} {self.name}: {counted(len(self.ops), 'op')}, not run yet"
-        return (f"{self.direction} {self.name}: {counted(len(self.ops), 'op')}, "
-                f"{counted(len(self.segments), 'segment')}, {self.planned_bytes} B planned "
-                f"(greedy {self.greedy_bytes}, lower bound {self.lower_bound_bytes}), "
-                f"{counted(self.calls, 'call')}, "
-                f"set up in {sum(self.setup_seconds.values()):.2f} s")
 
 
 def region_reports(jitted: Callable) -> list[RegionReport]:
@@ -70,9 +37,6 @@ def region_reports(jitted: Callable) -> list[RegionReport]:
                                   setup_seconds=dict(fn.setup_seconds))
             plan = fn.plan()
             if plan is not None:
-                report.planned_bytes = plan.io_bytes
-                report.greedy_bytes = plan.baseline["io_bytes"]
-                report.lower_bound_bytes = plan.totals["lower_bound_bytes"]
-                report.segments = [s.kind for s in plan.segments]
+                report.add_plan(plan)
             reports.append(report)
     return reports

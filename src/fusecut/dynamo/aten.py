@@ -1,0 +1,279 @@
+"""ATen ops as fusecut ops: one table, one emitter per op (Thunder's executors keep a table per
+primitive too), and the check of which FX nodes a region may take.
+
+AOTAutograd hands fusecut functional ATen graphs, decomposed by ``DECOMPOSITIONS`` into the
+core ops below (layer norms into means and variances, GELU into ``erf`` or ``tanh``, softmax
+into ``amax``, ``exp`` and ``sum``). Each emitter gets the definition's ops and the node's
+arguments, already turned into handles (FX nodes), scalars (Python numbers) or left as they are
+(lists of ints), and returns the node's result handles. Results are cast to the dtype ATen
+gives the node, so that fusecut's promotion rules (nvFuser's) never change a value's type.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+# dtypes a region's tensors may have (fusecut's kernels and its torch reference both have them)
+DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64,
+          torch.bool}
+
+Emitter = Callable[..., list[Any]]  # (ops, value, node) -> result handles
+
+
+def _unary(name: str) -> Emitter:
+    return lambda o, v, n: [getattr(o, name)(v(n.args[0]))]
+
+
+def _binary(name: str) -> Emitter:
+    return lambda o, v, n: [getattr(o, name)(v(n.args[0]), v(n.args[1]))]
+
+
+def _with_alpha(name: str) -> Emitter:
+    """add/sub with ``alpha``: a + alpha * b."""
+    def emit(o, v, n):
+        b = v(n.args[1])
+        alpha = n.kwargs.get("alpha", 1)
+        if alpha != 1:
+            b = o.mul(b, v(alpha))
+        return [getattr(o, name)(v(n.args[0]), b)]
+    return emit
+
+
+def _reduction(name: str) -> Emitter:
+    """sum/amax/amin(x, dims, keepdim)."""
+    def emit(o, v, n):
+        x = n.args[0]
+        dims = _dims(n.args[1] if len(n.args) > 1 else None, x)
+        keepdim = n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False)
+        return [getattr(o, name)(v(x), dims, keepdim)]
+    return emit
+
+
+def _mean(o, v, n):
+    x = n.args[0]
+    dims = _dims(n.args[1] if len(n.args) > 1 else None, x)
+    keepdim = n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False)
+    count = 1
+    for d in dims:
+        count *= _shape(x)[d]
+    total = o.sum(v(x), dims, keepdim)
+    return [o.div(total, v(float(count)))]
+
+
+def _variance(name: str) -> Emitter:
+    """var/var_mean(x, dims, correction=, keepdim=)."""
+    def emit(o, v, n):
+        x = n.args[0]
+        dims = _dims(n.args[1] if len(n.args) > 1 else n.kwargs.get("dim"), x)
+        correction = n.kwargs.get("correction", 1)
+        result = getattr(o, name)(v(x), dims, 1 if correction is None else correction,
+                                  n.kwargs.get("keepdim", False))
+        return list(result) if isinstance(result, tuple) else [result]
+    return emit
+
+
+def _cast(o, v, n):
+    from fusecut.runtime.tensors import from_torch_dtype
+
+    dtype = n.args[1] if n.target is prims.convert_element_type.default else n.kwargs["dtype"]
+    return [o.cast(v(n.args[0]), from_torch_dtype(dtype))]
+
+
+def _reshape(o, v, n):
+    return [o.reshape(v(n.args[0]), list(_shape(n)))]
+
+
+def _expand(o, v, n):
+    x = n.args[0]
+    out, rank = list(_shape(n)), len(_shape(x))
+    lead = len(out) - rank  # expand adds leading axes
+    return [o.broadcast_in_dim(v(x), out, list(range(lead, len(out))))]
+
+
+def _unsqueeze(o, v, n):
+    x, dim = n.args[0], n.args[1]
+    out = list(_shape(n))
+    dim = dim % len(out)
+    return [o.broadcast_in_dim(v(x), out, [i for i in range(len(out)) if i != dim])]
+
+
+def _squeeze(o, v, n):
+    x = n.args[0]
+    shape = _shape(x)
+    dims = n.args[1] if len(n.args) > 1 else [i for i, e in enumerate(shape) if e == 1]
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    dims = [d % len(shape) for d in dims if shape[d % len(shape)] == 1]  # ATen skips others
+    return [o.squeeze(v(x), dims)] if dims else [o.set(v(x))]
+
+
+def _transpose(o, v, n):
+    x = n.args[0]
+    rank = len(_shape(x))
+    order = list(range(rank))
+    if n.target is not aten.t.default:
+        a, b = n.args[1] % rank, n.args[2] % rank
+        order[a], order[b] = order[b], order[a]
+    else:
+        order.reverse()
+    return [o.permute(v(x), order)]
+
+
+def _slice(o, v, n):
+    x = n.args[0]
+    shape = _shape(x)
+    dim = (n.args[1] if len(n.args) > 1 else 0) % len(shape)
+    start = n.args[2] if len(n.args) > 2 and n.args[2] is not None else 0
+    end = n.args[3] if len(n.args) > 3 and n.args[3] is not None else shape[dim]
+    step = n.args[4] if len(n.args) > 4 else 1
+    start, end, _ = slice(start, end).indices(shape[dim])
+    starts = [start if i == dim else 0 for i in range(len(shape))]
+    ends = [max(end, start) if i == dim else e for i, e in enumerate(shape)]
+    strides = [step if i == dim else 1 for i in range(len(shape))]
+    return [o.slice(v(x), starts, ends, strides)]
+
+
+def _where(o, v, n):
+    return [o.where(v(n.args[0]), v(n.args[1]), v(n.args[2]))]
+
+
+def _clamp(o, v, n):
+    x = v(n.args[0])
+    low = n.args[1] if len(n.args) > 1 else n.kwargs.get("min")
+    high = n.args[2] if len(n.args) > 2 else n.kwargs.get("max")
+    if low is not None:
+        x = o.maximum(x, v(low))
+    if high is not None:
+        x = o.minimum(x, v(high))
+    return [x]
+
+
+def _copy(o, v, n):
+    return [o.set(v(n.args[0]))]
+
+
+def _cat(o, v, n):
+    tensors = [t for t in n.args[0] if _shape(t) != (0,)]  # ATen's legacy empty operands
+    dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
+    return [o.cat([v(t) for t in tensors], dim % len(_shape(n)))]
+
+
+def _getitem(o, v, n):
+    return [v(n.args[0])[n.args[1]]]
+
+
+EMITTERS: dict[Any, Emitter] = {
+    **{getattr(aten, name).default: _unary(name) for name in (
+        "abs", "neg", "exp", "expm1", "log", "log1p", "log2", "log10", "sqrt", "rsqrt",
+        "reciprocal", "sin", "cos", "tan", "tanh", "sinh", "cosh", "asin", "acos", "atan",
+        "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "sigmoid", "relu", "floor", "ceil",
+        "trunc", "sign", "isnan", "isinf", "logical_not", "bitwise_not", "lgamma", "digamma",
+        "exp2", "frac", "silu")},
+    aten.isfinite.default: _unary("isfinite"),
+    aten.round.default: _unary("round"),
+    aten.add.Tensor: _with_alpha("add"), aten.sub.Tensor: _with_alpha("sub"),
+    aten.mul.Tensor: _binary("mul"), aten.div.Tensor: _binary("div"),
+    aten.pow.Tensor_Scalar: _binary("pow"), aten.pow.Tensor_Tensor: _binary("pow"),
+    aten.maximum.default: _binary("maximum"), aten.minimum.default: _binary("minimum"),
+    aten.atan2.default: _binary("atan2"), aten.fmod.Tensor: _binary("fmod"),
+    aten.remainder.Tensor: _binary("remainder"),
+    **{getattr(aten, name).Tensor: _binary(name) for name in ("eq", "ne", "lt", "le", "gt",
+                                                              "ge")},
+    **{getattr(aten, name).Scalar: _binary(name) for name in ("eq", "ne", "lt", "le", "gt",
+                                                              "ge")},
+    **{getattr(aten, name).default: _binary(name) for name in (
+        "logical_and", "logical_or", "logical_xor")},
+    **{getattr(aten, name).Tensor: _binary(name) for name in (
+        "bitwise_and", "bitwise_or", "bitwise_xor")},
+    aten.where.self: _where,
+    aten.clamp.default: _clamp,
+    aten.sum.dim_IntList: _reduction("sum"), aten.amax.default: _reduction("max"),
+    aten.amin.default: _reduction("min"), aten.mean.dim: _mean,
+    aten.var.correction: _variance("var"), aten.var_mean.correction: _variance("var_mean"),
+    prims.convert_element_type.default: _cast, aten._to_copy.default: _cast,
+    aten.view.default: _reshape, aten._unsafe_view.default: _reshape,
+    aten.reshape.default: _reshape,
+    aten.permute.default: lambda o, v, n: [o.permute(v(n.args[0]), list(n.args[1]))],
+    aten.transpose.int: _transpose, aten.t.default: _transpose,
+    aten.expand.default: _expand, aten.unsqueeze.default: _unsqueeze,
+    aten.squeeze.dim: _squeeze, aten.squeeze.dims: _squeeze, aten.squeeze.default: _squeeze,
+    aten.slice.Tensor: _slice, aten.cat.default: _cat,
+    aten.clone.default: _copy, aten.alias.default: _copy,
+    operator.getitem: _getitem,
+}
+
+# ops that only view their input: a region of views alone is not worth a kernel
+VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+         aten.permute.default, aten.transpose.int, aten.t.default, aten.expand.default,
+         aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+         aten.alias.default, operator.getitem}
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(x.meta["val"].shape)
+
+
+def _dims(dims: Any, x: Node) -> list[int]:
+    rank = len(_shape(x))
+    if dims is None or dims == []:
+        return list(range(rank))
+    dims = [dims] if isinstance(dims, int) else dims
+    return sorted(d % rank for d in dims)
+
+
+def _tensor_ok(value: Any) -> bool:
+    return (isinstance(value, torch.Tensor) and value.dtype in DTYPES
+            and all(isinstance(e, int) for e in value.shape)
+            and value.layout == torch.strided)
+
+
+def _argument_ok(a: Any) -> bool:
+    """Nodes of plain tensors, numbers (not symbolic ones), and lists of those."""
+    if isinstance(a, Node):
+        val = a.meta.get("val")
+        return _tensor_ok(val) or (isinstance(val, tuple) and all(map(_tensor_ok, val)))
+    if isinstance(a, (list, tuple)):
+        return all(_argument_ok(x) for x in a)
+    return a is None or isinstance(a, (bool, int, float, torch.dtype, torch.memory_format,
+                                       torch.layout, torch.device))
+
+
+def _special_ok(node: Node) -> bool:
+    """What an emitter cannot take, by op."""
+    target = node.target
+    if target is aten.div.Tensor:
+        return node.kwargs.get("rounding_mode") is None
+    if target is aten._to_copy.default:
+        return set(node.kwargs) <= {"dtype", "layout", "device"} and "dtype" in node.kwargs and (
+            node.kwargs.get("device") is None
+            or torch.device(node.kwargs["device"]) == node.args[0].meta["val"].device)
+    if target in (aten.round.default,):
+        return not node.kwargs
+    if target is aten.clamp.default:
+        return any(x is not None for x in (list(node.args[1:]) + list(node.kwargs.values())))
+    if target is aten.cat.default:
+        return len(node.args[0]) > 0
+    return True
+
+
+def translatable(node: Node) -> bool:
+    """Whether ``node`` can be emitted into a fusecut region."""
+    if node.op != "call_function" or node.target not in EMITTERS:
+        return False
+    val = node.meta.get("val")
+    if node.target is operator.getitem:
+        return _tensor_ok(val) and _argument_ok(node.args[0])
+    if not (_tensor_ok(val) or (isinstance(val, tuple) and all(map(_tensor_ok, val)))):
+        return False
+    if not all(_argument_ok(a) for a in list(node.args) + list(node.kwargs.values())):
+        return False
+    if node.target in (aten.pow.Tensor_Scalar,) and isinstance(node.args[1], bool):
+        return False
+    return _special_ok(node)

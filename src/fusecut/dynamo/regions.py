@@ -1,0 +1,270 @@
+"""A compiled ATen graph's fusible regions as fusecut definitions.
+
+``fuse_regions`` finds the largest connected groups of nodes the translation table takes
+(``aten.translatable``; torch's capability-based partitioner keeps every group free of cycles),
+moves each into a submodule, and replaces that submodule with a ``Region``: fusecut's plan and
+kernels through the engine, on the definition ``translate`` wrote from the group's nodes. A group
+of views alone stays on ATen (it moves no bytes a kernel could save). Matmuls, attention,
+embeddings, random ops and everything else stay on ATen: torch's own kernels (cuBLAS, cuDNN,
+Flash).
+
+A region that fails at any stage (translate, plan, codegen, compile, launch) runs its ATen
+submodule from then on, said once in a warning and in its report: the step never breaks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import weakref
+from typing import Any
+
+import torch
+from torch.fx import GraphModule, Node
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from fusecut.definition import FusionDefinition
+from fusecut.dynamo.aten import EMITTERS, VIEWS, translatable
+from fusecut.fronts import RegionFailure, RegionReport, stage
+from fusecut.plan import PlanView
+from fusecut.runtime.tensors import from_torch_dtype
+
+log = logging.getLogger("fusecut.dynamo")
+
+_regions: list[weakref.ref] = []  # every Region made in this process, for region_reports()
+_regions_lock = threading.Lock()
+_serials = itertools.count()
+
+
+class _Translatable(OperatorSupportBase):
+    def is_node_supported(self, submodules, node: Node) -> bool:
+        return translatable(node)
+
+
+def fuse_regions(gm: GraphModule, direction: str) -> list[Region]:
+    """Replace ``gm``'s fusible groups with Regions (in place); the Regions made."""
+    partitioner = CapabilityBasedPartitioner(gm, _Translatable(),
+                                             allows_single_node_partition=True)
+    partitions = [p for p in map(_without_trailing_views, partitioner.propose_partitions())
+                  if any(n.target not in VIEWS for n in p.nodes)]
+    if not partitions:
+        return []
+    fused = partitioner.fuse_partitions(partitions)
+    regions = []
+    for node in list(fused.graph.nodes):
+        if node.op != "call_module" or not node.target.startswith("fused_"):
+            continue
+        sub = getattr(fused, node.target)
+        region = Region(f"{direction}_{len(regions)}", direction, sub)
+        setattr(fused, node.target, region)
+        regions.append(region)
+    fused.recompile()
+    gm.graph = fused.graph
+    for name, module in fused.named_children():
+        gm.add_submodule(name, module)
+    gm.recompile()
+    with _regions_lock:
+        _regions.extend(weakref.ref(r) for r in regions)
+    return regions
+
+
+def _without_trailing_views(partition):
+    """``partition`` less the views whose every user is outside it: ATen makes them from the
+    region's output, with the strides the trace gave them (an ``expand``'s stride-0 axes, which
+    a kernel's dense output cannot have), and a region never writes bytes a view only
+    re-reads."""
+    changed = True
+    while changed:
+        changed = False
+        for node in list(partition.nodes):
+            if node.target in VIEWS and node.users and \
+                    not any(user in partition.nodes for user in node.users):
+                partition.remove_node(node)
+                changed = True
+    return partition
+
+
+def translate(sub: GraphModule, args: list[Any]
+              ) -> tuple[FusionDefinition, list[str], list[tuple[str, int]]]:
+    """The definition computing ``sub``'s outputs from its placeholders, for arguments laid
+    out like ``args``; its op names; per output, ("out", k) for the definition's output k or
+    ("in", i) for placeholder i."""
+    fd = FusionDefinition()
+    env: dict[Node, Any] = {}
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    ops = []
+    with fd:
+        for p, arg in zip(placeholders, args):
+            env[p] = fd.from_pytorch(arg)
+
+        def value(x: Any) -> Any:
+            if isinstance(x, Node):
+                return env[x]
+            if isinstance(x, (bool, int, float)):
+                return fd.define_scalar(x)
+            raise TypeError(f"argument {x!r} has no fusecut form")
+
+        for node in sub.graph.nodes:
+            if node.op != "call_function":
+                continue
+            results = EMITTERS[node.target](fd.ops, value, node)
+            vals = node.meta["val"]
+            vals = list(vals) if isinstance(vals, (tuple, list)) else [vals]
+            env[node] = _typed(fd, results, vals)
+            ops.append(getattr(node.target, "__name__", str(node.target)))
+        out_node = next(n for n in sub.graph.nodes if n.op == "output")
+        outs = out_node.args[0]
+        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        spec: list[tuple[str, int]] = []
+        n_out = 0
+        for o in outs:
+            if o in placeholders:
+                spec.append(("in", placeholders.index(o)))
+                continue
+            fd.add_output(env[o], stride_order=_stride_order(o.meta["val"]))
+            spec.append(("out", n_out))
+            n_out += 1
+    return fd, ops, spec
+
+
+def _stride_order(val: torch.Tensor) -> list[int] | None:
+    """The memory order of a traced output that is dense, row-major or not (a permute's): what
+    comes after the region (a ``view``, an attention's backward) saw those strides in the
+    trace, so the region writes them (left to itself fusecut lays an output out as its inputs
+    are). None for outputs that are not dense (a slice's)."""
+    # innermost first; among equal strides (extent-1 axes) the later axis is inner, as torch lays
+    # out a row-major tensor
+    axes = sorted(range(val.dim()), key=lambda i: (val.stride(i), -i))
+    expected = 1
+    for i in axes:
+        if val.shape[i] != 1 and val.stride(i) != expected:
+            return None
+        expected *= val.shape[i]
+    order = [0] * val.dim()
+    for rank, i in enumerate(axes):
+        order[i] = rank
+    return order
+
+
+def _strided(result: torch.Tensor, strides: tuple[int, ...] | None) -> torch.Tensor:
+    """``result`` with the strides the trace gave it. The definition asks for its memory order,
+    but a value fusecut sees as a broadcast comes out expanded (stride 0), and code after the
+    region may ``view`` it as the trace's dense layout: then it is copied into that layout."""
+    if strides is None or all(s == t or e == 1 for s, t, e in
+                              zip(result.stride(), strides, result.shape)):
+        return result
+    return torch.empty_strided(result.shape, strides, dtype=result.dtype,
+                               device=result.device).copy_(result)
+
+
+def _typed(fd: FusionDefinition, results: list[Any], vals: list[Any]) -> Any:
+    """Results cast to ATen's dtypes; one handle, or a tuple for a multi-output op."""
+    typed = []
+    for handle, val in zip(results, vals):
+        want = from_torch_dtype(val.dtype)
+        typed.append(fd.ops.cast(handle, want) if handle.dtype != want else handle)
+    return typed[0] if len(vals) == 1 else tuple(typed)
+
+
+class Region(torch.nn.Module):
+    """One fusible group of a compiled graph: fusecut's plan and kernels, or, once any stage
+    failed, the group's ATen submodule.
+
+    Its definition is written from the first call's arguments, one per layout of them (their
+    strides: the trace's are a guess for values other compiled code made); each goes through the
+    engine, so every region of the same definition shares plans and kernels."""
+
+    def __init__(self, name: str, direction: str, aten_module: GraphModule):
+        super().__init__()
+        self.serial = next(_serials)  # the order regions were made in this process
+        self.name = name
+        self.direction = direction
+        self.aten_module = aten_module
+        self.calls = 0
+        self.fallback_reason: str | None = None
+        self.fallback_stage: str | None = None
+        self.setup_seconds: dict[str, float] = {}
+        self.ops: list[str] = [getattr(n.target, "__name__", str(n.target))
+                               for n in aten_module.graph.nodes if n.op == "call_function"]
+        self.definition: FusionDefinition | None = None  # the first call's
+        self.first_args: list[Any] | None = None
+        # per layout of the arguments: the definition and where each output comes from
+        self.variants: dict[tuple, tuple[FusionDefinition, list[tuple[str, int]]]] = {}
+        outs = next(n for n in aten_module.graph.nodes if n.op == "output").args[0]
+        self._single = not isinstance(outs, (tuple, list))
+        # per output, the strides the trace gave it where it was dense (else None)
+        self._traced_strides = [
+            tuple(o.meta["val"].stride()) if _stride_order(o.meta["val"]) is not None else None
+            for o in ([outs] if self._single else outs)]
+
+    def forward(self, *args: Any) -> Any:
+        self.calls += 1
+        if self.fallback_reason is None:
+            try:
+                outs = self._run(list(args))
+            except RegionFailure as failure:  # never the user's step: this region runs on ATen
+                self._give_up(failure)
+            else:
+                return outs[0] if self._single else tuple(outs)
+        return self.aten_module(*args)
+
+    def _variant(self, args: list[Any]) -> tuple[FusionDefinition, list[tuple[str, int]]]:
+        layout = tuple(a.stride() if isinstance(a, torch.Tensor) else type(a) for a in args)
+        variant = self.variants.get(layout)
+        if variant is None:
+            with stage("translate", self.setup_seconds):
+                definition, self.ops, outputs = translate(self.aten_module, args)
+            variant = self.variants[layout] = (definition, outputs)
+            if self.definition is None:
+                from fusecut.engine import as_metadata
+
+                self.definition, self.first_args = definition, as_metadata(args)
+        return variant
+
+    def _run(self, args: list[Any]) -> list[Any]:
+        definition, where = self._variant(args)
+        handle = definition.handle
+        if handle.warm is None:  # each stage on its own, so that a failure says where
+            with stage("plan", self.setup_seconds):
+                handle.plan(args)
+            if any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+                with stage("codegen", self.setup_seconds):
+                    handle.program(args)
+        with stage("launch"):  # a warm call: one signature check, then the launch
+            results = definition.execute(args)
+        return [args[i] if kind == "in" else _strided(results[i], strides)
+                for (kind, i), strides in zip(where, self._traced_strides)]
+
+    def _give_up(self, failure: RegionFailure) -> None:
+        if self.fallback_reason is not None:
+            return
+        self.fallback_stage = failure.stage
+        self.fallback_reason = str(failure)
+        log.warning("fusecut region %s runs on ATen from now on: %s", self.name, failure)
+
+    def report(self) -> RegionReport:
+        text = repr(self.definition) if self.definition is not None else ""
+        report = RegionReport(self.name, self.direction, list(self.ops), text, self.calls,
+                              fallback=self.fallback_reason,
+                              fallback_stage=self.fallback_stage,
+                              setup_seconds=dict(self.setup_seconds))
+        if self.fallback_reason is None and self.first_args is not None:
+            report.add_plan(PlanView(plan=self.definition.handle.plan(self.first_args)))
+        return report
+
+
+def live_regions() -> list[Region]:
+    """Every Region made in this process and still alive (its compiled graph is), in the order
+    they were made."""
+    with _regions_lock:
+        alive = [r() for r in _regions]
+        _regions[:] = [ref for ref, r in zip(_regions, alive) if r is not None]
+    return [r for r in alive if r is not None]
+
+
+def region_reports() -> list[RegionReport]:
+    """The report of every region compiled in this process (and still alive), forward,
+    backward and inference, in the order they were made."""
+    return [r.report() for r in live_regions()]

@@ -1,0 +1,147 @@
+"""The torch.compile backend's own behaviour: found by name, a region that fails runs on ATen
+without breaking the step, and the partitioner's cut (issue 42)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusecut.dynamo
+import fusecut.engine
+from fusecut.dynamo.partition import choose_saved, partition_reports
+from fusecut.optimizer.errors import PlanError
+
+
+class Block(torch.nn.Module):
+    """Linear -> LayerNorm -> GELU -> Linear -> cross-entropy: fusible ops around two matmuls."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(32, 64)
+        self.norm = torch.nn.LayerNorm(64)
+        self.down = torch.nn.Linear(64, 10)
+
+    def forward(self, x, target):
+        return F.cross_entropy(self.down(F.gelu(self.norm(self.up(x)))), target)
+
+
+def _step(model, backend, x, target):
+    torch._dynamo.reset()
+    loss = torch.compile(model, backend=backend)(x, target)
+    loss.backward()
+    return loss, [p.grad.clone() for p in model.parameters()]
+
+
+def _eager_step(x, target):
+    torch.manual_seed(0)
+    model = Block()
+    loss = model(x, target)
+    loss.backward()
+    return loss, [p.grad for p in model.parameters()]
+
+
+def test_the_backend_is_registered_by_name():
+    # the torch_dynamo_backends entry point: no import of fusecut needed
+    assert "fusecut" in torch._dynamo.list_backends()
+
+
+@pytest.mark.parametrize("partitioner", ["fusecut", "min_cut", "default"])
+def test_every_partitioner_steps_as_eager(partitioner):
+    x, target = torch.randn(8, 32), torch.arange(8) % 10
+    want_loss, want = _eager_step(x, target)
+    torch.manual_seed(0)
+    loss, grads = _step(Block(), fusecut.dynamo.backend(partitioner=partitioner), x, target)
+    torch.testing.assert_close(loss, want_loss)
+    for g, w in zip(grads, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_a_region_that_fails_to_plan_runs_on_aten_and_the_step_holds(monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise PlanError("injected plan failure")
+
+    monkeypatch.setattr(fusecut.engine, "make_plan", broken)
+    x, target = torch.randn(24, 32), torch.arange(24) % 10  # shapes no other test plans
+    want_loss, want = _eager_step(x, target)
+    torch.manual_seed(0)
+    model = Block()
+    last = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    with caplog.at_level(logging.WARNING, logger="fusecut.dynamo"):
+        loss, grads = _step(model, "fusecut", x, target)
+    torch.testing.assert_close(loss, want_loss)
+    for g, w in zip(grads, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    reports = [r.report() for r in fusecut.dynamo.regions.live_regions() if r.serial > last]
+    assert reports and all(r.fallback_stage == "plan" for r in reports), reports
+    assert all("injected plan failure" in r.fallback for r in reports)
+    assert sum("runs on ATen from now on" in m for m in caplog.messages) == len(reports)
+
+
+def test_reports_say_what_each_region_planned():
+    torch.manual_seed(0)
+    last = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    _step(Block(), "fusecut", torch.randn(8, 32), torch.arange(8) % 10)
+    regions = [r for r in fusecut.dynamo.regions.live_regions() if r.serial > last]
+    reports = [r.report() for r in regions]
+    assert {r.direction for r in reports} == {"forward", "backward"}
+    for r in reports:
+        assert r.fallback is None and r.calls == 1 and r.planned_bytes > 0 and r.segments
+        assert "def nvfuser_fusion" in r.definition and "fd.ops." in r.definition
+        assert r.lower_bound_bytes <= r.planned_bytes <= r.greedy_bytes
+    assert [r.summary() for r in fusecut.dynamo.region_reports()[-len(reports):]] == \
+        [r.summary() for r in reports]
+
+
+def _joint_graph(fn, *args):
+    """AOTAutograd's joint graph of ``fn`` (forward and backward, before partitioning)."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_function
+
+    found = {}
+
+    def keep(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+        from torch._functorch.partitioners import default_partition
+
+        found["graph"] = joint.graph
+        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+
+    def boxed(gm, _):
+        return make_boxed_func(gm.forward)
+
+    compiled = aot_function(fn, fw_compiler=boxed, bw_compiler=boxed, partition_fn=keep,
+                            decompositions=fusecut.dynamo.compiler.DECOMPOSITIONS)
+    compiled(*args).backward()
+    return found["graph"]
+
+
+def test_the_cut_saves_the_matmul_and_recomputes_the_activation():
+    # gelu(x @ w).sum(): the backward needs gelu's input; the forward's cheapest offer is the
+    # matmul's output (which cannot be recomputed), with gelu's pieces recomputed from it
+    x = torch.randn(16, 32, requires_grad=True)
+    w = torch.randn(32, 64, requires_grad=True)
+    graph = _joint_graph(lambda x, w: F.gelu(x @ w).sum(), x, w)
+    saved, recomputed = choose_saved(graph)
+    targets = {str(n.target) for n in saved}
+    assert any("mm" in t for t in targets), targets
+    assert not any("erf" in t for t in targets), targets
+    assert any("erf" in str(n.target) for n in recomputed)
+
+
+def test_the_cut_never_saves_more_bytes_than_the_min_cut_partitioner():
+    x, target = torch.randn(64, 32), torch.arange(64) % 10
+    saved = {}
+    for partitioner in ("min_cut", "fusecut"):
+        torch.manual_seed(0)
+        before = len(partition_reports())
+        _step(Block(), fusecut.dynamo.backend(partitioner=partitioner), x, target)
+        (report,) = partition_reports()[before:]
+        saved[partitioner] = report.saved_bytes
+    assert saved["fusecut"] <= saved["min_cut"], saved
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="partitioner must be"):
+        fusecut.dynamo.backend(partitioner="greedy")
