@@ -3,7 +3,9 @@ against Thunder + nvFuser, torch.compile and eager.
 
 Models (``benchmarks.whole_models``), bf16:
 - ``nanogpt``: Thunder's nanoGPT ``GPT`` at GPT-2-small size (12 layers, width 768, vocab 50304);
-- ``llama3``: the Llama-3-style LM, 4 layers at width 2048 (16 heads, 4 KV heads, vocab 32000).
+- ``llama3``: the Llama-3-style LM, 4 layers at width 2048 (16 heads, 4 KV heads, vocab 32000);
+- ``hf_gpt2`` and ``hf_llama``: Hugging Face transformers' ``GPT2LMHeadModel`` and
+  ``LlamaForCausalLM`` (tied embeddings) at those two sizes (random weights from their configs).
 
 Steps:
 - ``train``: forward with the loss, and backward (gradients set to None first); nanoGPT at
@@ -26,7 +28,10 @@ context, costs no other system its rows; every process starts from empty compile
   (torch.compile's Dynamo captures the graph, Thunder compiles it: a shorter first step);
 - ``thunder+torch``: Thunder with no fusion executor (its SDPA and torch executors): what
   Thunder's own tracing costs the first step;
-- ``torch.compile`` and ``eager``, with SDPA preferring cuDNN attention.
+- ``torch.compile+fusecut``: ``torch.compile(m, backend="fusecut")`` (``fusecut.dynamo``:
+  AOTAutograd, fusecut's partitioner and regions);
+- ``torch.compile``, ``torch.compile+reduce-overhead`` (its CUDA graphs) and ``eager``, with SDPA
+  preferring cuDNN attention.
 
 Per row: the synchronized step (median ms over rounds of steps, each synchronized, with the 95%
 bootstrap interval of its ratio to torch.compile's, ``benchmarks.intervals``), the pipelined step
@@ -62,12 +67,14 @@ import torch
 from benchmarks.common import RunResults, markdown_table
 from benchmarks.intervals import median_ratio_interval
 
-MODELS = {"nanogpt": "gpt2_small", "llama3": "llama_2048"}  # model -> size
-TRAIN_BATCH = {"nanogpt": (8, 1024), "llama3": (2, 2048)}
+MODELS = {"nanogpt": "gpt2_small", "llama3": "llama_2048",  # model -> size
+          "hf_gpt2": "gpt2_small", "hf_llama": "llama_2048"}
+TRAIN_BATCH = {"nanogpt": (8, 1024), "llama3": (2, 2048), "hf_gpt2": (8, 1024),
+               "hf_llama": (2, 2048)}
 STEPS = ("train", "infer1", "infer8")
 SYSTEMS = ("thunder+nvfuser", "thunder+fusecut", "thunder+fusecut+cudagraphs",
            "thunder+fusecut+handover-cudagraphs", "thunderfx+fusecut", "thunder+torch",
-           "torch.compile", "eager")
+           "torch.compile+fusecut", "torch.compile", "torch.compile+reduce-overhead", "eager")
 BASELINE = "torch.compile"
 PIPELINED = 10  # steps back to back
 ROW_MARK = "ROW\t"
@@ -91,6 +98,10 @@ def build(system: str, module: torch.nn.Module) -> Callable:
         return module
     if system == "torch.compile":
         return torch.compile(module)
+    if system == "torch.compile+reduce-overhead":
+        return torch.compile(module, mode="reduce-overhead")
+    if system == "torch.compile+fusecut":
+        return torch.compile(module, backend="fusecut")
     from fusecut.thunder.executor import thunder
 
     if system == "thunder+nvfuser":
@@ -122,12 +133,12 @@ def build(system: str, module: torch.nn.Module) -> Callable:
 
 
 def attention_preference(systems: list[str]):
-    """Eager and torch.compile run SDPA: prefer cuDNN's attention there, as fusecut's and
-    Thunder's cudnn executors do for the Thunder systems (which call their attention kernels
-    directly: the preference does not touch them)."""
+    """Eager and torch.compile (every backend) run SDPA: prefer cuDNN's attention there, as
+    fusecut's and Thunder's cudnn executors do for the Thunder systems (which call their
+    attention kernels directly: the preference does not touch them)."""
     from contextlib import nullcontext
 
-    if not {"eager", "torch.compile"} & set(systems):
+    if not any(s == "eager" or s.startswith("torch.compile") for s in systems):
         return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -298,13 +309,20 @@ def _run_steps(model_name, systems, steps, iters, emit, module, make_batch, size
 
 def fusecut_note(fn) -> str:
     """Regions, those that fell back, and fusecut's part of the first step by stage."""
+    if isinstance(fn, torch._dynamo.eval_frame.OptimizedModule):  # backend="fusecut"
+        import fusecut.dynamo
+
+        return _note(fusecut.dynamo.region_reports())
     from fusecut.thunder.reports import region_reports
 
     if hasattr(fn, "_backend"):  # thunderfx: one Thunder function per Dynamo subgraph
         jitted = [f for info in fn._backend.subgraph_infos for f in info.thunder_compiled_fns]
     else:
         jitted = [fn]
-    reports = [r for f in jitted for r in region_reports(f)]
+    return _note([r for f in jitted for r in region_reports(f)])
+
+
+def _note(reports: list) -> str:
     fell_back = [r for r in reports if r.fallback]
     setup: dict[str, float] = {}
     for r in reports:

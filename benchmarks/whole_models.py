@@ -136,4 +136,41 @@ def _build(name: str, s: Size) -> tuple[nn.Module, int]:
         hidden = max(32, (s.width * 8 // 3 + 31) // 32 * 32)
         cfg = Llama3Config(dim=s.width, n_heads=s.heads, n_kv_heads=s.kv_heads, hidden=hidden)
         return Llama3LM(cfg, s.vocab, s.layers, s.max_seq), IGNORE_INDEX
-    raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+    if name in HF_MODELS:
+        return HFLossOf(_hf_model(name, s)), IGNORE_INDEX
+    raise ValueError(f"unknown model {name!r}; choose one of "
+                     f"{', '.join(MODEL_NAMES + tuple(HF_MODELS))}")
+
+
+# Hugging Face transformers models (issue 42): Llama with grouped-query attention and GPT-2,
+# built from their configs at a given size (random weights, nothing downloaded)
+HF_MODELS = ("hf_llama", "hf_gpt2")
+
+
+def _hf_model(name: str, s: Size) -> nn.Module:
+    import transformers as hf
+
+    if name == "hf_llama":
+        return hf.LlamaForCausalLM(hf.LlamaConfig(
+            vocab_size=s.vocab, hidden_size=s.width, num_hidden_layers=s.layers,
+            num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
+            intermediate_size=max(32, (s.width * 8 // 3 + 31) // 32 * 32),
+            max_position_embeddings=s.max_seq, tie_word_embeddings=True))
+    return hf.GPT2LMHeadModel(hf.GPT2Config(
+        vocab_size=s.vocab, n_embd=s.width, n_layer=s.layers, n_head=s.heads,
+        n_positions=s.max_seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        bos_token_id=0, eos_token_id=0))
+
+
+class HFLossOf(nn.Module):
+    """A transformers causal LM as ``LossOf`` presents a model: the loss given targets (the
+    model's own cross-entropy, ignoring ``IGNORE_INDEX``), the logits without."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if targets is None:
+            return self.model(input_ids=tokens).logits
+        return self.model(input_ids=tokens, labels=targets).loss

@@ -4,6 +4,7 @@ report, how a process that ended badly is reported, and the models it builds."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -151,3 +152,23 @@ def test_thunder_without_a_fusion_executor_and_fusecuts_note_of_its_setup():
         _backend = type("Backend", (), {"subgraph_infos": [Info()]})()
 
     assert bench.fusecut_note(FX()).startswith(f"{2 * regions} fusecut regions")
+
+
+@pytest.mark.parametrize("name", ["hf_llama", "hf_gpt2"])
+def test_hugging_face_models_under_the_fusecut_backend_as_the_benchmark_builds_them(name):
+    # issue 42: the torch.compile+fusecut system on transformers' Llama and GPT-2; their loss
+    # is the model's own (labels shifted by one), padding skipped
+    pytest.importorskip("transformers", minversion="5.0")
+    model, make_batch = whole_model(name, "tiny")
+    tokens, targets = make_batch(2, 8)
+    loss = model(tokens, targets)
+    logits = model(tokens)
+    shifted = F.cross_entropy(logits[:, :-1].reshape(-1, 200).float(),
+                              targets[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX)
+    torch.testing.assert_close(loss, shifted)
+    torch._dynamo.reset()
+    compiled = bench.build("torch.compile+fusecut", model)
+    torch.testing.assert_close(compiled(tokens, targets), loss, rtol=1e-5, atol=1e-5)
+    note = bench.fusecut_note(compiled)
+    assert re.match(r"[1-9]\d* fusecut regions", note), note
+    assert "on torch" not in note, note
