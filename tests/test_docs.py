@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fusecut.service import settings as settings_module
-from fusecut.service.settings import Settings
+from fusecut import environment
+from fusecut.service.settings import Settings, variable
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -111,49 +111,78 @@ def test_the_architecture_page_names_every_package():
 
 # ---- settings -----------------------------------------------------------------------------------
 
-def settings_table() -> dict[str, list[str]]:
-    """docs/service.md's settings table: setting -> its cells."""
-    text = (DOCS / "service.md").read_text()
+def settings_table(text: str | None = None) -> dict[str, list[str]]:
+    """docs/service.md's one table of FUSECUT_* variables: variable -> its cells."""
+    text = (DOCS / "service.md").read_text() if text is None else text
     section = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        m = re.fullmatch(r"`(\w+)`", cells[0]) if line.startswith("|") else None
+        m = re.fullmatch(r"`(FUSECUT_\w+)`", cells[0]) if line.startswith("|") else None
         if m:
             assert m.group(1) not in rows, f"{m.group(1)} has two rows"
             rows[m.group(1)] = cells
     return rows
 
 
-def test_the_settings_table_has_every_setting_and_no_other():
-    documented = set(settings_table())
-    fields = {f.name for f in dataclasses.fields(Settings)}
-    assert documented == fields, (f"missing from docs/service.md: {sorted(fields - documented)}; "
-                                  f"not settings: {sorted(documented - fields)}")
+def disagreements(documented: set[str]) -> list[str]:
+    declared = set(environment.VARIABLES)
+    return [*(f"declared in fusecut.environment, not in docs/service.md: {n}"
+              for n in sorted(declared - documented)),
+            *(f"in docs/service.md, not declared in fusecut.environment: {n}"
+              for n in sorted(documented - declared))]
 
 
-@pytest.mark.parametrize("field", dataclasses.fields(Settings), ids=lambda f: f.name)
-def test_each_setting_has_its_variable_and_default(field, monkeypatch):
-    cells = settings_table()[field.name]
-    assert len(cells) == 4 and cells[3], f"{field.name}: setting | variable | default | meaning"
-    assert cells[1] == f"`FUSECUT_{field.name.upper()}`"
+def test_the_settings_table_has_every_declared_variable_and_no_other():
+    wrong = disagreements(set(settings_table()))
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_table_check_sees_a_missing_and_an_undeclared_row():
+    text = (DOCS / "service.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `FUSECUT_NATIVE` |"))
+    edited = text.replace(row, row.replace("FUSECUT_NATIVE", "FUSECUT_NATIV"))
+    assert disagreements(set(settings_table(edited))) == [
+        "declared in fusecut.environment, not in docs/service.md: FUSECUT_NATIVE",
+        "in docs/service.md, not declared in fusecut.environment: FUSECUT_NATIV"]
+
+
+def test_every_setting_is_a_declared_variable_of_its_type():
+    service = {n: v for n, v in environment.VARIABLES.items() if v.reader == environment.SERVICE}
+    fields = {variable(f.name): f for f in dataclasses.fields(Settings)}
+    assert set(service) == set(fields)
+    for name, f in fields.items():
+        declared = service[name]
+        optional = " | None" if declared.default is None else ""
+        assert f.type == declared.type.__name__ + optional, (name, f.type, declared.type)
+
+
+@pytest.mark.parametrize("name", sorted(environment.VARIABLES))
+def test_each_variable_has_its_reader_and_default(name, monkeypatch):
+    declared = environment.declared(name)
+    cells = settings_table()[name]
+    assert len(cells) == 4 and cells[3], f"{name}: variable | read by | default | meaning"
+    reader = f"Settings.{name.removeprefix('FUSECUT_').lower()}" \
+        if declared.reader == environment.SERVICE else declared.reader
+    assert cells[1] == f"`{reader}`", f"{name}: read by {reader}, docs/service.md: {cells[1]}"
     spans = CODE_SPAN.findall(cells[2])
-    assert spans, f"{field.name}: the default as a Python literal in backticks"
+    assert spans, f"{name}: the default as a Python literal in backticks"
     written = ast.literal_eval(spans[0])
-    if field.default is dataclasses.MISSING:  # made by a factory: db_path under $XDG_DATA_HOME
-        monkeypatch.setenv("XDG_DATA_HOME", "$XDG_DATA_HOME")
-        monkeypatch.setattr(settings_module, "install_tag", lambda: "$VERSION-$CHECKOUT")
-        default = field.default_factory()
-    else:
-        default = field.default
+    # a default under a per-user folder, as the page writes it
+    monkeypatch.setattr(environment, "user_data_dir", lambda: Path("$XDG_DATA_HOME/fusecut"))
+    monkeypatch.setattr(environment, "user_cache_dir", lambda: Path("$XDG_CACHE_HOME/fusecut"))
+    monkeypatch.setattr(environment, "install_tag", lambda: "$VERSION-$CHECKOUT")
+    default = environment.default(name)
+    if isinstance(default, Path):
+        default = str(default)
     assert written == default and type(written) is type(default), (
-        f"{field.name}: docs/service.md says {spans[0]}, the code has {default!r}")
+        f"{name}: docs/service.md says {spans[0]}, the code has {default!r}")
 
 
 @pytest.mark.parametrize("field", dataclasses.fields(Settings), ids=lambda f: f.name)
 def test_the_documented_variable_is_the_one_read(field, monkeypatch):
     for f in dataclasses.fields(Settings):
-        monkeypatch.delenv(f"FUSECUT_{f.name.upper()}", raising=False)
+        monkeypatch.delenv(variable(f.name), raising=False)
     default = getattr(Settings(), field.name)
     if isinstance(default, bool):
         raw, expected = ("0", False) if default else ("1", True)
@@ -163,8 +192,8 @@ def test_the_documented_variable_is_the_one_read(field, monkeypatch):
         raw, expected = str(default + 1.5), default + 1.5
     else:
         raw = expected = "documented-value"
-    variable = settings_table()[field.name][1].strip("`")
-    monkeypatch.setenv(variable, raw)
+    [name] = [n for n, cells in settings_table().items() if cells[1] == f"`Settings.{field.name}`"]
+    monkeypatch.setenv(name, raw)
     assert getattr(Settings.from_env(), field.name) == expected
 
 
@@ -172,10 +201,9 @@ def test_every_fusecut_variable_named_in_the_docs_exists():
     names = set()
     for page in PAGES:
         names |= set(re.findall(r"\bFUSECUT_[A-Z0-9_]*[A-Z0-9]\b", page.read_text()))
-    settings = {f"FUSECUT_{f.name.upper()}" for f in dataclasses.fields(Settings)}
     code = "\n".join(p.read_text() for p in [*(ROOT / "src").rglob("*.py"),
                                              *(ROOT / "docker").rglob("*.y*ml")])
-    unknown = sorted(n for n in names - settings if n not in code)
+    unknown = sorted(n for n in names - set(environment.VARIABLES) if n not in code)
     assert not unknown, f"the docs name variables nothing reads: {unknown}"
 
 

@@ -546,17 +546,19 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", metavar="HOST",
           workers: int = typer.Option(1, "--workers", metavar="N", help="uvicorn worker processes"),
           db: str = typer.Option(None, "--db", metavar="PATH",
                                  help="the plan cache, an SQLite file (default: "
-                                      "plans.sqlite in a folder per version and checkout "
-                                      "under ~/.local/share/fusecut)"),
-          cache: str = typer.Option(None, "--cache", envvar="FUSECUT_CACHE_URL", metavar="URL",
+                                      "FUSECUT_DB_PATH, else plans.sqlite in a folder per "
+                                      "version and checkout under ~/.local/share/fusecut)"),
+          cache: str = typer.Option(None, "--cache", metavar="URL",
                                     help="plan cache: an SQLite path, or postgresql://... to "
-                                         "share one with other replicas (overrides --db)"),
-          gpus: str = typer.Option(None, "--gpus", envvar="FUSECUT_GPUS", metavar="all|0,1,...",
+                                         "share one with other replicas (overrides --db; "
+                                         "default: FUSECUT_CACHE_URL)"),
+          gpus: str = typer.Option(None, "--gpus", metavar="all|0,1,...",
                                    help="GPU workers per listed device: all, or indices as 0,1 "
-                                        "(default: workers on whatever devices are visible)"),
-          api_key: str = typer.Option(None, "--api-key", envvar="FUSECUT_API_KEY", metavar="KEY",
+                                        "(default: FUSECUT_GPUS, else workers on whatever "
+                                        "devices are visible)"),
+          api_key: str = typer.Option(None, "--api-key", metavar="KEY",
                                       help="require 'Authorization: Bearer KEY' on every /v1 "
-                                           "route and /dashboard"),
+                                           "route and /dashboard (default: FUSECUT_API_KEY)"),
           ssl_certfile: Path = typer.Option(None, "--ssl-certfile", metavar="PATH",
                                             help="serve HTTPS with this certificate (PEM)"),
           ssl_keyfile: Path = typer.Option(None, "--ssl-keyfile", metavar="PATH",
@@ -572,6 +574,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", metavar="HOST",
 
     import uvicorn
 
+    from fusecut import environment
     from fusecut.service.settings import Settings
 
     if api_key is not None and not api_key.strip():
@@ -584,11 +587,13 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", metavar="HOST",
     for name, value in (("FUSECUT_DB_PATH", db), ("FUSECUT_API_KEY", api_key),
                         ("FUSECUT_CACHE_URL", cache), ("FUSECUT_GPUS", gpus)):
         if value is not None:
-            os.environ[name] = value
-    try:  # every setting checked here, in one line naming it, not in every worker
+            environment.export(name, value)
+    try:  # every variable checked here, in one line naming it, not in every worker
         from fusecut.service.processes.worker_pool import parse_gpus
 
-        parse_gpus(Settings.from_env().gpus)
+        environment.check()
+        parse_gpus(Settings.from_env().gpus, name="--gpus" if gpus is not None else
+                   "FUSECUT_GPUS")
     except ValueError as e:
         fail(str(e))
     if (ssl_certfile is None) != (ssl_keyfile is None):
@@ -619,9 +624,10 @@ def ray_serve(address: str = typer.Option(None, "--address", metavar="ADDRESS",
                                        help="address Serve's HTTP proxy binds"),
               port: int = typer.Option(8000, "--port", metavar="PORT", min=1, max=65535,
                                        help="Serve's HTTP port (1-65535)"),
-              cache: str = typer.Option(None, "--cache", envvar="FUSECUT_CACHE_URL", metavar="URL",
+              cache: str = typer.Option(None, "--cache", metavar="URL",
                                         help="plan cache shared by the replicas: "
-                                             "postgresql://... (or an SQLite path on one node)"),
+                                             "postgresql://... (or an SQLite path on one node; "
+                                             "default: FUSECUT_CACHE_URL)"),
               plan_replicas: int = typer.Option(2, "--plan-replicas", metavar="N",
                                                 help="planning replicas (CPU)"),
               min_replicas: int = typer.Option(None, "--min-replicas", metavar="N",
@@ -647,11 +653,14 @@ def ray_serve(address: str = typer.Option(None, "--address", metavar="ADDRESS",
         from fusecut.service import ray_serve as rs
     except ImportError as e:
         fail(f"ray-serve needs Ray Serve: pip install 'fusecut[ray]' ({e})")
-    if cache is not None:
-        os.environ["FUSECUT_CACHE_URL"] = cache
+    from fusecut import environment
     from fusecut.service.settings import Settings
 
-    try:  # every setting checked before Ray starts, in one line naming it
+    if cache is not None:
+        environment.export("FUSECUT_CACHE_URL", cache)
+
+    try:  # every variable checked before Ray starts, in one line naming it
+        environment.check()
         Settings.from_env()
     except ValueError as e:
         fail(str(e))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
-import os
 import threading
 import warnings
 from collections import OrderedDict
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fusecut import environment
 from fusecut.engine import FusionHandle, default_engine
 from fusecut.optimizer.errors import DefinitionError
 from fusecut.optimizer.ir.fusion import Fusion
@@ -200,11 +200,7 @@ class FusionCache:
 def default_workspace() -> Path:
     """Where ``enable_automatic_serialization`` saves the cache at exit
     ($FUSECUT_FUSION_CACHE, else the per-user cache directory)."""
-    path = os.environ.get("FUSECUT_FUSION_CACHE")
-    if path:
-        return Path(path)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fusecut" / "fusion_cache.json"
+    return environment.path("FUSECUT_FUSION_CACHE")
 
 
 def _save_default_workspace() -> None:

@@ -21,6 +21,7 @@ import queue
 import threading
 from collections.abc import Callable
 
+from fusecut import environment
 from fusecut.codegen import generate_segment
 from fusecut.optimizer.plan.plan import Plan
 from fusecut.runtime.compile import compile_cubin, prepare
@@ -28,7 +29,7 @@ from fusecut.runtime.kernels import NOT_GENERATED
 
 log = logging.getLogger("fusecut.runtime")
 
-ENV = "FUSECUT_COMPILE_AHEAD"  # "0" turns compiling ahead off
+ENV = "FUSECUT_COMPILE_AHEAD"  # false (0, false, no, off) turns compiling ahead off
 
 _jobs: queue.Queue[Callable[[], None]] = queue.Queue()
 _workers: list[threading.Thread] = []
@@ -36,7 +37,7 @@ _start_lock = threading.Lock()
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0"
+    return environment.flag(ENV)
 
 
 def worker_count() -> int:

@@ -4,7 +4,8 @@ Sources compile through cuda-python (``cuda.core``'s Program) to a cubin for one
 headers such as ``cuda_bf16.h`` are found with ``cuda.pathfinder``. The cache key is the SHA-256 of
 the source, the architecture, the options and the NVRTC version, so a warm process never
 recompiles and a new process reuses the disk cache (``$FUSECUT_CACHE_DIR``, default
-``~/.cache/fusecut/kernels``). NVRTC needs no GPU: CI compiles every generated kernel.
+``$XDG_CACHE_HOME/fusecut/kernels``, ``~/.cache`` without XDG_CACHE_HOME). NVRTC needs no GPU:
+CI compiles every generated kernel.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fusecut import environment
 from fusecut.runtime.lru import BoundedCache
 
 OPTIONS = ("std=c++17",)
@@ -77,8 +79,7 @@ _in_flight: dict[str, threading.Event] = {}  # cache keys being compiled, set wh
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("FUSECUT_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "fusecut" / "kernels"
+    return environment.path("FUSECUT_CACHE_DIR")
 
 
 @functools.lru_cache(maxsize=1)

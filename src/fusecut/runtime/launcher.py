@@ -6,10 +6,11 @@ signature check about 1 us per tensor), while nvFuser's whole warm call takes ab
 launcher does the same work in a few microseconds plus the driver's own launch cost.
 
 The source is compiled with the system C++ compiler against the installed torch's headers (no
-CUDA toolkit needed: Python hands it cuLaunchKernel's address) into
-``$FUSECUT_CACHE_DIR/native`` (default ``~/.cache/fusecut/native``), keyed by source, torch and
-Python versions. The first build takes 15-30 s, so it runs in a background thread: calls made
-meanwhile take the Python path, and later ones the native one. ``FUSECUT_NATIVE=0`` turns it off.
+CUDA toolkit needed: Python hands it cuLaunchKernel's address) into ``native`` beside
+``$FUSECUT_CACHE_DIR`` (by default ``~/.cache/fusecut/native``, under XDG_CACHE_HOME when
+set), keyed by source, torch and Python versions. The first build takes 15-30 s, so it runs in
+a background thread: calls made meanwhile take the Python path, and later ones the native one.
+``FUSECUT_NATIVE=0`` (or another false spelling: fusecut.environment's one rule) turns it off.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+from fusecut import environment
 from fusecut.runtime.compile import cache_dir
 
 SOURCE = Path(__file__).parent / "native" / "launcher.cpp"
@@ -43,7 +45,7 @@ _thread: threading.Thread | None = None
 
 
 def enabled() -> bool:
-    return os.environ.get("FUSECUT_NATIVE", "1") not in ("0", "false", "no")
+    return environment.flag("FUSECUT_NATIVE")
 
 
 def build_dir() -> Path:

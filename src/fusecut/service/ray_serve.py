@@ -19,6 +19,7 @@ import os
 import threading
 from typing import Any
 
+from fusecut import environment
 from fusecut.service.processes.results import (
     ExecutionFailure,
     FailureKind,
@@ -34,7 +35,7 @@ STATUS_EVERY_S = 2.0  # how often a planner replica asks an executor how its wor
 
 def settings_env() -> dict[str, str]:
     """The FUSECUT_* settings of this process, for the replicas (on any node)."""
-    return {k: v for k, v in os.environ.items() if k.startswith("FUSECUT_")}
+    return environment.snapshot()
 
 
 class Executor:

@@ -35,16 +35,17 @@ from __future__ import annotations
 
 import collections
 import dis
-import os
 import types
 import weakref
+
+from fusecut import environment
 
 # what install replaced, to put back (empty while Thunder's interpreter is as it ships)
 _installed: dict[str, object] = {}
 
 
 def enabled_by_environment() -> bool:
-    return os.environ.get("FUSECUT_THUNDER_FAST_TRACING", "1") not in ("0", "false", "no", "off")
+    return environment.flag("FUSECUT_THUNDER_FAST_TRACING")
 
 
 class _CachedDis(types.ModuleType):

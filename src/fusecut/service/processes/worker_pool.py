@@ -49,12 +49,13 @@ class Slot:
                 "restarts": w.restarts, "busy_s": round(self.busy_s, 6)}
 
 
-def parse_gpus(spec: str | None, count: int | None = None,
-               visible: str | None = None) -> list[str] | None:
+def parse_gpus(spec: str | None, count: int | None = None, visible: str | None = None,
+               name: str = "--gpus") -> list[str] | None:
     """The devices of ``--gpus``: None for the default single worker; ``all`` for every
     device (``count`` of them, as torch sees); ``0,1,...`` for those (a device may be listed
     twice: two workers on one GPU). Indices are of the devices this process sees, so under
-    ``CUDA_VISIBLE_DEVICES=2,3``, ``0`` is GPU 2. Raises ValueError naming a bad entry."""
+    ``CUDA_VISIBLE_DEVICES=2,3``, ``0`` is GPU 2. Raises ValueError naming a bad entry and
+    where the spec came from (``name``: the option, or FUSECUT_GPUS)."""
     if spec is None or spec.strip() == "":
         return None
     visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
@@ -69,11 +70,11 @@ def parse_gpus(spec: str | None, count: int | None = None,
     for entry in spec.split(","):
         entry = entry.strip()
         if not entry.isdigit():
-            raise ValueError(f"--gpus takes 'all' or device indices like 0,1; got {entry!r}")
+            raise ValueError(f"{name} takes 'all' or device indices like 0,1; got {entry!r}")
         index = int(entry)
         if listed is not None:
             if index >= len(listed):
-                raise ValueError(f"--gpus {entry}: only {len(listed)} devices are visible "
+                raise ValueError(f"{name} {entry}: only {len(listed)} devices are visible "
                                  f"(CUDA_VISIBLE_DEVICES={visible})")
             devices.append(listed[index])
         else:
