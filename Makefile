@@ -44,7 +44,7 @@ $(STAMP): pyproject.toml
 $(SERVE_STAMP): pyproject.toml
 	@echo "make run: installing fusecut and what serving needs into $(VENV): about 1.2 GB with"
 	@echo "  torch's CPU build (0.75 GB of it), OR-Tools, FastAPI and uvicorn. make test adds the"
-	@echo "  test tools, NVRTC, Thunder, the PostgreSQL driver and Ray (about 0.9 GB more)."
+	@echo "  test tools, NVRTC, Thunder, transformers, the PostgreSQL driver and Ray (about 1 GB more)."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(call TORCH,--progress-bar on)
