@@ -145,3 +145,32 @@ def test_the_cut_never_saves_more_bytes_than_the_min_cut_partitioner():
 def test_options_are_checked():
     with pytest.raises(ValueError, match="partitioner must be"):
         fusecut.dynamo.backend(partitioner="greedy")
+
+
+def test_dynamic_shapes_run_on_fusecut_one_definition_per_shape():
+    # dynamic=True: the trace's extents are symbolic; each region writes its definition at
+    # each concrete shape it meets (until one plan serves every shape, issue 44)
+    torch.manual_seed(0)
+    model = Block()
+    reference = Block()
+    reference.load_state_dict(model.state_dict())
+    last = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="fusecut", dynamic=True)
+    batches = (8, 12, 20)
+    for batch in batches:
+        x, target = torch.randn(batch, 32), torch.arange(batch) % 10
+        for m in (model, reference):
+            for p in m.parameters():
+                p.grad = None
+        loss = compiled(x, target)
+        loss.backward()
+        want = reference(x, target)
+        want.backward()
+        torch.testing.assert_close(loss, want)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    regions = [r for r in fusecut.dynamo.regions.live_regions() if r.serial > last]
+    assert regions and all(r.symbolic for r in regions)
+    assert all(r.fallback_reason is None and r.calls == len(batches) for r in regions)
+    assert all(len(r.variants) == len(batches) for r in regions)

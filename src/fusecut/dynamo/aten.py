@@ -229,16 +229,18 @@ def _dims(dims: Any, x: Node) -> list[int]:
 
 
 def _tensor_ok(value: Any) -> bool:
+    """A strided tensor of a dtype regions take; its extents may be symbolic (``dynamic=True``:
+    a region is then translated per concrete shape, when it runs)."""
     return (isinstance(value, torch.Tensor) and value.dtype in DTYPES
-            and all(isinstance(e, int) for e in value.shape)
             and value.layout == torch.strided)
 
 
 def _argument_ok(a: Any) -> bool:
-    """Nodes of plain tensors, numbers (not symbolic ones), and lists of those."""
+    """Nodes of tensors or of (symbolic) integers, numbers, and lists of those."""
     if isinstance(a, Node):
         val = a.meta.get("val")
-        return _tensor_ok(val) or (isinstance(val, tuple) and all(map(_tensor_ok, val)))
+        return (_tensor_ok(val) or (isinstance(val, tuple) and all(map(_tensor_ok, val)))
+                or isinstance(val, (int, torch.SymInt)))
     if isinstance(a, (list, tuple)):
         return all(_argument_ok(x) for x in a)
     return a is None or isinstance(a, (bool, int, float, torch.dtype, torch.memory_format,

@@ -18,6 +18,7 @@ import itertools
 import logging
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -86,37 +87,50 @@ def _without_trailing_views(partition):
     return partition
 
 
-def translate(sub: GraphModule, args: list[Any]
-              ) -> tuple[FusionDefinition, list[str], list[tuple[str, int]]]:
-    """The definition computing ``sub``'s outputs from its placeholders, for arguments laid
-    out like ``args``; its op names; per output, ("out", k) for the definition's output k or
-    ("in", i) for placeholder i."""
+@dataclass(frozen=True)
+class Translated:
+    """A region's definition for one layout (and, under ``dynamic=True``, one shape) of its
+    arguments."""
+
+    definition: FusionDefinition
+    ops: list[str]
+    taken: list[int]  # the arguments the definition takes (its tensors), by position
+    outputs: list[tuple[str, int]]  # per output: ("out", k) the definition's, ("in", i) arg i
+    strides: list[tuple[int, ...] | None]  # per output, ATen's strides where dense
+
+
+def translate(sub: GraphModule, args: list[Any]) -> Translated:
+    """The definition computing ``sub``'s outputs from its placeholders, for arguments like
+    ``args``: tensors become inputs laid out as they are; integers (sizes, under
+    ``dynamic=True``) are taken at their values."""
     fd = FusionDefinition()
     env: dict[Node, Any] = {}
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
-    ops = []
+    ops, taken = [], []
     with fd:
-        for p, arg in zip(placeholders, args):
-            env[p] = fd.from_pytorch(arg)
+        for k, (p, arg) in enumerate(zip(placeholders, args)):
+            if isinstance(arg, torch.Tensor):
+                env[p] = fd.from_pytorch(arg)
+                taken.append(k)
+            else:
+                env[p] = arg
 
         def value(x: Any) -> Any:
             if isinstance(x, Node):
-                return env[x]
+                x = env[x]
             if isinstance(x, (bool, int, float)):
                 return fd.define_scalar(x)
-            raise TypeError(f"argument {x!r} has no fusecut form")
+            return x
 
         for node in sub.graph.nodes:
             if node.op != "call_function":
                 continue
-            results = EMITTERS[node.target](fd.ops, value, node)
+            results = EMITTERS[node.target](fd.ops, value, _Concrete(node, env))
             vals = node.meta["val"]
             vals = list(vals) if isinstance(vals, (tuple, list)) else [vals]
             env[node] = _typed(fd, results, vals)
             ops.append(getattr(node.target, "__name__", str(node.target)))
-        out_node = next(n for n in sub.graph.nodes if n.op == "output")
-        outs = out_node.args[0]
-        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        outs = _outputs(sub)
         spec: list[tuple[str, int]] = []
         n_out = 0
         for o in outs:
@@ -126,7 +140,42 @@ def translate(sub: GraphModule, args: list[Any]
             fd.add_output(env[o], stride_order=_stride_order(o.meta["val"]))
             spec.append(("out", n_out))
             n_out += 1
-    return fd, ops, spec
+    strides = [tuple(o.meta["val"].stride()) if _stride_order(o.meta["val"]) is not None
+               else None for o in outs]
+    return Translated(fd, ops, taken, spec, strides)
+
+
+def _outputs(sub: GraphModule) -> list[Any]:
+    outs = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+    return list(outs) if isinstance(outs, (tuple, list)) else [outs]
+
+
+class _Concrete:
+    """A node as an emitter reads it, with its integer arguments (symbolic sizes under
+    ``dynamic=True``, graph inputs of the region) at this call's values."""
+
+    def __init__(self, node: Node, env: dict[Node, Any]):
+        def concrete(a: Any) -> Any:
+            if isinstance(a, Node) and isinstance(env.get(a), int):
+                return env[a]
+            if isinstance(a, (list, tuple)):
+                return type(a)(concrete(x) for x in a)
+            return a
+
+        self.target, self.meta = node.target, node.meta
+        self.args = tuple(concrete(a) for a in node.args)
+        self.kwargs = {k: concrete(v) for k, v in node.kwargs.items()}
+
+
+def _propagate(sub: GraphModule, args: list[Any]) -> None:
+    """Every node's ``meta["val"]`` at these arguments' shapes (fake tensors): under
+    ``dynamic=True`` the trace's are symbolic, and a definition is written at concrete ones."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+    FakeTensorProp(sub, mode).propagate_dont_convert_inputs(*fakes)
 
 
 def _stride_order(val: torch.Tensor) -> list[int] | None:
@@ -146,6 +195,14 @@ def _stride_order(val: torch.Tensor) -> list[int] | None:
     for rank, i in enumerate(axes):
         order[i] = rank
     return order
+
+
+def _symbolic(val: Any) -> bool:
+    if isinstance(val, (tuple, list)):
+        return any(map(_symbolic, val))
+    if isinstance(val, torch.SymInt):
+        return True
+    return isinstance(val, torch.Tensor) and any(isinstance(e, torch.SymInt) for e in val.shape)
 
 
 def _strided(result: torch.Tensor, strides: tuple[int, ...] | None) -> torch.Tensor:
@@ -190,14 +247,11 @@ class Region(torch.nn.Module):
                                for n in aten_module.graph.nodes if n.op == "call_function"]
         self.definition: FusionDefinition | None = None  # the first call's
         self.first_args: list[Any] | None = None
-        # per layout of the arguments: the definition and where each output comes from
-        self.variants: dict[tuple, tuple[FusionDefinition, list[tuple[str, int]]]] = {}
-        outs = next(n for n in aten_module.graph.nodes if n.op == "output").args[0]
-        self._single = not isinstance(outs, (tuple, list))
-        # per output, the strides the trace gave it where it was dense (else None)
-        self._traced_strides = [
-            tuple(o.meta["val"].stride()) if _stride_order(o.meta["val"]) is not None else None
-            for o in ([outs] if self._single else outs)]
+        self.variants: dict[tuple, Translated] = {}  # per layout (and shape) of the arguments
+        self._single = not isinstance(
+            next(n for n in aten_module.graph.nodes if n.op == "output").args[0], (tuple, list))
+        # under dynamic=True the trace's shapes are symbolic: one definition per shape
+        self.symbolic = any(_symbolic(n.meta.get("val")) for n in aten_module.graph.nodes)
 
     def forward(self, *args: Any) -> Any:
         self.calls += 1
@@ -210,32 +264,41 @@ class Region(torch.nn.Module):
                 return outs[0] if self._single else tuple(outs)
         return self.aten_module(*args)
 
-    def _variant(self, args: list[Any]) -> tuple[FusionDefinition, list[tuple[str, int]]]:
-        layout = tuple(a.stride() if isinstance(a, torch.Tensor) else type(a) for a in args)
-        variant = self.variants.get(layout)
+    def _variant(self, args: list[Any]) -> Translated:
+        if self.symbolic:
+            key = tuple((a.shape, a.stride()) if isinstance(a, torch.Tensor) else a
+                        for a in args)
+        else:
+            key = tuple(a.stride() if isinstance(a, torch.Tensor) else type(a) for a in args)
+        variant = self.variants.get(key)
         if variant is None:
             with stage("translate", self.setup_seconds):
-                definition, self.ops, outputs = translate(self.aten_module, args)
-            variant = self.variants[layout] = (definition, outputs)
+                if self.symbolic:
+                    _propagate(self.aten_module, args)
+                variant = self.variants[key] = translate(self.aten_module, args)
+            self.ops = variant.ops
             if self.definition is None:
                 from fusecut.engine import as_metadata
 
-                self.definition, self.first_args = definition, as_metadata(args)
+                self.definition = variant.definition
+                self.first_args = as_metadata([args[k] for k in variant.taken])
         return variant
 
     def _run(self, args: list[Any]) -> list[Any]:
-        definition, where = self._variant(args)
+        variant = self._variant(args)
+        definition = variant.definition
+        inputs = [args[k] for k in variant.taken]
         handle = definition.handle
         if handle.warm is None:  # each stage on its own, so that a failure says where
             with stage("plan", self.setup_seconds):
-                handle.plan(args)
-            if any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+                handle.plan(inputs)
+            if any(a.is_cuda for a in inputs):
                 with stage("codegen", self.setup_seconds):
-                    handle.program(args)
+                    handle.program(inputs)
         with stage("launch"):  # a warm call: one signature check, then the launch
-            results = definition.execute(args)
+            results = definition.execute(inputs)
         return [args[i] if kind == "in" else _strided(results[i], strides)
-                for (kind, i), strides in zip(where, self._traced_strides)]
+                for (kind, i), strides in zip(variant.outputs, variant.strides)]
 
     def _give_up(self, failure: RegionFailure) -> None:
         if self.fallback_reason is not None:
