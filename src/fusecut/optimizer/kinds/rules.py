@@ -55,7 +55,9 @@ class Rejection:
         return False
 
 
-@dataclass(frozen=True)
+# kw_only: a Schedule has fifteen fields, several of them tuples of ints; built by position,
+# two swapped ones (row and column axes, say) would still type-check (issue 46)
+@dataclass(frozen=True, kw_only=True)
 class Schedule:
     kind: Kind
     ops: tuple[int, ...]  # op indices, program order
@@ -183,7 +185,7 @@ def _classify(bound: Bound, facts: SegmentFacts, written: Iterable[str],
             return Rejection(f"{op.name} ({op.outputs[0]}) runs alone as a library/fallback call")
         kind = Kind.LIBRARY if role(fusion.ops[alone[0]], bound) is Role.LIBRARY else \
             Kind.FALLBACK
-        return Schedule(kind, ops, inputs, outputs)
+        return Schedule(kind=kind, ops=ops, inputs=inputs, outputs=outputs)
     for i in facts.segment_sets:
         op = fusion.ops[i]
         if op.inputs[0] in produced:
@@ -238,7 +240,8 @@ def _pointwise(bound: Bound, ops, inputs, outputs, axes: AxisMap) -> Schedule | 
             return Rejection(f"outputs {ref} {list(bound.shapes[ref])} and {t} "
                              f"{list(bound.shapes[t])} do not share an iteration domain")
         axis_map[t] = m
-    return Schedule(Kind.POINTWISE, ops, inputs, outputs, bound.shapes[ref], ref, axis_map)
+    return Schedule(kind=Kind.POINTWISE, ops=ops, inputs=inputs, outputs=outputs,
+                    domain=bound.shapes[ref], ref=ref, axis_map=axis_map)
 
 
 # ---- reduction kinds ---------------------------------------------------------------------------
@@ -489,9 +492,11 @@ def _reduction_kind(bound: Bound, ops, inputs, outputs, profile, dom: _Reduction
             return Rejection(why)
     if resizes or gathers:
         analysis = None  # the ties are this classification's: extend none of it
-    return Schedule(kind, ops, inputs, outputs, domain, dom.p_ref, axis_map, row_axes,
-                    dom.col_axes, row_reductions, col_reductions, persistence, by_position,
-                    analysis, online)
+    return Schedule(kind=kind, ops=ops, inputs=inputs, outputs=outputs, domain=domain,
+                    ref=dom.p_ref, axis_map=axis_map, reduction_axes=row_axes,
+                    outer_axes=dom.col_axes, reductions=row_reductions,
+                    outer_reductions=col_reductions, persistence=persistence,
+                    by_position=by_position, analysis=analysis, online=online)
 
 
 def _online(bound: Bound, ops, inputs, outputs, domain, axis_map, row_axes, row_reductions,
