@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -278,122 +278,213 @@ def build_program(plan: Plan, args: list[Any], sig: tuple | None = None) -> Prog
 
 
 def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
+    """Lay ``plan`` out for these arguments, one decision per stage: the per-call random
+    placeholders, each segment's steps in plan order (``_Layout``), when each buffer is freed,
+    how the outputs are read from the slots, which outputs may share an argument's memory, and
+    whether the C++ launcher runs the program."""
     fusion, bound = plan.fusion, plan.bound
     implicit = fusion.implicit_rng
-    if implicit and len(args) == len(fusion.inputs) - len(implicit):
-        # the per-call seed and offsets: placeholders here (int scalars, never in the signature)
+    args, sig = _with_rng_placeholders(implicit, len(fusion.inputs), args, sig)
+    layout = _Layout.start(plan, args)
+    for seg in plan.segments:
+        layout.add_segment(plan, seg, args)
+    layout.place_frees()
+    outputs = layout.outputs()
+    baked = baked_positions(fusion)
+    program = Program(
+        signature=sig if sig is not None else signature(args, baked), device=layout.device,
+        n_args=layout.n_args, buffers=layout.buffers, steps=layout.steps, outputs=outputs,
+        aliases=[(fusion.outputs.index(o), layout.slot_of[i]) for o, i in fusion.aliases.items()],
+        scalar_ops=_derived_scalars(fusion, layout.dynamic, layout.scalar_args),
+        scalar_args=layout.scalar_args,
+        static_scalars={k: v for k, v in bound.scalars.items() if k not in layout.dynamic},
+        baked=baked, context=current_context() if layout.device.type == "cuda" else 0,
+        may_share=_may_share(layout.steps, outputs, layout.n_args), implicit_rng=implicit)
+    _attach_native(program)
+    return program
+
+
+def _with_rng_placeholders(implicit: tuple[str, ...], n_inputs: int, args: list[Any],
+                           sig: tuple | None) -> tuple[list[Any], tuple | None]:
+    """Arguments without the per-call seed and offsets of unseeded random ops get placeholders
+    for them: int scalars, never in the signature (each call draws its own, ``runtime.rng``)."""
+    if implicit and len(args) == n_inputs - len(implicit):
         args = [*args, *(0 for _ in implicit)]
         sig = None if sig is None else (*sig, *(int for _ in implicit))
-    n_args = len(args)
-    tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
-    device = tensor.device if tensor is not None else \
-        torch.device("cuda", torch.cuda.current_device())
-    slot_of = {name: i for i, name in enumerate(fusion.inputs)}
-    buffers: list[tuple[tuple[int, ...], torch.dtype]] = []
-    steps: list[Launch | LibraryCall | TorchCall] = []
-    reads: dict[int, int] = {}  # slot -> last step reading it
-    dynamic = dynamic_scalars(bound)
-    scalar_args = {n: slot_of[n] for n in fusion.scalar_inputs() if n in dynamic}
+    return args, sig
 
-    def new_buffer(shape, dtype) -> int:
-        buffers.append((shape, dtype))
-        return n_args + len(buffers) - 1
 
-    for seg in plan.segments:
+@dataclass
+class _Layout:
+    """A program being laid out: the slots (the fusion's arguments first, then the buffers the
+    segments write), the steps so far, and the last step reading each slot (where it is freed).
+    Each segment adds one library call, its compiled kernels, or one torch call."""
+
+    fusion: Any
+    bound: Any
+    n_args: int
+    device: torch.device
+    dynamic: Any  # the scalars known only at run time (``codegen.names.dynamic_scalars``)
+    scalar_args: dict[str, int]  # run-time scalar inputs -> argument position
+    slot_of: dict[str, int]  # tensor (or scalar input) -> slot
+    buffers: list[tuple[tuple[int, ...], torch.dtype]] = field(default_factory=list)
+    steps: list[Launch | LibraryCall | TorchCall] = field(default_factory=list)
+    reads: dict[int, int] = field(default_factory=dict)  # slot -> last step reading it
+
+    @classmethod
+    def start(cls, plan: Plan, args: list[Any]) -> _Layout:
+        """No steps yet. The device is the first tensor argument's, else the current GPU."""
+        fusion = plan.fusion
+        tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        device = tensor.device if tensor is not None else \
+            torch.device("cuda", torch.cuda.current_device())
+        slot_of = {name: i for i, name in enumerate(fusion.inputs)}
+        dynamic = dynamic_scalars(plan.bound)
+        scalar_args = {n: slot_of[n] for n in fusion.scalar_inputs() if n in dynamic}
+        return cls(fusion, plan.bound, len(args), device, dynamic, scalar_args, slot_of)
+
+    def new_buffer(self, shape, dtype) -> int:
+        self.buffers.append((shape, dtype))
+        return self.n_args + len(self.buffers) - 1
+
+    def add_segment(self, plan: Plan, seg, args: list[Any]) -> None:
+        """The segment's steps: a library call when it is exactly one (``library_op``); else
+        its kernels, compiled for the alignment of these arguments' addresses; else, when
+        nothing is generated for it or NVRTC could not compile it, a torch call."""
         sub = seg.sub
-        arg_slots = [slot_of.get(sub.input_map[n]) for n in sub.fusion.inputs]
+        arg_slots = [self.slot_of.get(sub.input_map[n]) for n in sub.fusion.inputs]
         library = library_op(seg)
         if library is not None:
-            out = new_buffer(None, None)
-            op, squeezed = library
-            result = sub.output_map[sub.fusion.outputs[0]]
-            slot_of[result] = out
-            # squeezed: the C++ launcher keeps the same data unsqueezed
-            steps.append(LibraryCall(op.name, arg_slots, out,
-                                     TORCH_DTYPE[fusion.tensors[result].dtype],
-                                     compact=tuple(bound.compact_shape(result)) if squeezed
-                                     else None))
-            for s in arg_slots:
-                reads[s] = len(steps) - 1
-            continue
+            self._add_library_call(seg, library, arg_slots)
+            return
         code = None
         if seg.kind not in NOT_GENERATED:
             code = _compiled_or_none(plan, seg, [
-                args[s].data_ptr() if s is not None and s < n_args
+                args[s].data_ptr() if s is not None and s < self.n_args
                 and isinstance(args[s], torch.Tensor) else 0
                 for s in arg_slots],
-                device.index if device.type == "cuda" else -1)
+                self.device.index if self.device.type == "cuda" else -1)
         if code is None:  # a library-like op, or kernels NVRTC could not compile: torch runs it
-            results = [new_buffer(None, None) for _ in sub.fusion.outputs]
-            for name, slot in zip(sub.fusion.outputs, results):
-                slot_of[sub.output_map[name]] = slot
-            call_args = [(s, None) if s is not None or sub.input_map[n] not in fusion.scalars
-                         else (None, sub.input_map[n])
-                         for n, s in zip(sub.fusion.inputs, arg_slots)]
-            kept = set(fusion.outputs)
-            steps.append(TorchCall(sub.fusion, segment_bound(plan, seg), call_args, results,
-                                   [sub.output_map[n] not in kept for n in sub.fusion.outputs],
-                                   ()))
-            for s in arg_slots:
-                if s is not None:
-                    reads[s] = len(steps) - 1
-            continue
-        written = [new_buffer(shape, dtype) for shape, dtype in code.outputs]
-        workspaces = [new_buffer((max(n, 1),), torch.uint8) for n in code.workspaces]
+            self._add_torch_call(plan, seg, arg_slots)
+        else:
+            self._add_kernels(seg, code, arg_slots)
+
+    def _add_library_call(self, seg, library, arg_slots: list[int | None]) -> None:
+        sub = seg.sub
+        out = self.new_buffer(None, None)
+        op, squeezed = library
+        result = sub.output_map[sub.fusion.outputs[0]]
+        self.slot_of[result] = out
+        # squeezed: the C++ launcher keeps the same data unsqueezed
+        self.steps.append(LibraryCall(op.name, arg_slots, out,
+                                      TORCH_DTYPE[self.fusion.tensors[result].dtype],
+                                      compact=tuple(self.bound.compact_shape(result))
+                                      if squeezed else None))
+        for s in arg_slots:
+            self.reads[s] = len(self.steps) - 1
+
+    def _add_torch_call(self, plan: Plan, seg, arg_slots: list[int | None]) -> None:
+        """Arguments by slot, or by name for a scalar that is no argument; results into new
+        buffers, made contiguous when other segments' kernels read them."""
+        sub, fusion = seg.sub, self.fusion
+        results = [self.new_buffer(None, None) for _ in sub.fusion.outputs]
+        for name, slot in zip(sub.fusion.outputs, results):
+            self.slot_of[sub.output_map[name]] = slot
+        call_args = [(s, None) if s is not None or sub.input_map[n] not in fusion.scalars
+                     else (None, sub.input_map[n])
+                     for n, s in zip(sub.fusion.inputs, arg_slots)]
+        kept = set(fusion.outputs)
+        self.steps.append(TorchCall(sub.fusion, segment_bound(plan, seg), call_args, results,
+                                    [sub.output_map[n] not in kept for n in sub.fusion.outputs],
+                                    ()))
+        for s in arg_slots:
+            if s is not None:
+                self.reads[s] = len(self.steps) - 1
+
+    def _add_kernels(self, seg, code, arg_slots: list[int | None]) -> None:
+        """One launch per kernel; the first allocates the written buffers and workspaces (a
+        segment with nothing to launch, on empty tensors, still allocates its outputs)."""
+        sub = seg.sub
+        written = [self.new_buffer(shape, dtype) for shape, dtype in code.outputs]
+        workspaces = [self.new_buffer((max(n, 1),), torch.uint8) for n in code.workspaces]
         for name, i in zip(sub.fusion.outputs, code.returned):
-            slot_of[sub.output_map[name]] = written[i]
+            self.slot_of[sub.output_map[name]] = written[i]
         pools = {"arg": arg_slots, "out": written, "ws": workspaces}
-        first = len(steps)
+        first = len(self.steps)
         for launch in code.launches:
-            params = []
-            for (source, key), ctype in zip(launch.params, launch.ctypes):
-                if source != "scalar":
-                    slot = pools[source][key]
-                    params.append((SLOT, slot, 0, 0.0))
-                    reads[slot] = len(steps)
-                elif key in scalar_args:
-                    params.append((_DYNAMIC.get(ctype, SCALAR_INT), scalar_args[key], 0, 0.0))
-                elif key in dynamic:
-                    params.append((_DYNAMIC.get(ctype, SCALAR_INT), -1, 0, 0.0))
-                else:
-                    value = scalar_value(ctype, bound.scalars[key])
-                    kind = _CONSTANT.get(ctype, INT)
-                    params.append((kind, 0, 0 if kind == DOUBLE else int(value),
-                                   float(value) if kind == DOUBLE else 0.0))
-            steps.append(Launch(launch, params, (), ()))
-        if len(steps) == first:  # nothing to compute (empty tensors): allocate the outputs
-            steps.append(Launch(None, [], (), ()))
-        steps[first].allocs = tuple(written + workspaces)
+            self.steps.append(Launch(launch, self._params(launch, pools), (), ()))
+        if len(self.steps) == first:  # nothing to compute (empty tensors): allocate the outputs
+            self.steps.append(Launch(None, [], (), ()))
+        self.steps[first].allocs = tuple(written + workspaces)
         for w in workspaces:
-            reads[w] = len(steps) - 1
-    keep = {slot_of[t] for t in fusion.outputs}
-    frees: dict[int, list[int]] = {}
-    for slot, step in reads.items():
-        if slot >= n_args and slot not in keep:
-            frees.setdefault(step, []).append(slot)
-    for i, step in enumerate(steps):
-        step.frees = tuple(sorted(frees.get(i, ())))
-    outputs = []
-    for t in fusion.outputs:
-        # fusion inputs come at their logical shape already (stride 0 on expanded axes)
-        compact = t not in bound.inputs and \
-            tuple(bound.compact_shape(t)) != tuple(bound.shapes[t])
-        outputs.append((slot_of[t], bound.shapes[t] if compact else None,
-                        bound.broadcast[t] if compact else None))
-    aliases = [(fusion.outputs.index(o), slot_of[i]) for o, i in fusion.aliases.items()]
-    derived = [(o, op.name, list(op.inputs), op.attrs, fusion.scalars[o].dtype)
-               for op in fusion.ops for o in op.outputs
-               if o in dynamic and o in fusion.scalars and o not in scalar_args]
-    static = {k: v for k, v in bound.scalars.items() if k not in dynamic}
-    baked = baked_positions(fusion)
-    program = Program(sig if sig is not None else signature(args, baked), device, n_args,
-                      buffers, steps, outputs, aliases, derived, scalar_args, static, baked,
-                      current_context() if device.type == "cuda" else 0,
-                      implicit_rng=implicit)
+            self.reads[w] = len(self.steps) - 1
+
+    def _params(self, launch: KernelLaunch, pools: dict[str, list]) -> list[tuple]:
+        """The parameters of the launch about to be the next step: a slot; a run-time scalar
+        (its argument position, or -1 for a derived one, looked up by name on each call); or a
+        constant, the bound value."""
+        params = []
+        for (source, key), ctype in zip(launch.params, launch.ctypes):
+            if source != "scalar":
+                slot = pools[source][key]
+                params.append((SLOT, slot, 0, 0.0))
+                self.reads[slot] = len(self.steps)
+            elif key in self.scalar_args:
+                params.append((_DYNAMIC.get(ctype, SCALAR_INT), self.scalar_args[key], 0, 0.0))
+            elif key in self.dynamic:
+                params.append((_DYNAMIC.get(ctype, SCALAR_INT), -1, 0, 0.0))
+            else:
+                value = scalar_value(ctype, self.bound.scalars[key])
+                kind = _CONSTANT.get(ctype, INT)
+                params.append((kind, 0, 0 if kind == DOUBLE else int(value),
+                               float(value) if kind == DOUBLE else 0.0))
+        return params
+
+    def place_frees(self) -> None:
+        """Each buffer is freed by the last step that reads it, but the fusion's outputs."""
+        keep = {self.slot_of[t] for t in self.fusion.outputs}
+        frees: dict[int, list[int]] = {}
+        for slot, step in self.reads.items():
+            if slot >= self.n_args and slot not in keep:
+                frees.setdefault(step, []).append(slot)
+        for i, step in enumerate(self.steps):
+            step.frees = tuple(sorted(frees.get(i, ())))
+
+    def outputs(self) -> list[tuple[int, tuple[int, ...] | None, tuple[bool, ...] | None]]:
+        """Per fusion output: its slot, and its logical shape and broadcast axes where the slot
+        holds it compact (extent-1 and broadcast axes dropped)."""
+        bound, outputs = self.bound, []
+        for t in self.fusion.outputs:
+            # fusion inputs come at their logical shape already (stride 0 on expanded axes)
+            compact = t not in bound.inputs and \
+                tuple(bound.compact_shape(t)) != tuple(bound.shapes[t])
+            outputs.append((self.slot_of[t], bound.shapes[t] if compact else None,
+                            bound.broadcast[t] if compact else None))
+        return outputs
+
+
+def _derived_scalars(fusion, dynamic, scalar_args: dict[str, int]
+                     ) -> list[tuple[str, str, list[str], dict, Any]]:
+    """The run-time scalars the fusion computes from run-time scalar inputs, in op order: each
+    call evaluates them (``Program.scalars``)."""
+    return [(o, op.name, list(op.inputs), op.attrs, fusion.scalars[o].dtype)
+            for op in fusion.ops for o in op.outputs
+            if o in dynamic and o in fusion.scalars and o not in scalar_args]
+
+
+def _may_share(steps: list[Launch | LibraryCall | TorchCall], outputs: list[tuple],
+               n_args: int) -> tuple[int, ...]:
+    """The outputs that may share memory with an argument: an argument itself, or a torch
+    call's result (which can be a view); kernels' outputs are fresh buffers."""
     torch_results = {slot for step in steps if isinstance(step, TorchCall)
                      for slot in step.results}
-    program.may_share = tuple(k for k, (slot, _, _) in enumerate(outputs)
-                              if slot < n_args or slot in torch_results)
+    return tuple(k for k, (slot, _, _) in enumerate(outputs)
+                 if slot < n_args or slot in torch_results)
+
+
+def _attach_native(program: Program) -> None:
+    """The C++ launcher runs the program when it can (``native_eligible``): from now on when
+    the launcher is built, else once its build finishes (``Program.call`` asks)."""
     if native_eligible(program):
         from fusecut.runtime import launcher
 
@@ -401,7 +492,6 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
             program.native = native_program(program)
         elif launcher.failure() is None and launcher.enabled():
             program.native_ready = launcher.native
-    return program
 
 
 def _compiled_or_none(plan: Plan, seg, addresses: list[int], device: int):
