@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from fusecut.cli_tables import print_definition, print_execution, print_plan
 from fusecut.optimizer.errors import FusecutError, counted
 from fusecut.optimizer.options import (
     DEVICE,
@@ -24,7 +25,7 @@ from fusecut.optimizer.options import (
     Option,
     checked,
 )
-from fusecut.optimizer.plan.render import human_bytes, human_rate, human_seconds, to_dot, to_svg
+from fusecut.optimizer.plan.render import to_dot, to_svg
 
 if TYPE_CHECKING:  # the commands import what they use, so that --help starts fast
     from fusecut.optimizer.analysis.shapes import Bound
@@ -39,7 +40,6 @@ out = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() e
 err = Console(stderr=True, highlight=False, markup=False)
 # the largest file (or standard input) read: the service's largest POST /v1/plan body
 MAX_FILE_BYTES = 16 * 1024 * 1024
-SUMMARY_OPS = 200  # `check` counts the ops of a larger fusion by op, not one row each
 CPU_ELEMENTS = 1 << 20  # execute on the CPU: inputs scaled to at most this many elements
 
 # FILE is described in each command's text: an argument's own help line shows a type tag
@@ -126,12 +126,6 @@ def _shape(bound: Bound | None, name: str) -> list[int] | None:
     return list(bound.shapes[name]) if bound is not None and name in bound.shapes else None
 
 
-def _shape_text(shape: list[int] | None) -> str:
-    if shape is None:
-        return ""
-    return "x".join(map(str, shape)) if shape else "scalar"
-
-
 @app.command(short_help="Parse a definition: its inputs, ops and outputs.")
 def check(file: str = FILE,
           inputs: str = INPUTS, as_json: bool = AS_JSON):
@@ -175,41 +169,7 @@ def check(file: str = FILE,
         emit_json({"function": parsed.function_name, "inputs": rows_in, "ops": rows_ops,
                    "outputs": rows_out})
         return
-    table = Table(title="inputs")
-    for col in ("name", "dtype", "declared", "shape", "strides"):
-        table.add_column(col)
-    for r in rows_in:
-        table.add_row(r["name"], r["dtype"], str(r["declared"]), _shape_text(r["shape"]),
-                      "" if r["strides"] is None else str(r["strides"]))
-    out.print(table)
-    if len(rows_ops) <= SUMMARY_OPS:
-        ops = Table(title=f"ops ({len(rows_ops)})")
-        for col in ("#", "op", "inputs", "outputs", "dtype", "shape"):
-            ops.add_column(col)
-        for r in rows_ops:
-            ops.add_row(str(r["index"]), r["op"], ", ".join(r["inputs"]),
-                        ", ".join(r["outputs"]), ", ".join(r["dtypes"]),
-                        ", ".join(_shape_text(s) for s in r["shapes"]))
-    else:  # a row per op: 20,000 ops printed 20,018 lines in 30 s (issue 32)
-        ops = Table(title=f"ops ({len(rows_ops):,}, counted by op; --json lists each one)")
-        for col in ("op", "count", "first", "last", "output dtypes"):
-            ops.add_column(col, justify="right" if col in ("count", "first", "last") else "left")
-        seen: dict[str, dict[str, Any]] = {}
-        for r in rows_ops:
-            entry = seen.setdefault(r["op"], {"count": 0, "first": r["index"], "dtypes": {}})
-            entry["count"] += 1
-            entry["last"] = r["index"]
-            entry["dtypes"].update(dict.fromkeys(r["dtypes"]))
-        for name, entry in sorted(seen.items(), key=lambda kv: (-kv[1]["count"], kv[0])):
-            ops.add_row(name, f"{entry['count']:,}", f"#{entry['first']}", f"#{entry['last']}",
-                        ", ".join(entry["dtypes"]))
-    out.print(ops)
-    outputs = Table(title="outputs")
-    for col in ("name", "dtype", "shape"):
-        outputs.add_column(col)
-    for r in rows_out:
-        outputs.add_row(r["name"], r["dtype"], _shape_text(r["shape"]))
-    out.print(outputs)
+    print_definition(out, rows_in, rows_ops, rows_out)
 
 
 def input_metadata(parsed: ParsedDefinition, inputs: str | None,
@@ -286,51 +246,7 @@ def plan(file: str = FILE,
     if as_json:
         emit_json(result)
         return
-    print_plan(result)
-
-
-def print_plan(result: dict) -> None:
-    segs = Table(title=f"plan {result['plan_id']} ({result['segmenter']}, "
-                       f"{result['solver']['status']})")
-    for col in ("#", "kind", "ops", "recomputed", "reads", "writes", "read", "write", "est"):
-        segs.add_column(col, justify="right" if col in ("read", "write", "est") else "left")
-    for s in result["segments"]:
-        segs.add_row(str(s["index"]), s["kind"], str(len(s["ops"])),
-                     str(len(s["recomputed_ops"])),
-                     ", ".join(t["tensor"] for t in s["inputs"]),
-                     ", ".join(t["tensor"] for t in s["outputs"]),
-                     human_bytes(s["read_bytes"]), human_bytes(s["write_bytes"]),
-                     human_seconds(s["est_time_s"]))
-    out.print(segs)
-    if result["boundaries"]:
-        b = Table(title="boundary tensors")
-        for col in ("tensor", "shape", "stored as", "dtype", "bytes", "from", "to", "why"):
-            b.add_column(col)
-        for t in result["boundaries"]:
-            b.add_row(t["tensor"], "x".join(map(str, t["shape"])),
-                      "x".join(map(str, t["compact_shape"])) or "scalar", t["dtype"],
-                      human_bytes(t["bytes"]), str(t["producer"]),
-                      ", ".join(map(str, t["consumers"])), t["reason"])
-        out.print(b)
-    else:
-        out.print("no tensor crosses between segments")
-    tot, base = result["totals"], result["baseline"]
-    summary = Table(title="totals", show_header=True)
-    for col in ("", "I/O bytes", "segments", "est time"):
-        summary.add_column(col)
-    summary.add_row("fusecut", human_bytes(tot["io_bytes"]), str(tot["segments"]),
-                    human_seconds(tot["est_time_s"]))
-    summary.add_row("greedy (nvFuser-style)", human_bytes(base["io_bytes"]), str(base["segments"]),
-                    human_seconds(base["est_time_s"]))
-    summary.add_row("lower bound", human_bytes(tot["lower_bound_bytes"]), "",
-                    human_seconds(tot["floor_s"]))
-    out.print(summary)
-    out.print(f"io_ratio {tot['io_ratio']:.3f}; saved {human_bytes(base['saved_bytes'])} against "
-              f"greedy; solver {result['solver']['status']} in {result['solver']['wall_s']:.2f} s"
-              f" ({result['solver']['message']})")
-    if result.get("host_program"):  # stream-parallel axes: the host program
-        out.print("host program:")
-        out.print(result["host_program"], markup=False, highlight=False, soft_wrap=True)
+    print_plan(out, result)
 
 
 @app.command(short_help="Write the CUDA source of every segment.")
@@ -432,68 +348,11 @@ def execute(file: str = FILE,
 
     FILE is an nvFuser repro with an inputs list, or a POST /v1/plan body with "inputs" ('-'
     reads standard input); or give --inputs."""
-    import torch
-
-    from fusecut.optimizer.analysis.shapes import shrink_inputs
-    from fusecut.optimizer.ir.inputs import TensorMeta
-    from fusecut.optimizer.planner import make_plan
-    from fusecut.runtime.reference import run_reference
-    from fusecut.runtime.run import run_plan
-    from fusecut.runtime.tensors import make_input
-
     parsed = read_definition(file)
     metas = input_metadata(parsed, inputs)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        kind = torch.device(device).type
-    except (RuntimeError, ValueError):
-        fail(f"--device {device}: not a device; use cuda, cuda:N or cpu")
-    if kind not in ("cuda", "cpu"):
-        fail(f"--device {device}: fusecut runs on cuda or cpu")
-    if kind == "cuda" and not torch.cuda.is_available():
-        fail(f"--device {device}: no CUDA GPU is available here; use --device cpu to run the "
-             f"torch reference segment by segment")
-    limit = (CPU_ELEMENTS if kind == "cpu" else 0) if scale is None else scale
-    largest = max((m.numel for m in metas if isinstance(m, TensorMeta)), default=0)
-    scaled = None
-    if limit and largest > limit:
-        # only the extents the definition leaves free shrink (issue 32: a definition with
-        # constant sizes failed, scaled, on an op; 7 of the 28 corpus files did)
-        shrunk = shrink_inputs(parsed.fusion, metas, limit)
-        metas = shrunk.metas
-        run = max((m.numel for m in metas if isinstance(m, TensorMeta)), default=0)
-        scaled = {"max_elements": limit, "largest_given": largest, "largest_run": run,
-                  "kept_extents": sorted(shrunk.kept)}
-        why = ""
-        if shrunk.kept:
-            extents = sorted(shrunk.kept)
-            first = shrunk.kept[extents[0]]
-            which = "extents {}, which keep their size" if len(extents) > 1 else \
-                "extent {}, which keeps its size"
-            why = (f"; the definition fixes {which.format(', '.join(map(str, extents)))} "
-                   f"(shrinking {extents[0]}: {first})")
-        if run < largest:
-            err.print(f"note: inputs scaled down to at most {limit:,} elements each (the "
-                      f"largest has {largest:,}, {run:,} as run)"
-                      + (" to keep a CPU run short" if scale is None else "") + why
-                      + "; --scale 0 runs them full size", soft_wrap=True)
-        else:
-            err.print(f"note: inputs run at full size, {largest:,} elements in the largest "
-                      f"(on the CPU, seconds to minutes){why}", soft_wrap=True)
-    try:
-        with progress("planning") as say:
-            plan_ = make_plan(parsed.fusion, metas)
-            say("making inputs")
-            args = [make_input(m, device) for m in metas]
-            say(f"running {len(plan_.segments)} segment(s) on {device}")
-            result = run_plan(plan_, args, timed=True)
-            if check:
-                say("checking against the torch reference")
-                want = run_reference(parsed.fusion, args)
-    except FusecutError as e:
-        fail(str(e))
-    except RuntimeError as e:  # from torch or the CUDA driver: its first line says what
-        fail(f"execution on {device} failed: {str(e).strip().splitlines()[0]}", 1)
+    device, kind = _execution_device(device)
+    metas, scaled = _execution_inputs(parsed, metas, kind, scale)
+    result, want = _execute_checked(parsed.fusion, metas, device, check)
     worst = None
     if check:
         worst = max((float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
@@ -508,24 +367,100 @@ def execute(file: str = FILE,
                                for n, v in zip(parsed.fusion.outputs, result.outputs)],
                    "max_difference": worst})
         return
-    table = Table(title=f"execution on {device} ({result.backend})")
-    for col in ("segment", "kind", "time", "bytes", "bandwidth"):
-        table.add_column(col, justify="right")
-    for s in segments:
-        table.add_row(str(s["index"]), s["kind"], human_seconds(s["seconds"]),
-                      human_bytes(s["bytes"]), human_rate(s["bytes_per_second"])
-                      if s["bytes_per_second"] is not None else "")
-    out.print(table)
-    for name, value in zip(parsed.fusion.outputs, result.outputs):
-        out.print(f"{name}: {list(value.shape)} {value.dtype}")
-    if worst is not None:
-        if result.backend == "reference":  # the CPU path runs each segment through torch
-            out.print(f"largest difference of the segment-by-segment run from the whole-fusion "
-                      f"torch reference: {worst:.3g} (on the CPU each segment runs the torch "
-                      f"reference; this checks the segmentation, not generated kernels)")
-        else:
-            out.print(f"largest difference of the generated kernels from the torch reference: "
-                      f"{worst:.3g}")
+    print_execution(out, parsed.fusion.outputs, device, result, segments, worst)
+
+
+def _execution_device(device: str | None) -> tuple[str, str]:
+    """The device ``execute`` runs on (--device, else cuda when there is one, else cpu) and its
+    type; exit 2 for one that is no device, not cuda or cpu, or a GPU that is not here."""
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        fail(f"--device {device}: not a device; use cuda, cuda:N or cpu")
+    if kind not in ("cuda", "cpu"):
+        fail(f"--device {device}: fusecut runs on cuda or cpu")
+    if kind == "cuda" and not torch.cuda.is_available():
+        fail(f"--device {device}: no CUDA GPU is available here; use --device cpu to run the "
+             f"torch reference segment by segment")
+    return device, kind
+
+
+def _execution_inputs(parsed: ParsedDefinition, metas: list[InputMeta], kind: str,
+                      scale: int | None) -> tuple[list[InputMeta], dict | None]:
+    """The input metadata ``execute`` runs, shrunk to at most --scale elements each (by
+    default, on the CPU only: CPU_ELEMENTS), and what the scaling did, for the JSON (None:
+    nothing shrunk); a note on standard error says so."""
+    from fusecut.optimizer.analysis.shapes import shrink_inputs
+    from fusecut.optimizer.ir.inputs import TensorMeta
+
+    limit = (CPU_ELEMENTS if kind == "cpu" else 0) if scale is None else scale
+    largest = max((m.numel for m in metas if isinstance(m, TensorMeta)), default=0)
+    if not limit or largest <= limit:
+        return metas, None
+    # only the extents the definition leaves free shrink (issue 32: a definition with
+    # constant sizes failed, scaled, on an op; 7 of the 28 corpus files did)
+    shrunk = shrink_inputs(parsed.fusion, metas, limit)
+    metas = shrunk.metas
+    run = max((m.numel for m in metas if isinstance(m, TensorMeta)), default=0)
+    scaled = {"max_elements": limit, "largest_given": largest, "largest_run": run,
+              "kept_extents": sorted(shrunk.kept)}
+    why = ""
+    if shrunk.kept:
+        extents = sorted(shrunk.kept)
+        first = shrunk.kept[extents[0]]
+        which = "extents {}, which keep their size" if len(extents) > 1 else \
+            "extent {}, which keeps its size"
+        why = (f"; the definition fixes {which.format(', '.join(map(str, extents)))} "
+               f"(shrinking {extents[0]}: {first})")
+    if run < largest:
+        err.print(f"note: inputs scaled down to at most {limit:,} elements each (the "
+                  f"largest has {largest:,}, {run:,} as run)"
+                  + (" to keep a CPU run short" if scale is None else "") + why
+                  + "; --scale 0 runs them full size", soft_wrap=True)
+    else:
+        err.print(f"note: inputs run at full size, {largest:,} elements in the largest "
+                  f"(on the CPU, seconds to minutes){why}", soft_wrap=True)
+    return metas, scaled
+
+
+def _execute_checked(fusion, metas: list[InputMeta], device: str, check: bool
+                     ) -> tuple[Any, list | None]:
+    """The timed run on random inputs and, with --check, the torch reference's outputs on the
+    same inputs; a FusecutError exits 2, a RuntimeError (torch's or the CUDA driver's) exits 1
+    with its first line."""
+    from fusecut.runtime.reference import run_reference
+
+    want = None
+    try:
+        with progress("planning") as say:
+            args, result = plan_and_run(fusion, metas, device, say)
+            if check:
+                say("checking against the torch reference")
+                want = run_reference(fusion, args)
+    except FusecutError as e:
+        fail(str(e))
+    except RuntimeError as e:  # from torch or the CUDA driver: its first line says what
+        fail(f"execution on {device} failed: {str(e).strip().splitlines()[0]}", 1)
+    return result, want
+
+
+def plan_and_run(fusion, metas: list[InputMeta], device: str, say: Callable[[str], None]
+                 ) -> tuple[list, Any]:
+    """Plan ``fusion`` for ``metas``, make random inputs like them on ``device`` and run the
+    plan, timed per segment: the arguments and the run's result. ``execute``'s one road
+    through the planner and the runtime (make_plan, run_plan)."""
+    from fusecut.optimizer.planner import make_plan
+    from fusecut.runtime.run import run_plan
+    from fusecut.runtime.tensors import make_input
+
+    plan_ = make_plan(fusion, metas)
+    say("making inputs")
+    args = [make_input(m, device) for m in metas]
+    say(f"running {len(plan_.segments)} segment(s) on {device}")
+    return args, run_plan(plan_, args, timed=True)
 
 
 # uvicorn's log levels (its own check would end in a traceback)
