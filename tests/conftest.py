@@ -19,6 +19,11 @@ settings.register_profile("gpu", max_examples=200, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Plans kept on disk would carry one test's plans into another (a test that counts planning, or
+# injects a planning failure, would be served a plan instead): off for the suite and the
+# processes it starts; tests/test_engine.py turns them on in a folder of its own.
+os.environ["FUSECUT_PLANS_ON_DISK"] = "false"
+
 
 def pytest_collection_modifyitems(config, items):
     if HAS_GPU:

@@ -4,6 +4,7 @@ bounded and shared by every door of the process (issue 46)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -106,3 +107,53 @@ def test_in_process_plans_render_their_json_only_when_read(monkeypatch):
     assert calls == []  # planned and run: nothing rendered
     assert view.segments and calls == [1]
     assert view.json is view.json and calls == [1]  # rendered once
+
+
+def test_a_second_process_restores_the_plans_the_first_made(tmp_path):
+    # issue 42, a warm first step: plans are kept in the cache folder and the same script's
+    # next process restores them (no planning), the plan identical
+    import subprocess
+    import sys
+
+    script = """
+import json, sys, torch
+import fusecut.engine
+from fusecut import FusionDefinition
+from fusecut.runtime import plan_files
+with FusionDefinition() as fd:
+    x = fd.define_tensor(shape=[-1, -1], contiguity=[True, True])
+    fd.add_output(fd.ops.div(x, fd.ops.sum(x, dims=[1], keepdim=True)))
+plan = fd.plan([torch.randn(16, 64)]).plan
+plan_files.flush()
+print(json.dumps([plan.plan_id, fusecut.engine.default_engine().stats.plans_made,
+                  fusecut.engine.default_engine().stats.plans_loaded]))
+"""
+    env = {**os.environ, "FUSECUT_PLANS_ON_DISK": "true", "FUSECUT_CACHE_DIR": str(tmp_path)}
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                             text=True, timeout=120, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first, second = run(), run()
+    assert first[1:] == [1, 0] and second[1:] == [0, 1], (first, second)
+    assert first[0] == second[0]
+    assert len(list((tmp_path / "plans").rglob("*.json"))) == 1
+    env["FUSECUT_PLANS_ON_DISK"] = "false"
+    assert run()[1:] == [1, 0]  # off: planned again
+
+
+def test_a_damaged_plan_file_is_planned_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSECUT_PLANS_ON_DISK", "true")
+    monkeypatch.setenv("FUSECUT_CACHE_DIR", str(tmp_path))
+    fd = _definition(4.5)
+    x = torch.randn(4, 24)
+    handle = Engine().fusion(fd.fusion)
+    where = fusecut.engine.plan_files.plan_file(handle.id, fusecut.engine.as_metadata([x]),
+                                                 fusecut.engine.options_key({}))
+    where.parent.mkdir(parents=True)
+    where.write_text("{not json")
+    plan = handle.plan([x])
+    assert handle.engine.stats.plans_made == 1 and handle.engine.stats.plans_loaded == 0
+    fusecut.engine.plan_files.flush()
+    assert json.loads(where.read_text())["plan_id"] == plan.plan_id  # written over, whole

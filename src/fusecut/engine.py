@@ -11,7 +11,9 @@ worker, Thunder regions (and the next compiler front). Each holds a ``FusionHand
 fusion's way in: its id, and the warm call of its last program) from ``Engine.fusion``; the
 caches are keyed by the fusion's content id, so a plan one door made is served to another door
 asking for the same fusion and metadata. A plan made elsewhere (a service's, restored) enters
-through ``adopt``. Nothing here renders JSON: a ``PlanView`` does, when someone reads it.
+through ``adopt``. A plan made here is also kept on disk (``runtime.plan_files``, written in
+the background), so the same script's next process restores it instead of planning. Nothing
+else renders JSON: a ``PlanView`` does, when someone reads it.
 
 Why bounded: a long-running service or training script sees new definitions and shapes without
 end; the least recently used plan or program is dropped (a warm call that holds its program
@@ -32,6 +34,7 @@ from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta
 from fusecut.optimizer.ir.wire import fusion_id, meta_from_json
 from fusecut.optimizer.plan.plan import Plan
 from fusecut.optimizer.planner import PlanOptions, make_plan
+from fusecut.runtime import plan_files
 from fusecut.runtime.executor import Execution, SegmentTiming, time_call
 from fusecut.runtime.lru import BoundedCache
 from fusecut.runtime.program import Program, baked_positions, signature
@@ -68,6 +71,7 @@ class EngineStats:
 
     plans_made: int = 0
     plan_hits: int = 0
+    plans_loaded: int = 0  # from disk: planned by an earlier process
     plans_adopted: int = 0
     programs_built: int = 0
     program_hits: int = 0
@@ -136,9 +140,18 @@ class FusionHandle:
         if found is not None:
             self.engine.count("plan_hits")
             return found
+        where = plan_files.plan_file(self.id, list(key[1]), key[2]) \
+            if plan_files.enabled() else None
+        found = plan_files.load(where, self.fusion, list(key[1])) if where else None
+        if found is not None:  # planned by an earlier process
+            self.engine.plans.put(key, found)
+            self.engine.count("plans_loaded")
+            return found
         made = make_plan(self.fusion, list(key[1]), PlanOptions(**options))
         self.engine.plans.put(key, made)
         self.engine.count("plans_made")
+        if where is not None:
+            plan_files.save_later(where, made)
         return made
 
     def adopt(self, inputs: list[Any], plan: Plan, **options: Any) -> None:

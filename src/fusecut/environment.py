@@ -148,7 +148,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     # every process that runs fusions (the SDK, the CLI, the service's workers, Thunder)
     Variable("FUSECUT_CACHE_DIR", Path, lambda: user_cache_dir() / "kernels",
              "fusecut.runtime.compile",
-             "compiled kernels (cubins); the native launcher builds beside it"),
+             "compiled kernels (cubins) and in-process plans (plans/); the native launcher "
+             "builds beside it"),
+    Variable("FUSECUT_PLANS_ON_DISK", bool, True, "fusecut.runtime.plan_files",
+             "keep in-process plans in the cache folder: a script's next run restores them"),
     Variable("FUSECUT_NATIVE", bool, True, "fusecut.runtime.launcher",
              "warm calls through the C++ launcher (false: the Python path)"),
     Variable("FUSECUT_COMPILE_AHEAD", bool, True, "fusecut.runtime.ahead",
