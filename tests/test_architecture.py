@@ -195,3 +195,50 @@ def test_the_private_member_check_sees_a_reach():
     assert reaches == ["fusecut.thunder.regions:1 from fusecut.definition import _helper",
                        "fusecut.thunder.regions:3 definition._local_state (defined in "
                        "fusecut.definition)"], reaches
+
+
+# issue 46, item 4: long rooms and functions are split by what they decide
+MAX_MODULE_LINES = 700
+MAX_FUNCTION_LINES = 100
+
+
+def function_lengths(source: str) -> dict[str, int]:
+    """The lines of every function and method (nested ones too), from ``def`` to its last
+    line, by qualified name (``Class.method``, ``outer.inner``)."""
+    lengths: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + child.name
+                if not isinstance(child, ast.ClassDef):
+                    lines = child.end_lineno - child.lineno + 1
+                    lengths[name] = max(lengths.get(name, 0), lines)
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return lengths
+
+
+def test_no_module_or_function_is_too_long():
+    too_long = []
+    for m, p in sorted(MODULES.items()):
+        text = p.read_text()
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES:
+            too_long.append(f"{m}: {lines} lines (at most {MAX_MODULE_LINES})")
+        too_long += [f"{m}.{name}: {n} lines (at most {MAX_FUNCTION_LINES} a function)"
+                     for name, n in sorted(function_lengths(text).items())
+                     if n > MAX_FUNCTION_LINES]
+    assert not too_long, "\n".join(too_long)
+
+
+def test_the_length_check_measures_nested_functions_and_methods():
+    body = "".join(f"    x{i} = {i}\n" for i in range(100))
+    source = (f"def flat():\n{body}"
+              f"class Box:\n    def method(self):\n        def inner():\n"
+              f"            return 1\n{body.replace('    ', '        ')}"
+              f"        return inner\n")
+    assert function_lengths(source) == {"flat": 101, "Box.method": 104, "Box.method.inner": 2}
