@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from fusecut.version import __version__
+from fusecut import version
 
 # a boolean's spellings, any case: one rule for every boolean variable
 TRUE = ("1", "true", "yes", "on")
@@ -58,7 +58,7 @@ def install_tag() -> str:
     cache was one file for every checkout and version: a new version could serve an old plan
     (issue 32)."""
     where = str(Path(__file__).resolve().parent)
-    return f"{__version__}-{hashlib.sha256(where.encode()).hexdigest()[:12]}"
+    return f"{version.__version__}-{hashlib.sha256(where.encode()).hexdigest()[:12]}"
 
 
 @dataclass(frozen=True)

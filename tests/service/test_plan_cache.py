@@ -335,9 +335,9 @@ def test_a_new_version_never_serves_an_old_plan(tmp_path, monkeypatch):
     # every checkout: a new version could serve an old plan
     import fusecut
     import fusecut.version
+    from fusecut import environment
     from fusecut.optimizer.plan import plan as plan_module
     from fusecut.optimizer.plan.plan import request_key
-    from fusecut.service import settings as settings_module
     from fusecut.service.planning import plan_body
     from fusecut.service.settings import Settings
 
@@ -369,5 +369,5 @@ def test_a_new_version_never_serves_an_old_plan(tmp_path, monkeypatch):
     monkeypatch.setattr(fusecut.version, "__version__", "99.0")  # declared there, once
     assert Path(Settings().db_path).parent.name.startswith("99.0-")
     monkeypatch.setattr(fusecut.version, "__version__", here.parent.name.split("-")[0])
-    monkeypatch.setattr(settings_module, "__file__", "/elsewhere/fusecut/service/settings.py")
+    monkeypatch.setattr(environment, "__file__", "/elsewhere/fusecut/environment.py")
     assert Settings().db_path != str(here)
