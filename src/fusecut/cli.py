@@ -450,17 +450,17 @@ def _execute_checked(fusion, metas: list[InputMeta], device: str, check: bool
 def plan_and_run(fusion, metas: list[InputMeta], device: str, say: Callable[[str], None]
                  ) -> tuple[list, Any]:
     """Plan ``fusion`` for ``metas``, make random inputs like them on ``device`` and run the
-    plan, timed per segment: the arguments and the run's result. ``execute``'s one road
-    through the planner and the runtime (make_plan, run_plan)."""
-    from fusecut.optimizer.planner import make_plan
-    from fusecut.runtime.run import run_plan
+    plan, timed per segment: the arguments and the run's result. Through the process's engine,
+    as every door goes (a plan made here is the SDK's, and the other way)."""
+    from fusecut.engine import default_engine
     from fusecut.runtime.tensors import make_input
 
-    plan_ = make_plan(fusion, metas)
+    handle = default_engine().fusion(fusion)
+    plan_ = handle.plan(metas)
     say("making inputs")
     args = [make_input(m, device) for m in metas]
     say(f"running {len(plan_.segments)} segment(s) on {device}")
-    return args, run_plan(plan_, args, timed=True)
+    return args, handle.engine.run(plan_, args, timed=True)
 
 
 # uvicorn's log levels (its own check would end in a traceback)
