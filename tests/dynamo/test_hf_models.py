@@ -67,3 +67,29 @@ def test_a_training_step_and_inference_match_eager(name):
     distinct = {repr(r.definition): (r.name, r.definition, r.first_args) for r in regions
                 if r.first_args is not None}
     assert compile_failures(distinct) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_on_the_gpu_a_training_step_runs_fusecuts_kernels_as_eager(name):
+    # the same step with the regions on fusecut's generated kernels (NVRTC, launched), fp32,
+    # against eager on the GPU: the loss and every gradient
+    torch.manual_seed(0)
+    model = MODELS[name]().float().cuda().train()
+    reference = copy.deepcopy(model)
+    inputs = {k: v.cuda() for k, v in batch(name, torch.Generator().manual_seed(1)).items()}
+    before = _last_serial()
+    torch._dynamo.reset()
+    loss = torch.compile(model, backend="fusecut")(**inputs).loss
+    loss.backward()
+    want = reference(**inputs).loss
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
+    for (pname, p), q in zip(model.named_parameters(), reference.parameters()):
+        if q.grad is None:
+            continue
+        scale = max(q.grad.abs().max().item(), 1e-4)
+        error = (p.grad - q.grad).abs().max().item() / scale
+        assert error <= 1e-4, f"{pname}: gradient off by {error:.2e} of its largest element"
+    regions = _regions_since(before)
+    assert regions and not [r.report().summary() for r in regions if r.fallback_reason]
