@@ -217,8 +217,8 @@ def path(name: str) -> Path:
 
 
 def check() -> None:
-    """Read every declared variable that is set: the first bad one raises ``VariableError``
-    (``fusecut serve`` checks at start, not in a worker's first execution)."""
+    """Read every declared variable: the first bad value raises ``VariableError`` (``fusecut
+    serve`` checks at start, not in a worker's first execution)."""
     for name in VARIABLES:
         read(name)
 
