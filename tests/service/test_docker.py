@@ -203,8 +203,10 @@ def test_the_cpu_image_leaves_out_cuda_python_and_runs_without_it():
     probe = """
 import sys
 sys.modules["cuda"] = None  # import cuda fails, as in the CPU image
+import json
 from fusecut import load
 from fusecut.optimizer.ir.inputs import scale_metas
+from fusecut.optimizer.ir.wire import fusion_to_json, meta_to_json
 from fusecut.optimizer.planner import make_plan
 from fusecut.runtime.tensors import make_input
 from fusecut.service.processes.results import ExecutionResult
@@ -214,9 +216,9 @@ from fusecut.service.settings import Settings
 parsed = load("tests/corpus/softmax_fwd.py")
 metas = scale_metas(parsed.inputs, 4096)
 plan = make_plan(parsed.fusion, metas)
-runner = _Runner()
-runner.plans[plan.plan_id] = plan
-answer = runner.execute(Job(plan.plan_id, {"T0": make_input(metas[0])}), None)
+source = (json.dumps({"definition": fusion_to_json(parsed.fusion),
+                      "inputs": [meta_to_json(m) for m in metas]}), json.dumps(plan.to_json()))
+answer = _Runner().execute(Job(plan.plan_id, {"T0": make_input(metas[0])}), source)
 create_app(Settings(db_path=":memory:", worker=False))
 print(isinstance(answer, ExecutionResult), answer.backend)
 """
