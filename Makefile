@@ -10,9 +10,11 @@ STAMP := $(VENV)/.installed-$(SUM)
 SERVE_STAMP := $(VENV)/.serving-$(SUM)
 HOST ?= 127.0.0.1
 PORT ?= 8000
-# the quick subset: the planner, the wire format, the docs and architecture checks, the CLI, the
-# service served for real, its settings (no GPU, no PostgreSQL server, no Thunder)
+# the quick subset: the planner, the wire format, the docs and architecture checks, the engine,
+# the environment, the CLI, the service served for real, its settings (no GPU, no PostgreSQL
+# server, no Thunder)
 QUICK := tests/optimizer tests/wire tests/test_architecture.py tests/test_docs.py \
+	tests/test_engine.py tests/test_environment.py \
 	tests/sdk/test_cli.py tests/service/test_service.py tests/service/test_settings.py \
 	tests/service/test_cache_passwords.py
 
