@@ -315,3 +315,24 @@ def test_serve_checks_every_variable_at_start():
     r = serve([], FUSECUT_NATIVE="nope")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.startswith("error: FUSECUT_NATIVE must be one of 1, true, yes, on"), r.stderr
+
+
+def test_a_misspelt_variable_is_named_with_the_setting_it_is_closest_to(monkeypatch):
+    for name in [n for n in os.environ if n.startswith("FUSECUT_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("FUSECUT_WORKERS", "off")  # FUSECUT_WORKER meant: it changed nothing
+    monkeypatch.setenv("FUSECUT_NOTHING_LIKE_IT", "1")
+    monkeypatch.setenv("FUSECUT_NATIVE", "0")  # declared: not named
+    assert environment.unknown() == [
+        "FUSECUT_NOTHING_LIKE_IT is not a fusecut setting: it changes nothing",
+        "FUSECUT_WORKERS is not a fusecut setting (did you mean FUSECUT_WORKER?): it changes "
+        "nothing"]
+
+
+def test_serve_says_a_misspelt_variable_first():
+    r = serve([], FUSECUT_WORKERS="off", FUSECUT_NATIVE="nope")  # then stops on the bad one
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("warning: FUSECUT_WORKERS is not a fusecut setting (did you "
+                               "mean FUSECUT_WORKER?)"), r.stderr
+    assert any(line.startswith("error: FUSECUT_NATIVE must be one of") for line in lines)

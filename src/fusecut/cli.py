@@ -523,6 +523,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", metavar="HOST",
                         ("FUSECUT_CACHE_URL", cache), ("FUSECUT_GPUS", gpus)):
         if value is not None:
             environment.export(name, value)
+    for line in environment.unknown():  # a misspelt setting: said before anything else
+        err.print(f"warning: {line}", soft_wrap=True)
     try:  # every variable checked here, in one line naming it, not in every worker
         from fusecut.service.processes.worker_pool import parse_gpus
 

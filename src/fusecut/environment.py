@@ -223,6 +223,20 @@ def check() -> None:
         read(name)
 
 
+def unknown() -> list[str]:
+    """One line per ``FUSECUT_*`` variable set in this process that fusecut does not declare (a
+    misspelling: ``FUSECUT_WORKERS=off`` changes nothing), with the declared name it is closest
+    to. Said, not refused: a newer fusecut's variable in an older one's environment is no error."""
+    import difflib
+
+    lines = []
+    for name in sorted(n for n in os.environ if n.startswith("FUSECUT_") and n not in VARIABLES):
+        close = difflib.get_close_matches(name, VARIABLES, n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        lines.append(f"{name} is not a fusecut setting{hint}: it changes nothing")
+    return lines
+
+
 def snapshot() -> dict[str, str]:
     """The declared variables set in this process, as set (for processes elsewhere: Ray's
     replicas)."""
