@@ -167,14 +167,15 @@ def reported(name: str, partition: Callable) -> Callable:
     """``partition`` (a ``partition_fn``) that also reports what its forward saves."""
     def partition_and_report(joint_module: GraphModule, joint_inputs: Any, *,
                              num_fwd_outputs: int, **kwargs: Any):
-        forward_ops = {n.name for n in joint_module.graph.nodes if n.op == "call_function"}
         fw, bw = partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                            **kwargs)
         out = next(n for n in fw.graph.nodes if n.op == "output").args[0]
         saved = [n for n in out[num_fwd_outputs:] if isinstance(n, Node)
                  and _bytes(n.meta.get("val")) is not None]
-        again = sum(1 for n in bw.graph.nodes if n.op == "call_function" and n.name in
-                    forward_ops and n.name in {m.name for m in fw.graph.nodes})
+        # an op the backward computes again keeps its joint-graph name in both graphs
+        forward_ops = {n.name for n in fw.graph.nodes if n.op == "call_function"}
+        again = sum(1 for n in bw.graph.nodes if n.op == "call_function"
+                    and n.name in forward_ops)
         report = PartitionReport(name, len(saved), sum(_bytes(n.meta["val"]) for n in saved),
                                  again)
         with _reports_lock:
