@@ -294,6 +294,8 @@ def _soup_op(d: _Draw, t: _Value, pool: list[_Value], reduced: list, base) -> _V
         partners = [u for u in pool if len(u.shape) == rank
                     and all(x == y or x == 1 or y == 1 for x, y in zip(u.shape, t.shape))
                     and math.prod(max(x, y) for x, y in zip(u.shape, t.shape)) <= MAX_ELEMENTS]
+        if not partners:  # t itself is too large to pair: draw again
+            return None
         u = d.rng.choice(partners)
         shape = tuple(y if x == 1 else x for x, y in zip(t.shape, u.shape))
         dtype = t.dtype if t.dtype == u.dtype else DType.float32
