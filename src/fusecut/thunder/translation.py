@@ -17,7 +17,7 @@ from fusecut.definition import FusionDefinition
 from fusecut.optimizer.errors import FusecutError, counted
 from fusecut.optimizer.ir.dtypes import DType
 from fusecut.runtime.tensors import from_torch_dtype
-from fusecut.thunder.memory_order import Order, inverse
+from fusecut.runtime.memory_order import Order, inverse
 
 # ---- translation: a region's prims -> a fusecut definition -----------------------------------
 

@@ -1,4 +1,4 @@
-"""``thunder.memory_order``: a region argument's memory order from its sizes and strides alone
+"""``runtime.memory_order``: a region argument's memory order from its sizes and strides alone
 (no permuted view made on every call), the same as the definition by a permuted view."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from fusecut.thunder.memory_order import memory_order, output_orders
+from fusecut.runtime.memory_order import memory_order, output_orders
 
 
 def _by_permuted_view(t: torch.Tensor):
