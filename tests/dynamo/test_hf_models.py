@@ -64,6 +64,10 @@ def test_a_training_step_and_inference_match_eager(name):
     assert {"forward", "backward", "inference"} <= directions, directions
     fell_back = [r.report().summary() for r in regions if r.fallback_reason]
     assert not fell_back, fell_back
+    # every op of every region in a generated kernel: a segment through the torch reference (a
+    # layout change written as ``stride_order``, once) costs a kernel launch and a copy
+    on_torch = [r.report().summary() for r in regions if "fallback" in r.report().segments]
+    assert not on_torch, on_torch
     distinct = {repr(r.definition): (r.name, r.definition, r.first_args) for r in regions
                 if r.first_args is not None}
     assert compile_failures(distinct) == []

@@ -30,6 +30,7 @@ from fusecut.definition import FusionDefinition
 from fusecut.dynamo.aten import EMITTERS, VIEWS, translatable
 from fusecut.fronts import RegionFailure, RegionReport, stage
 from fusecut.plan import PlanView
+from fusecut.runtime.memory_order import inverse, memory_order
 from fusecut.runtime.tensors import from_torch_dtype
 
 log = logging.getLogger("fusecut.dynamo")
@@ -97,6 +98,7 @@ class Translated:
     taken: list[int]  # the arguments the definition takes (its tensors), by position
     outputs: list[tuple[str, int]]  # per output: ("out", k) the definition's, ("in", i) arg i
     strides: list[tuple[int, ...] | None]  # per output, ATen's strides where dense
+    views: list[tuple[int, ...] | None]  # per definition output, the permute that views it back
 
 
 def translate(sub: GraphModule, args: list[Any]) -> Translated:
@@ -132,17 +134,19 @@ def translate(sub: GraphModule, args: list[Any]) -> Translated:
             ops.append(getattr(node.target, "__name__", str(node.target)))
         outs = _outputs(sub)
         spec: list[tuple[str, int]] = []
-        n_out = 0
+        views: list[tuple[int, ...] | None] = []
         for o in outs:
             if o in placeholders:
                 spec.append(("in", placeholders.index(o)))
                 continue
-            fd.add_output(env[o], stride_order=_stride_order(o.meta["val"]))
-            spec.append(("out", n_out))
-            n_out += 1
-    strides = [tuple(o.meta["val"].stride()) if _stride_order(o.meta["val"]) is not None
-               else None for o in outs]
-    return Translated(fd, ops, taken, spec, strides)
+            # a permuted layout is written row-major in its memory order (the permute is in
+            # the kernel's indexing) and handed back as the permuted view of it
+            order = memory_order(o.meta["val"])
+            fd.add_output(env[o] if order is None else fd.ops.permute(env[o], list(order)))
+            spec.append(("out", len(views)))
+            views.append(None if order is None else inverse(order))
+    strides = [tuple(o.meta["val"].stride()) if _dense(o.meta["val"]) else None for o in outs]
+    return Translated(fd, ops, taken, spec, strides, views)
 
 
 def _outputs(sub: GraphModule) -> list[Any]:
@@ -178,23 +182,17 @@ def _propagate(sub: GraphModule, args: list[Any]) -> None:
     FakeTensorProp(sub, mode).propagate_dont_convert_inputs(*fakes)
 
 
-def _stride_order(val: torch.Tensor) -> list[int] | None:
-    """The memory order of a traced output that is dense, row-major or not (a permute's): what
-    comes after the region (a ``view``, an attention's backward) saw those strides in the
-    trace, so the region writes them (left to itself fusecut lays an output out as its inputs
-    are). None for outputs that are not dense (a slice's)."""
-    # innermost first; among equal strides (extent-1 axes) the later axis is inner, as torch lays
-    # out a row-major tensor
+def _dense(val: torch.Tensor) -> bool:
+    """A traced output that covers its memory without gaps or overlaps, row-major or permuted:
+    what comes after the region (a ``view``, an attention's backward) saw those strides in the
+    trace, so the region hands them back. A slice's or an expand's are left as they come."""
     axes = sorted(range(val.dim()), key=lambda i: (val.stride(i), -i))
     expected = 1
     for i in axes:
         if val.shape[i] != 1 and val.stride(i) != expected:
-            return None
+            return False
         expected *= val.shape[i]
-    order = [0] * val.dim()
-    for rank, i in enumerate(axes):
-        order[i] = rank
-    return order
+    return True
 
 
 def _symbolic(val: Any) -> bool:
@@ -289,14 +287,21 @@ class Region(torch.nn.Module):
         definition = variant.definition
         inputs = [args[k] for k in variant.taken]
         handle = definition.handle
-        if handle.warm is None:  # each stage on its own, so that a failure says where
+        warm = handle.warm  # a compiled program for arguments like these: one signature check
+        results = None
+        if warm is not None:
+            with stage("launch"):
+                results = warm(inputs)
+        if results is None:  # each stage on its own, so that a failure says where
             with stage("plan", self.setup_seconds):
                 handle.plan(inputs)
             if any(a.is_cuda for a in inputs):
                 with stage("codegen", self.setup_seconds):
                     handle.program(inputs)
-        with stage("launch"):  # a warm call: one signature check, then the launch
-            results = definition.execute(inputs)
+            with stage("launch"):
+                results = definition.execute(inputs)
+        results = [r if view is None else r.permute(view)
+                   for r, view in zip(results, variant.views)]
         return [args[i] if kind == "in" else _strided(results[i], strides)
                 for (kind, i), strides in zip(variant.outputs, variant.strides)]
 
