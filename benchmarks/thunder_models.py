@@ -79,7 +79,8 @@ BASELINE = "torch.compile"
 PIPELINED = 10  # steps back to back
 ROW_MARK = "ROW\t"
 HEADERS = ["model", "step", "system", "sync ms", f"vs {BASELINE} (95% interval)", "pipelined ms",
-           f"pipelined vs {BASELINE} (95%)", "peak GiB", "first step s", "GPU busy ms", "note"]
+           f"pipelined vs {BASELINE} (95%)", "peak GiB", "first step s", "warm first step s",
+           "GPU busy ms", "note"]
 
 
 def batch_of(model: str, step: str, max_seq: int) -> tuple[int, int]:
@@ -259,7 +260,7 @@ def profile(run: Callable[[], None], steps: int = 3) -> tuple[float, str]:
 
 
 def run_child(model_name: str, systems: list[str], steps: list[str], iters: int, emit,
-              rounds: int = ROUNDS) -> None:
+              rounds: int = ROUNDS, first_only: bool = False) -> None:
     """One system (or, paired, several in rounds interleaved) on one model, step by step."""
     from benchmarks.whole_models import whole_model
 
@@ -272,11 +273,12 @@ def run_child(model_name: str, systems: list[str], steps: list[str], iters: int,
     module = module.to("cuda", torch.bfloat16)
     # one preference for the whole process, set once as a user sets it (not around each step)
     with attention_preference(systems):
-        _run_steps(model_name, systems, steps, iters, emit, module, make_batch, size, rounds)
+        _run_steps(model_name, systems, steps, iters, emit, module, make_batch, size, rounds,
+                   first_only)
 
 
 def _run_steps(model_name, systems, steps, iters, emit, module, make_batch, size,
-               rounds) -> None:
+               rounds, first_only=False) -> None:
     from benchmarks.whole_models import SIZES
 
     for step in steps:
@@ -291,6 +293,10 @@ def _run_steps(model_name, systems, steps, iters, emit, module, make_batch, size
                 fns[system] = build(system, module)  # a jitted function per step
                 runs[system] = step_fn(fns[system], module, tokens,
                                        targets if train else None, train)
+            if first_only:  # a second process over the first one's caches: the warm start
+                for system in systems:
+                    emit({**row, "system": system, "warm_s": first_step(runs[system])})
+                continue
             if len(systems) == 1:
                 measured = {systems[0]: measure(runs[systems[0]], iters, rounds)}
             else:
@@ -346,8 +352,10 @@ def one_line(e: BaseException | str) -> str:
 
 
 def child_results(model: str, system: str, steps: list[str], iters: int, gpu: str | None,
-                  timeout: float, log, rounds: int = ROUNDS) -> list[dict]:
-    """Run one system on one model in a fresh process with empty compile caches."""
+                  timeout: float, log, rounds: int = ROUNDS, warm: bool = False) -> list[dict]:
+    """Run one system on one model in a fresh process with empty compile caches; with ``warm``,
+    then the first step once more in a second process over the caches the first one left (what
+    a script's rerun pays)."""
     with tempfile.TemporaryDirectory(prefix="fusecut-bench-") as cache:
         env = dict(os.environ, FUSECUT_CACHE_DIR=f"{cache}/fusecut",
                    TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor", TRITON_CACHE_DIR=f"{cache}/triton")
@@ -380,8 +388,26 @@ def child_results(model: str, system: str, steps: list[str], iters: int, gpu: st
         if len(systems) > 1:
             for r in results:
                 r["paired"] = True
+        elif warm:
+            _add_warm_first_steps(results, command + ["--first-only"], env, timeout)
         log(f"{model} {system}: {len(results)} rows")
         return results
+
+
+def _add_warm_first_steps(results: list[dict], command: list[str], env: dict,
+                          timeout: float) -> None:
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        output = done.stdout
+    except subprocess.TimeoutExpired:
+        return
+    warm = {}
+    for line in output.splitlines():
+        if line.startswith(ROW_MARK):
+            row = json.loads(line[len(ROW_MARK):])
+            warm[row["step"], row["system"]] = row.get("warm_s")
+    for r in results:
+        r["warm_s"] = warm.get((r["step"], r["system"]))
 
 
 def table_rows(results: list[dict]) -> list[list[str]]:
@@ -407,7 +433,8 @@ def table_rows(results: list[dict]) -> list[list[str]]:
                  else str(median_ratio_interval(pipelined, base["pipelined_s"])))
         rows.append(head + [f"{statistics.median(r['sync_s']) * 1e3:.2f}", ratio,
                             f"{r['pipelined_ms']:.2f}", piped, _number(r.get("peak_gib"), 2),
-                            _number(r.get("first_s"), 1), f"{r['busy_ms']:.2f}", r["note"]])
+                            _number(r.get("first_s"), 1), _number(r.get("warm_s"), 1),
+                            f"{r['busy_ms']:.2f}", r["note"]])
     return rows
 
 
@@ -431,9 +458,10 @@ def report(results: list[dict], iters: int, rounds: int = ROUNDS) -> tuple[str, 
              f"peak GiB: the most allocated during one step, weights and CUDA graph "
              f"pools included. first step s: from a new process's empty fusecut, Inductor and "
              f"Triton caches (Thunder's tracing and fusecut's planning and NVRTC compiles, or "
-             f"torch.compile's). GPU busy ms: torch.profiler over 3 steps. A training step is "
-             f"forward with the loss and backward (no optimizer). Each model and system runs in a "
-             f"process of its own. PyTorch {torch.__version__}.")
+             f"torch.compile's); warm first step s: the same in a second process over the caches "
+             f"the first left (a script's rerun; with --warm). GPU busy ms: torch.profiler over "
+             f"3 steps. A training step is forward with the loss and backward (no optimizer). "
+             f"Each model and system runs in a process of its own. PyTorch {torch.__version__}.")
     return table, notes
 
 
@@ -454,7 +482,11 @@ def main() -> None:
                              "rounds interleaved, for the fairest step-time ratios")
     parser.add_argument("--only-paired", action="store_true",
                         help="only the paired processes (no one-system processes)")
+    parser.add_argument("--warm", action="store_true",
+                        help="also time each one-system process's first step again in a second "
+                             "process over the caches the first left (a script's rerun)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--first-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     models, systems = args.models.split(","), args.systems.split(",")
     steps = args.steps.split(",")
@@ -468,7 +500,8 @@ def main() -> None:
     if args.child:
         [model] = models
         run_child(model, systems, steps, args.iters,
-                  lambda row: print(ROW_MARK + json.dumps(row), flush=True), args.rounds)
+                  lambda row: print(ROW_MARK + json.dumps(row), flush=True), args.rounds,
+                  args.first_only)
         return
     device = torch.cuda.get_device_name()
     gpus = args.gpus.split(",") if args.gpus else [None]
@@ -491,7 +524,7 @@ def main() -> None:
         gpu = free.pop()
         try:
             return child_results(*job, steps, args.iters, gpu, args.timeout,
-                                 lambda line: print(line, flush=True), args.rounds)
+                                 lambda line: print(line, flush=True), args.rounds, args.warm)
         finally:
             free.append(gpu)
 

@@ -4,6 +4,7 @@ report, how a process that ended badly is reported, and the models it builds."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -63,6 +64,31 @@ def test_a_paired_process_that_dies_leaves_a_row_per_system_and_step(monkeypatch
                                lambda line: None)
     assert sorted(r["system"] for r in rows) == ["thunder+fusecut", "torch.compile"]
     assert all(r["paired"] and r["error"].startswith("not run") for r in rows)
+
+
+def test_warm_takes_the_first_step_again_in_a_second_process_over_the_first_ones_caches(
+        monkeypatch):
+    # the second process is the first's command with --first-only, in the same environment
+    # (its cache folders): what a script's rerun pays
+    calls = []
+
+    def child(command, env, **kwargs):
+        calls.append((command, env["FUSECUT_CACHE_DIR"], env["TORCHINDUCTOR_CACHE_DIR"]))
+        row = measured("llama3", "train", "torch.compile", [0.01] * 4)
+        if "--first-only" in command:
+            row = {"model": "llama3", "step": "train", "system": "torch.compile", "warm_s": 2.5}
+        return subprocess.CompletedProcess(command, 0, stdout=bench.ROW_MARK + json.dumps(row),
+                                           stderr="")
+
+    monkeypatch.setattr(bench.subprocess, "run", child)
+    rows = bench.child_results("llama3", "torch.compile", ["train"], 4, None, 60,
+                               lambda line: None, warm=True)
+    assert len(calls) == 2 and calls[0][1:] == calls[1][1:]
+    assert "--first-only" not in calls[0][0] and calls[1][0][-1] == "--first-only"
+    assert rows[0]["warm_s"] == 2.5 and rows[0]["first_s"] == 30.0
+    row = bench.table_rows(rows)[0]
+    assert row[bench.HEADERS.index("warm first step s")] == "2.5"
+    assert row[bench.HEADERS.index("first step s")] == "30.0"
 
 
 def test_a_row_without_its_baseline_has_no_ratio():
@@ -172,3 +198,23 @@ def test_hugging_face_models_under_the_fusecut_backend_as_the_benchmark_builds_t
     note = bench.fusecut_note(compiled)
     assert re.match(r"[1-9]\d* fusecut regions", note), note
     assert "on torch" not in note, note
+
+
+def test_the_dynamo_profile_marks_each_region_call_and_leaves_regions_as_they_were():
+    # benchmarks.dynamo_profile splits a step's time by region through these markers
+    import fusecut.dynamo
+    from benchmarks import dynamo_profile
+    from fusecut.dynamo.regions import Region
+
+    forward = Region.forward
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: torch.tanh(x * 2) + 1, backend=fusecut.dynamo.backend())
+    with dynamo_profile.labelled_regions():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            fn(torch.randn(8, 16))
+    marks = [e.key for e in prof.key_averages() if e.key.startswith(dynamo_profile.MARK)]
+    assert marks and all(m.startswith(dynamo_profile.MARK + "inference:") for m in marks), marks
+    assert Region.forward is forward
+    done = subprocess.run([sys.executable, "-m", "benchmarks.dynamo_profile"], text=True,
+                          capture_output=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode != 0 and "needs a CUDA GPU" in done.stderr
