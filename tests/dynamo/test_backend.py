@@ -174,3 +174,32 @@ def test_dynamic_shapes_run_on_fusecut_one_definition_per_shape():
     assert regions and all(r.symbolic for r in regions)
     assert all(r.fallback_reason is None and r.calls == len(batches) for r in regions)
     assert all(len(r.variants) == len(batches) for r in regions)
+
+
+def test_a_cross_entropy_with_padded_labels_runs_whole_on_fusecut():
+    # Hugging Face's causal-LM loss: labels padded with the ignore index and shifted, the
+    # targets' log-probabilities picked with gather, the backward's one-hot a scatter. All of
+    # it is in regions (the pick inside the row's reduction kernel); only the matmul is ATen's.
+    def loss_of(x, w, labels):
+        logits = (x @ w).float()
+        labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1),
+                               ignore_index=-100)
+
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 6, 8), torch.randn(8, 11, requires_grad=True)
+    labels = torch.randint(0, 11, (2, 6))
+    labels[0, 2] = -100
+    torch._dynamo.reset()
+    serial = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    loss = torch.compile(loss_of, backend="fusecut")(x, w, labels)
+    (grad,) = torch.autograd.grad(loss, w)
+    w_eager = w.detach().clone().requires_grad_()
+    want = loss_of(x, w_eager, labels)
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad, w_eager.grad, rtol=1e-5, atol=1e-6)
+    regions = [r for r in fusecut.dynamo.regions.live_regions() if r.serial > serial]
+    ops = {op for r in regions for op in r.ops}
+    assert {"gather.default", "scatter.value", "constant_pad_nd.default"} <= ops, ops
+    assert not [r.name for r in regions if r.fallback_reason], "a region ran on ATen"

@@ -165,6 +165,55 @@ def _cat(o, v, n):
     return [o.cat([v(t) for t in tensors], dim % len(_shape(n)))]
 
 
+def _gather(o, v, n):
+    """``gather(x, dim, index)``: where ``index`` spans ``x`` but along ``dim``, a
+    take-along-axis (a cross-entropy's pick of each row's target: it runs inside the row's
+    reduction kernel, so the log-probabilities are never written)."""
+    x, dim, index = n.args[0], n.args[1] % len(_shape(n.args[0])), n.args[2]
+    same = all(a == b for i, (a, b) in enumerate(zip(_shape(x), _shape(index))) if i != dim)
+    return [(o.take_along_axis if same else o.gather)(v(x), v(index), dim)]
+
+
+def _one_position_per_row(n: Node) -> bool:
+    """A ``scatter`` of one value to one position per row (``index`` of extent 1 along ``dim``,
+    spanning ``x`` elsewhere): a cross-entropy's one-hot target in its backward."""
+    x, dim, index = n.args[0], n.args[1], n.args[2]
+    shape, rank = _shape(x), len(_shape(x))
+    if len(_shape(index)) != rank or not isinstance(n.args[3], (int, float)) or n.kwargs:
+        return False
+    dim %= rank
+    return all((e == 1) if i == dim else (e == shape[i]) for i, e in enumerate(_shape(index)))
+
+
+def _scatter_value(o, v, n):
+    """``scatter(x, dim, index, value)`` as ``where(position == index, value, x)``: an iota
+    along ``dim`` against the row's index, pointwise (fusecut's scatter has no kernel)."""
+    from fusecut.runtime.tensors import from_torch_dtype
+
+    x, dim, index, value = n.args[0], n.args[1] % len(_shape(n.args[0])), n.args[2], n.args[3]
+    shape, rank = list(_shape(x)), len(_shape(x))
+    dtype = from_torch_dtype(index.meta["val"].dtype)
+    positions = o.broadcast_in_dim(o.iota(v(shape[dim]), v(0), v(1), dtype), shape, [dim])
+    others = [i for i in range(rank) if i != dim]
+    targets = o.broadcast_in_dim(o.squeeze(v(index), [dim]), shape, others)
+    return [o.where(o.eq(positions, targets), v(value), v(x))]
+
+
+def _full(o, v, n):
+    from fusecut.runtime.tensors import from_torch_dtype
+
+    value = n.args[1] if len(n.args) > 1 else n.args[0]  # full(size, v) / scalar_tensor(v)
+    return [o.full(list(_shape(n)), v(value), from_torch_dtype(n.meta["val"].dtype))]
+
+
+def _constant_pad(o, v, n):
+    widths = list(n.args[1])  # innermost axis first, (before, after) pairs: as fusecut's pad
+    value = n.args[2] if len(n.args) > 2 else n.kwargs.get("value", 0)
+    if not n.meta["val"].dtype.is_floating_point:  # ATen's Scalar -100.0 for int64 labels
+        value = int(value)
+    return [o.pad(v(n.args[0]), widths, v(value))]
+
+
 def _getitem(o, v, n):
     return [v(n.args[0])[n.args[1]]]
 
@@ -180,6 +229,8 @@ EMITTERS: dict[Any, Emitter] = {
     aten.round.default: _unary("round"),
     aten.add.Tensor: _with_alpha("add"), aten.sub.Tensor: _with_alpha("sub"),
     aten.mul.Tensor: _binary("mul"), aten.div.Tensor: _binary("div"),
+    aten.mul.Scalar: _binary("mul"), aten.div.Scalar: _binary("div"),
+    aten.add.Scalar: _with_alpha("add"), aten.sub.Scalar: _with_alpha("sub"),
     aten.pow.Tensor_Scalar: _binary("pow"), aten.pow.Tensor_Tensor: _binary("pow"),
     aten.maximum.default: _binary("maximum"), aten.minimum.default: _binary("minimum"),
     aten.atan2.default: _binary("atan2"), aten.fmod.Tensor: _binary("fmod"),
@@ -206,6 +257,9 @@ EMITTERS: dict[Any, Emitter] = {
     aten.squeeze.dim: _squeeze, aten.squeeze.dims: _squeeze, aten.squeeze.default: _squeeze,
     aten.slice.Tensor: _slice, aten.cat.default: _cat,
     aten.clone.default: _copy, aten.alias.default: _copy,
+    aten.gather.default: _gather, aten.scatter.value: _scatter_value,
+    aten.full.default: _full, aten.full_like.default: _full,
+    aten.scalar_tensor.default: _full, aten.constant_pad_nd.default: _constant_pad,
     operator.getitem: _getitem,
 }
 
@@ -262,6 +316,14 @@ def _special_ok(node: Node) -> bool:
         return any(x is not None for x in (list(node.args[1:]) + list(node.kwargs.values())))
     if target is aten.cat.default:
         return len(node.args[0]) > 0
+    if target is aten.gather.default:
+        return not node.kwargs.get("sparse_grad", False)
+    if target is aten.scatter.value:
+        return _one_position_per_row(node)
+    if target in (aten.full.default, aten.full_like.default, aten.scalar_tensor.default):
+        return node.kwargs.get("layout") in (None, torch.strided)
+    if target is aten.constant_pad_nd.default:  # growing pads (a negative one is a slice)
+        return all(isinstance(w, int) and w >= 0 for w in node.args[1])
     return True
 
 

@@ -50,7 +50,7 @@ def fuse_regions(gm: GraphModule, direction: str) -> list[Region]:
     partitioner = CapabilityBasedPartitioner(gm, _Translatable(),
                                              allows_single_node_partition=True)
     partitions = [p for p in map(_without_trailing_views, partitioner.propose_partitions())
-                  if any(n.target not in VIEWS for n in p.nodes)]
+                  if any(n.target not in VIEWS for n in p.nodes) and _reads_a_tensor(p)]
     if not partitions:
         return []
     fused = partitioner.fuse_partitions(partitions)
@@ -70,6 +70,13 @@ def fuse_regions(gm: GraphModule, direction: str) -> list[Region]:
     with _regions_lock:
         _regions.extend(weakref.ref(r) for r in regions)
     return regions
+
+
+def _reads_a_tensor(partition) -> bool:
+    """Whether the group reads a tensor made outside it: a group of factories alone (a
+    ``full``, a ``scalar_tensor``) has no argument to say which device its kernel runs on."""
+    return any(isinstance(a.meta.get("val"), torch.Tensor) for n in partition.nodes
+               for a in n.all_input_nodes if a not in partition.nodes)
 
 
 def _without_trailing_views(partition):
