@@ -88,7 +88,20 @@ def _cast(o, v, n):
 
 
 def _reshape(o, v, n):
-    return [o.reshape(v(n.args[0]), list(_shape(n)))]
+    """A reshape that only drops or adds extent-1 axes is a squeeze and a broadcast: those a
+    reduction's kernel takes, where a reshape (which moves values between index spaces) must
+    be written out before it (a [1, rows, classes] to [rows, classes] view of a softmax's input
+    cost a float32 copy of it)."""
+    shape, out = _shape(n.args[0]), list(_shape(n))
+    if [e for e in shape if e != 1] != [e for e in out if e != 1]:
+        return [o.reshape(v(n.args[0]), out)]
+    x = v(n.args[0])
+    ones = [i for i, e in enumerate(shape) if e == 1]
+    if ones:
+        x = o.squeeze(x, ones)
+    if 1 in out:
+        x = o.broadcast_in_dim(x, out, [i for i, e in enumerate(out) if e != 1])
+    return [x if ones or 1 in out else o.set(x)]
 
 
 def _expand(o, v, n):

@@ -19,6 +19,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch.fx import GraphModule
 
 from fusecut.dynamo.regions import fuse_regions
+from fusecut.dynamo.rewrite import sink_gathers
 
 aten = torch.ops.aten
 
@@ -55,6 +56,7 @@ class Options:
 
 def compile_graph(direction: str, gm: GraphModule, example_inputs: Sequence[Any]) -> Callable:
     """One AOTAutograd graph with its fusible regions on fusecut."""
+    sink_gathers(gm)
     fuse_regions(gm, direction)
     return make_boxed_func(gm.forward)
 
