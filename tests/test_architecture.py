@@ -1,5 +1,6 @@
-"""The package arrows of docs/architecture.md, held: every ``import fusecut...`` in
-``src/fusecut`` (at the top of a module or inside a function alike) goes one way.
+"""The package arrows of docs/architecture.md, held: every ``import fusecut...`` in the
+package's rooms (clients/, optimizer/, codegen/, runtime/, service/; at the top of a module or
+inside a function alike) goes one way.
 
     optimizer <- codegen <- runtime <- engine <- service / SDK / thunder
                             runtime <- wire <- service, the SDK's Client
@@ -17,7 +18,8 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-SRC = Path(__file__).parent.parent / "src"
+from tests import rooms
+
 LAYERS = ("optimizer", "codegen", "runtime", "engine", "wire", "service", "thunder", "dynamo",
           "version", "environment")
 # layer -> the layers it may import (besides itself)
@@ -43,11 +45,6 @@ ALLOWED["environment"] = {"version"}
 OPTIMIZER_ORDER = ["ir", "analysis", "kinds", "segmenters", "plan", "planner"]
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(SRC).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def imports(path: Path, top_only: bool = False) -> set[str]:
     """The fusecut modules ``path`` imports (``from a.b import c``: a.b.c if that is a module,
     else a.b)."""
@@ -64,7 +61,7 @@ def imports(path: Path, top_only: bool = False) -> set[str]:
     return {n for n in found if n == "fusecut" or n.startswith("fusecut.")}
 
 
-MODULES = {module_name(p): p for p in (SRC / "fusecut").rglob("*.py")}
+MODULES = rooms.modules()
 
 
 def layer(module: str) -> str:

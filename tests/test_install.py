@@ -42,8 +42,10 @@ def test_the_wheel_builds_without_warnings_and_holds_fusecut_alone(tmp_path):
     source.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    shutil.copytree(ROOT / "src", source / "src",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    rooms = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for room in rooms["package-dir"].values():  # clients/, optimizer/, ...: one package
+        shutil.copytree(ROOT / room, source / room,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     out = tmp_path / "dist"
     out.mkdir()
     build = subprocess.run(
