@@ -88,6 +88,21 @@ def arrows() -> list[tuple[str, str]]:
             if n in MODULES]
 
 
+# The design card's top level (the user's words): the rooms a newcomer opens are the architecture
+CARD = ["pyproject.toml", "service", "optimizer", "codegen", "runtime", "clients", "tests",
+        "docker", "README.md"]
+
+
+def test_the_repository_top_level_holds_the_cards_rooms():
+    assert all((rooms.ROOT / name).exists() for name in CARD)
+    assert not (rooms.ROOT / "src").exists()
+    # one installed package, fusecut: clients/ its root, the other rooms its packages
+    assert {n: r.name for n, r in rooms.ROOMS.items()} == {
+        "fusecut": "clients", "fusecut.optimizer": "optimizer", "fusecut.codegen": "codegen",
+        "fusecut.runtime": "runtime", "fusecut.service": "service"}
+    assert all((r / "__init__.py").is_file() for r in rooms.ROOMS.values())
+
+
 def test_the_tree_is_what_the_arrows_are_checked_on():
     names = set(MODULES)
     assert {"fusecut.optimizer.planner", "fusecut.codegen.kernel", "fusecut.runtime.program",
