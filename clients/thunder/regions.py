@@ -20,8 +20,8 @@ from thunder.core.trace import TraceCtx, tracectx
 from fusecut.definition import FusionDefinition
 from fusecut.fronts import RegionFailure, stage
 from fusecut.plan import PlanView
-from fusecut.runtime.run import on_gpu
 from fusecut.runtime.memory_order import Order, inverse, orders_of, output_orders
+from fusecut.runtime.run import on_gpu
 from fusecut.thunder.translation import Translation
 
 # ---- plans and runs: process-wide, thread-safe -----------------------------------------------

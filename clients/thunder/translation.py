@@ -16,8 +16,8 @@ from thunder.core.symbol import BoundSymbol
 from fusecut.definition import FusionDefinition
 from fusecut.optimizer.errors import FusecutError, counted
 from fusecut.optimizer.ir.dtypes import DType
-from fusecut.runtime.tensors import from_torch_dtype
 from fusecut.runtime.memory_order import Order, inverse
+from fusecut.runtime.tensors import from_torch_dtype
 
 # ---- translation: a region's prims -> a fusecut definition -----------------------------------
 
