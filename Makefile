@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml
 	@# gpu: NVRTC, which the tests compile every generated kernel with (no GPU needed)
 	$(PY) -m pip install -q -e '.[dev,gpu,thunder,postgres,ray]'
 	@# An editable install does not run setup.py's build step that ships this .pth in the wheel.
-	cp src/fusecut/thunder/fusecut-thunder.pth "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+	cp clients/thunder/fusecut-thunder.pth "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import re
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 CORPUS = Path(__file__).parent.parent / "tests" / "corpus"
+ROOT = Path(__file__).resolve().parent.parent
+# A source tree's fusecut without an install: a folder holding only a link named fusecut to
+# clients/ (the package's root finds the other rooms itself; see clients/__init__.py).
+DEVPATH = ROOT / "tools" / "devpath"
+
+
+def source_pythonpath(*after: str) -> str:
+    """PYTHONPATH for a child process that runs this source tree without an install: the
+    repository (benchmarks.*, tests.*) and the dev path (fusecut), then ``after``."""
+    return os.pathsep.join(p for p in (str(ROOT), str(DEVPATH), *after) if p)
 
 
 def cpu_name() -> str:

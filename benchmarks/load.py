@@ -30,7 +30,14 @@ from pathlib import Path
 import httpx
 import torch
 
-from benchmarks.common import CORPUS, cpu_name, markdown_table, wait_ready, write_result
+from benchmarks.common import (
+    CORPUS,
+    cpu_name,
+    markdown_table,
+    source_pythonpath,
+    wait_ready,
+    write_result,
+)
 from benchmarks.fusiongen import generate
 from fusecut.wire.tensors import dump_safetensors
 
@@ -249,8 +256,7 @@ def start_server(cores: int) -> tuple[subprocess.Popen, str]:
     from tests.server import free_port
 
     port = free_port()
-    path = [str(ROOT), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p),
+    env = dict(os.environ, PYTHONPATH=source_pythonpath(os.environ.get("PYTHONPATH", "")),
                FUSECUT_DB_PATH=str(Path(tempfile.mkdtemp()) / "plans.sqlite"))
     cpus = sorted(os.sched_getaffinity(0))
     server_cpus = set(cpus[-cores:]) if cores else set(cpus)

@@ -34,7 +34,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import cpu_name, markdown_table, write_result
+from benchmarks.common import DEVPATH, cpu_name, markdown_table, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT.parent / "shared" / "tools" / "nvf_suite"
@@ -173,7 +173,7 @@ def stage(dest: Path, mirror: str | None) -> None:
 def run_suite(dest: Path, out: Path, cpu: bool, select: list[str], workers: int, timeout: int,
               helpers: str, budget: int | None) -> None:
     env = {**os.environ, "PYTHON": sys.executable, "FUSECUT_ROOT": str(ROOT),
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONPATH": os.pathsep.join([str(DEVPATH), os.environ.get("PYTHONPATH", "")]),
            "NVF_SUITE_CPU": "1" if cpu else "0", "NVF_SUITE_HELPERS": helpers,
            "NVF_SUITE_WORKERS": str(workers), "NVF_SUITE_TIMEOUT": str(timeout)}
     if select:

@@ -27,7 +27,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.common import cpu_name, markdown_table, wait_ready, write_result
+from benchmarks.common import (
+    cpu_name,
+    markdown_table,
+    source_pythonpath,
+    wait_ready,
+    write_result,
+)
 from benchmarks.fusiongen import generate
 from benchmarks.load import Connections, Outcome, closed_loop, open_loop, percentile_ms
 from tests.server import free_port
@@ -60,8 +66,7 @@ def start_replicas(n: int, cache: str, memory_items: int) -> list[tuple[subproce
     servers = []
     for i in range(n):
         port = free_port()
-        path = [str(ROOT), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p),
+        env = dict(os.environ, PYTHONPATH=source_pythonpath(os.environ.get("PYTHONPATH", "")),
                    FUSECUT_CACHE_URL=cache, FUSECUT_CACHE_MEMORY_ITEMS=str(memory_items),
                    FUSECUT_DEFAULT_TIME_LIMIT_S="2", FUSECUT_WORKER="0")
         core = {cpus[i % len(cpus)]}

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from benchmarks.common import markdown_table, wait_ready, write_result
+from benchmarks.common import markdown_table, source_pythonpath, wait_ready, write_result
 from fusecut.service.processes.worker_pool import parse_gpus
 from fusecut.wire.tensors import dump_safetensors
 from tests.server import free_port
@@ -59,8 +59,7 @@ def main() -> None:
     workers = len(parse_gpus(args.gpus) or [None])
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    path = [str(ROOT), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p),
+    env = dict(os.environ, PYTHONPATH=source_pythonpath(os.environ.get("PYTHONPATH", "")),
                FUSECUT_DB_PATH=str(Path(tempfile.mkdtemp()) / "plans.sqlite"),
                FUSECUT_WORKERS_PER_DEVICE="1")  # a worker per listed device, as measured
     server = subprocess.Popen([sys.executable, "-m", "fusecut.cli", "serve", "--port", str(port),

@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import uvicorn
 
+from benchmarks.common import source_pythonpath
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -36,8 +38,7 @@ class Server:
         self.tls = tls  # (certificate, key): serve HTTPS
         self.wrap = wrap or []  # a command the server runs under (unshare, taskset)
         self.env = dict(os.environ)
-        self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "src"),
-                                                  self.env.get("PYTHONPATH", "")])
+        self.env["PYTHONPATH"] = source_pythonpath(self.env.get("PYTHONPATH", ""))
         self.env["FUSECUT_DEFAULT_TIME_LIMIT_S"] = "2"
         for key, value in settings.items():
             self.env[f"FUSECUT_{key.upper()}"] = str(value)

@@ -1,5 +1,6 @@
-"""The package arrows of docs/architecture.md, held: every ``import fusecut...`` in
-``src/fusecut`` (at the top of a module or inside a function alike) goes one way.
+"""The package arrows of docs/architecture.md, held: every ``import fusecut...`` in the
+package's rooms (clients/, optimizer/, codegen/, runtime/, service/; at the top of a module or
+inside a function alike) goes one way.
 
     optimizer <- codegen <- runtime <- engine <- service / SDK / thunder
                             runtime <- wire <- service, the SDK's Client
@@ -17,7 +18,8 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-SRC = Path(__file__).parent.parent / "src"
+from tests import rooms
+
 LAYERS = ("optimizer", "codegen", "runtime", "engine", "wire", "service", "thunder", "dynamo",
           "version", "environment")
 # layer -> the layers it may import (besides itself)
@@ -43,11 +45,6 @@ ALLOWED["environment"] = {"version"}
 OPTIMIZER_ORDER = ["ir", "analysis", "kinds", "segmenters", "plan", "planner"]
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(SRC).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def imports(path: Path, top_only: bool = False) -> set[str]:
     """The fusecut modules ``path`` imports (``from a.b import c``: a.b.c if that is a module,
     else a.b)."""
@@ -64,7 +61,7 @@ def imports(path: Path, top_only: bool = False) -> set[str]:
     return {n for n in found if n == "fusecut" or n.startswith("fusecut.")}
 
 
-MODULES = {module_name(p): p for p in (SRC / "fusecut").rglob("*.py")}
+MODULES = rooms.modules()
 
 
 def layer(module: str) -> str:
@@ -89,6 +86,21 @@ def optimizer_level(module: str) -> int | None:
 def arrows() -> list[tuple[str, str]]:
     return [(m, n) for m, p in sorted(MODULES.items()) for n in sorted(imports(p))
             if n in MODULES]
+
+
+# The design card's top level (the user's words): the rooms a newcomer opens are the architecture
+CARD = ["pyproject.toml", "service", "optimizer", "codegen", "runtime", "clients", "tests",
+        "docker", "README.md"]
+
+
+def test_the_repository_top_level_holds_the_cards_rooms():
+    assert all((rooms.ROOT / name).exists() for name in CARD)
+    assert not (rooms.ROOT / "src").exists()
+    # one installed package, fusecut: clients/ its root, the other rooms its packages
+    assert {n: r.name for n, r in rooms.ROOMS.items()} == {
+        "fusecut": "clients", "fusecut.optimizer": "optimizer", "fusecut.codegen": "codegen",
+        "fusecut.runtime": "runtime", "fusecut.service": "service"}
+    assert all((r / "__init__.py").is_file() for r in rooms.ROOMS.values())
 
 
 def test_the_tree_is_what_the_arrows_are_checked_on():

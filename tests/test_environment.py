@@ -18,8 +18,9 @@ import fusecut
 from fusecut import environment
 from fusecut.environment import FALSE, TRUE, VariableError
 from fusecut.version import __version__
+from tests import rooms
 
-SRC = Path(fusecut.__file__).resolve().parent
+SRC = Path(fusecut.__file__).resolve().parent  # the package's root: clients/ in a checkout
 
 
 @pytest.fixture
@@ -167,7 +168,7 @@ def test_each_variable_names_a_reader_that_reads_it():
     for name, declared in environment.VARIABLES.items():
         assert declared.meaning and "\n" not in declared.meaning, name
         assert declared.type in (bool, int, float, str, Path), name
-        module = SRC.joinpath(*declared.reader.split(".")[1:]).with_suffix(".py")
+        module = rooms.module_path(declared.reader)
         assert module.is_file(), (name, declared.reader)
         if declared.reader == environment.SERVICE:
             assert name in fields, name
@@ -263,9 +264,9 @@ def environment_reads(source: str) -> list[int]:
 
 
 def test_no_module_but_the_environment_reads_a_fusecut_variable_itself():
-    modules = [p for p in SRC.rglob("*.py") if p != SRC / "environment.py"]
+    modules = [p for p in rooms.source_files() if p != SRC / "environment.py"]
     assert len(modules) > 100
-    readers = {str(p.relative_to(SRC)): lines for p in modules
+    readers = {rooms.module_name(p): lines for p in modules
                if (lines := environment_reads(p.read_text()))}
     assert not readers, f"read FUSECUT_* through fusecut.environment, not os.environ: {readers}"
 

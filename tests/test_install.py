@@ -42,8 +42,10 @@ def test_the_wheel_builds_without_warnings_and_holds_fusecut_alone(tmp_path):
     source.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    shutil.copytree(ROOT / "src", source / "src",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    rooms = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for room in rooms["package-dir"].values():  # clients/, optimizer/, ...: one package
+        shutil.copytree(ROOT / room, source / room,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     out = tmp_path / "dist"
     out.mkdir()
     build = subprocess.run(
@@ -61,6 +63,23 @@ def test_the_wheel_builds_without_warnings_and_holds_fusecut_alone(tmp_path):
     top = {n.split("/")[0] for n in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"fusecut",
                                                                 "fusecut-thunder.pth"}, top
+    # every room inside the one package, and the source checkout's dev path nowhere
+    assert {"fusecut/engine.py", "fusecut/thunder/executor.py", "fusecut/optimizer/planner.py",
+            "fusecut/codegen/kernel.py", "fusecut/runtime/program.py",
+            "fusecut/service/app.py"} <= set(names)
+    assert not [n for n in names if "clients" in n or "devpath" in n], names
+    # installed, the package's rooms are its own folders: nothing reaches back to a checkout
+    unpacked = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(unpacked)
+    probe = ("import fusecut, fusecut.optimizer.planner, fusecut.runtime.native, fusecut.dynamo;"
+             "print(fusecut.__path__, fusecut.optimizer.planner.__file__)")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(unpacked)},
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == [f"['{unpacked / 'fusecut'}']",
+                                  str(unpacked / "fusecut/optimizer/planner.py")], run.stdout
     cuda = [line for line in metadata.splitlines() if "cuda-python" in line]
     assert cuda and all('extra == "gpu"' in line for line in cuda), cuda
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import fusecut
+from benchmarks.common import source_pythonpath
 from benchmarks.e2e import corpus_names, parse_args
 from benchmarks.e2e_report import (
     Row,
@@ -292,7 +293,7 @@ def test_case_order_puts_the_heaviest_last_and_names_are_checked():
 
 
 def test_help_works_and_a_run_without_a_gpu_says_so():
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}",
+    env = {**os.environ, "PYTHONPATH": source_pythonpath(),
            "CUDA_VISIBLE_DEVICES": ""}
     shown = subprocess.run([sys.executable, "-m", "benchmarks.e2e", "--help"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=120)

@@ -13,8 +13,7 @@ import pytest
 from fusecut.optimizer.ir import parse_text
 from tests.sdk.test_cli import fusecut
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "src" / "fusecut"
+ROOT = Path(__file__).resolve().parents[2]  # optimizer/ and codegen/ are rooms at its top
 # Walks over a value's nested attribute lists, or over the definition text's syntax tree (its
 # depth bounded by Python's parser and nvtext.MAX_DEPTH): never over the graph.
 NOT_GRAPH_WALKS = {
@@ -71,11 +70,11 @@ def _self_calls(path: Path) -> set[str]:
 
 
 def test_no_walk_over_the_graph_calls_itself():
-    # before: AxisMap._find, src/fusecut/codegen/precision.py's only_reaches_16bit and
+    # before: AxisMap._find, codegen/precision.py's only_reaches_16bit and
     # subfusion._scalar recursed along chains (the emitter's pull recursed through _op and operand:
     # see below)
-    recursive = {(str(p.relative_to(PACKAGE)), name)
-                 for package in ("optimizer", "codegen") for p in (PACKAGE / package).rglob("*.py")
+    recursive = {(str(p.relative_to(ROOT)), name)
+                 for package in ("optimizer", "codegen") for p in (ROOT / package).rglob("*.py")
                  for name in _self_calls(p)}
     assert recursive <= NOT_GRAPH_WALKS, sorted(recursive - NOT_GRAPH_WALKS)
     assert ("optimizer/ir/fusion.py", "_collect_refs") in recursive  # the check finds them

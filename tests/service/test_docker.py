@@ -81,8 +81,8 @@ def test_dashboard_asks_only_for_exported_metrics_and_labels():
 
 def test_images_copy_every_package_and_start_the_cli():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    # the source folder of the one package, and setup.py (it ships the .pth)
-    sources = {pyproject["tool"]["setuptools"]["package-dir"][""].split("/")[0], "setup.py"}
+    # the rooms of the one package, and setup.py (it lists the packages and ships the .pth)
+    sources = {*pyproject["tool"]["setuptools"]["package-dir"].values(), "setup.py"}
     ignore = (DOCKER / "Dockerfile.dockerignore").read_text().splitlines()
     serve = typer.main.get_command(cli_app).commands["serve"]
     stages = dockerfile_stages()
@@ -93,7 +93,7 @@ def test_images_copy_every_package_and_start_the_cli():
     assert sources | {"pyproject.toml"} <= copied, f"the images miss {sources - copied}"
     assert all(f"!{s}" in ignore for s in sources | {"pyproject.toml"})
     final = stages["fusecut"]  # both variants end in this stage
-    assert "COPY --from=sources /src ./" in final
+    assert "COPY --from=sources /sources ./" in final
     cmd = json.loads(next(line for line in final if line.startswith("CMD "))[4:])
     assert cmd[0] == "fusecut"
     context = serve.make_context("serve", cmd[2:])  # a bad option raises here

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import torch
 
+from benchmarks.common import source_pythonpath
 from fusecut.optimizer.ir import fusion_to_json
 from fusecut.wire.tensors import dump_safetensors, load_safetensors
 from tests.conftest import CORPUS
@@ -34,8 +35,7 @@ class RayServe:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / "ray-serve.log"
         env = dict(os.environ, FUSECUT_DEFAULT_TIME_LIMIT_S="2",
-                   PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "src"),
-                                               os.environ.get("PYTHONPATH", "")]))
+                   PYTHONPATH=source_pythonpath(os.environ.get("PYTHONPATH", "")))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fusecut.cli", "ray-serve", "--port", str(self.port),
              "--cache", cache_url, "--num-cpus", "4", "--object-store-mb", "100",
@@ -148,7 +148,7 @@ def test_ctrl_c_stops_a_local_cluster_at_once_and_quietly(tmp_path):
     # it to stop, "Task ServeController.graceful_shutdown failed")
     port = free_port()
     log = tmp_path / "ray-serve.log"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "src")]))
+    env = dict(os.environ, PYTHONPATH=source_pythonpath())
     proc = subprocess.Popen(
         [sys.executable, "-m", "fusecut.cli", "ray-serve", "--port", str(port), "--cache",
          str(tmp_path / "plans.sqlite"), "--num-cpus", "2", "--object-store-mb", "100",

@@ -11,12 +11,13 @@ import time
 
 import httpx
 
+from benchmarks.common import source_pythonpath
 from tests.server import ROOT, free_port
 
 
 def test_serve_logs_one_line_once_readyz_says_ready(tmp_path):
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "src")]))
+    env = dict(os.environ, PYTHONPATH=source_pythonpath())
     log = tmp_path / "serve.log"
     proc = subprocess.Popen([sys.executable, "-m", "fusecut.cli", "serve", "--port", str(port),
                              "--db", str(tmp_path / "plans.sqlite")], env=env, cwd=ROOT,

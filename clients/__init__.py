@@ -14,8 +14,28 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fusecut.optimizer.errors import DefinitionError, FusecutError, InputError, PlanError
-from fusecut.version import __version__ as __version__  # re-exported: fusecut.__version__
+
+def _source_checkout_rooms() -> None:
+    """In a source checkout (no install, or an editable one) this package is clients/, and its
+    rooms optimizer/, codegen/, runtime/ and service/ sit beside it at the repository's top
+    level: let fusecut.optimizer and the rest be found there. An installed wheel has them inside
+    this folder, whose parent (site-packages) is no fusecut checkout: nothing happens."""
+    root = Path(__file__).resolve().parent.parent
+    pyproject = root / "pyproject.toml"
+    if ((root / "optimizer" / "__init__.py").is_file() and pyproject.is_file()
+            and 'name = "fusecut"' in pyproject.read_text()):
+        __path__.append(str(root))
+
+
+_source_checkout_rooms()
+
+from fusecut.optimizer.errors import (  # noqa: E402  (found through the rooms above)
+    DefinitionError,
+    FusecutError,
+    InputError,
+    PlanError,
+)
+from fusecut.version import __version__ as __version__  # noqa: E402  (fusecut.__version__)
 
 # The heavy names (they import torch and httpx) load on first use, so that ``fusecut --help``
 # and ``import fusecut`` for its errors start fast.

@@ -28,12 +28,16 @@ POLL_S = 0.2  # how often a helper looks for its parent
 
 
 def child_env() -> dict[str, str]:
-    """A helper imports fusecut's packages from where this process found them: the folder
-    holding the ``fusecut`` package (src/), never a package's own folder, whose modules (e.g.
+    """A helper imports fusecut from where this process found it: an installed package's
+    folder above (site-packages), or a source checkout's dev path (tools/devpath, holding only
+    a link named fusecut to clients/), never a package's own folder, whose modules (e.g.
     service/http.py) would shadow the standard library's."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[3])  # src/fusecut/service/processes/children.py
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    package = Path(sys.modules["fusecut"].__file__).resolve().parent  # clients/ in a checkout
+    root = package.parent
+    devpath = root / "tools" / "devpath"
+    where = str(devpath if package.name != "fusecut" and devpath.is_dir() else root)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (where, env.get("PYTHONPATH")) if p)
     return env
 
 

@@ -4,7 +4,7 @@
 // cuda-python or ctypes on the H100 box; nvFuser's whole warm call is about 11 us. This module
 // does, in C++, only what a warm call needs: compare the arguments with the program's signature,
 // allocate buffers through torch's caching allocator, fill kernel parameters and launch. It knows
-// nothing about plans: src/fusecut/runtime/program.py describes a program as plain tuples (see `make`).
+// nothing about plans: runtime/program.py describes a program as plain tuples (see `make`).
 //
 // cuLaunchKernel is not linked: Python passes its address, so this builds without the CUDA
 // toolkit, and a test can pass a recording stand-in and run programs on the CPU.
