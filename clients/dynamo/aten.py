@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch.fx import Node
 
+from fusecut.runtime.tensors import from_torch_dtype
+
 aten = torch.ops.aten
 prims = torch.ops.prims
 
@@ -81,8 +83,6 @@ def _variance(name: str) -> Emitter:
 
 
 def _cast(o, v, n):
-    from fusecut.runtime.tensors import from_torch_dtype
-
     dtype = n.args[1] if n.target is prims.convert_element_type.default else n.kwargs["dtype"]
     return [o.cast(v(n.args[0]), from_torch_dtype(dtype))]
 
@@ -92,16 +92,17 @@ def _reshape(o, v, n):
     reduction's kernel takes, where a reshape (which moves values between index spaces) must
     be written out before it (a [1, rows, classes] to [rows, classes] view of a softmax's input
     cost a float32 copy of it)."""
-    shape, out = _shape(n.args[0]), list(_shape(n))
+    shape, out, x = list(_shape(n.args[0])), list(_shape(n)), v(n.args[0])
+    if shape == out:
+        return [o.set(x)]
     if [e for e in shape if e != 1] != [e for e in out if e != 1]:
-        return [o.reshape(v(n.args[0]), out)]
-    x = v(n.args[0])
+        return [o.reshape(x, out)]
     ones = [i for i, e in enumerate(shape) if e == 1]
     if ones:
         x = o.squeeze(x, ones)
     if 1 in out:
         x = o.broadcast_in_dim(x, out, [i for i, e in enumerate(out) if e != 1])
-    return [x if ones or 1 in out else o.set(x)]
+    return [x]
 
 
 def _expand(o, v, n):
@@ -201,8 +202,6 @@ def _one_position_per_row(n: Node) -> bool:
 def _scatter_value(o, v, n):
     """``scatter(x, dim, index, value)`` as ``where(position == index, value, x)``: an iota
     along ``dim`` against the row's index, pointwise (fusecut's scatter has no kernel)."""
-    from fusecut.runtime.tensors import from_torch_dtype
-
     x, dim, index, value = n.args[0], n.args[1] % len(_shape(n.args[0])), n.args[2], n.args[3]
     shape, rank = list(_shape(x)), len(_shape(x))
     dtype = from_torch_dtype(index.meta["val"].dtype)
@@ -213,8 +212,6 @@ def _scatter_value(o, v, n):
 
 
 def _full(o, v, n):
-    from fusecut.runtime.tensors import from_torch_dtype
-
     value = n.args[1] if len(n.args) > 1 else n.args[0]  # full(size, v) / scalar_tensor(v)
     return [o.full(list(_shape(n)), v(value), from_torch_dtype(n.meta["val"].dtype))]
 

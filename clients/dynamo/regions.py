@@ -193,13 +193,7 @@ def _dense(val: torch.Tensor) -> bool:
     """A traced output that covers its memory without gaps or overlaps, row-major or permuted:
     what comes after the region (a ``view``, an attention's backward) saw those strides in the
     trace, so the region hands them back. A slice's or an expand's are left as they come."""
-    axes = sorted(range(val.dim()), key=lambda i: (val.stride(i), -i))
-    expected = 1
-    for i in axes:
-        if val.shape[i] != 1 and val.stride(i) != expected:
-            return False
-        expected *= val.shape[i]
-    return True
+    return val.is_contiguous() or memory_order(val) is not None
 
 
 def _symbolic(val: Any) -> bool:
