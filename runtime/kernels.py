@@ -112,6 +112,7 @@ def _functions(kernels: SegmentKernels) -> list[Any]:
 
     if not kernels.kernels:
         return []
+    device_context(torch.cuda.current_device())
     mod = _module(compile_cubin(kernels.source, arch_of_current_device(), kernels.kernels[0].name))
     functions = []
     for k in kernels.kernels:
@@ -269,6 +270,7 @@ def cuda_runner(plan: Plan, segment: Segment, args: list[Any],
     tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
     device = tensor.device if tensor is not None else \
         torch.device("cuda", torch.cuda.current_device())
+    device_context(device.index)
     try:
         code = code_for_alignment(plan, segment, [0] * len(args), device.index)
         args = list(args)
@@ -305,11 +307,24 @@ def driver_functions(context: int) -> tuple[int, int, int, int]:
     return (*address, context)
 
 
-def current_context() -> int:
-    """The driver context current in this thread (torch's primary context after it ran)."""
+_primary_contexts: dict[int, int] = {}  # device index -> its primary context (torch's)
+
+
+def device_context(device_index: int) -> int:
+    """The device's primary context (the one torch uses), made current in this thread if it is
+    not: a thread torch starts (autograd's backward) has no current context until its first
+    CUDA runtime call, and a driver call before that (a module load, a launch: a backward that
+    starts with a fusecut region) fails with CUDA_ERROR_INVALID_CONTEXT."""
     from cuda.bindings import driver
 
-    return int(check(driver.cuCtxGetCurrent()))
+    context = _primary_contexts.get(device_index)
+    if context is None:
+        with _lock:
+            device = check(driver.cuDeviceGet(device_index))
+            context = int(check(driver.cuDevicePrimaryCtxRetain(device)))
+            _primary_contexts[device_index] = context
+    ensure_context(context)
+    return context
 
 
 def ensure_context(context: int) -> None:

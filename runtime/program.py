@@ -31,8 +31,8 @@ from fusecut.runtime.kernels import (
     NOT_GENERATED,
     KernelLaunch,
     code_for_alignment,
-    current_context,
     current_stream,
+    device_context,
     driver_functions,
     ensure_context,
     launch_kernel,
@@ -298,7 +298,8 @@ def _build_program(plan: Plan, args: list[Any], sig: tuple | None) -> Program:
         scalar_ops=_derived_scalars(fusion, layout.dynamic, layout.scalar_args),
         scalar_args=layout.scalar_args,
         static_scalars={k: v for k, v in bound.scalars.items() if k not in layout.dynamic},
-        baked=baked, context=current_context() if layout.device.type == "cuda" else 0,
+        baked=baked, context=device_context(layout.device.index)
+        if layout.device.type == "cuda" else 0,
         may_share=_may_share(layout.steps, outputs, layout.n_args), implicit_rng=implicit)
     _attach_native(program)
     return program

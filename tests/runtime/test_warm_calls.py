@@ -161,3 +161,36 @@ def test_scalar_inputs_change_without_replanning(monkeypatch, native_built):
         (got,) = fd.execute([x, factor])
         torch.testing.assert_close(got, (x * factor).sum(1), rtol=1e-5, atol=1e-4)
     assert planned.calls == 0
+
+
+@gpu
+def test_a_thread_with_no_current_context_compiles_and_launches_a_new_definition():
+    # autograd's backward thread has no current driver context until its first CUDA runtime
+    # call: a backward that starts with a fusecut region loads its module there (seen as
+    # CUDA_ERROR_INVALID_CONTEXT in a Hugging Face GPT-2 step on the H200)
+    from cuda.bindings import driver
+
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Float)
+        # a constant no other test uses: a kernel this process has not loaded
+        fd.add_output(fd.ops.sum(fd.ops.mul(fd.ops.exp(t0), 1.0 + 2.0 ** -19), dims=[1],
+                                 keepdim=False))
+    x = torch.randn(32, 96, device="cuda")
+    torch.cuda.synchronize()
+    seen: dict[str, object] = {}
+
+    def worker():
+        try:
+            _, seen["context before"] = driver.cuCtxGetCurrent()
+            (seen["out"],) = fd.execute([x])
+            torch.cuda.synchronize()
+        except Exception as e:  # reported below
+            seen["error"] = e
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert int(seen["context before"]) == 0  # else this test does not test the fresh thread
+    assert "error" not in seen, seen.get("error")
+    torch.testing.assert_close(seen["out"], (torch.exp(x) * (1.0 + 2.0 ** -19)).sum(1),
+                               rtol=1e-5, atol=1e-4)
