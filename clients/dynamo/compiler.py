@@ -2,7 +2,8 @@
 
 ``compile_graph`` takes one graph AOTAutograd made (forward, backward or inference), replaces
 its fusible regions with fusecut Regions (``regions.fuse_regions``) and returns it to run as it
-is: every node that is not in a region runs on ATen, as eager would.
+is (or recorded as a CUDA graph, ``cuda_graphs``): every node that is not in a region runs on
+ATen, as eager would.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch.fx import GraphModule
 
+from fusecut.dynamo.cuda_graphs import GraphTree, record_backward, record_forward
 from fusecut.dynamo.regions import fuse_regions
 from fusecut.dynamo.rewrite import sink_gathers
 
@@ -44,21 +46,63 @@ class Options:
     partitioner: "fusecut" (fusecut's byte model decides what the forward saves and what the
     backward recomputes) or "min_cut" (Inductor's min-cut rematerialization partitioner, the
     anchor), or "default" (save everything the backward uses).
+    cuda_graphs: each compiled graph recorded as a CUDA graph and replayed
+    (``dynamo.cuda_graphs``), as torch.compile's ``mode="reduce-overhead"``.
     """
 
     partitioner: str = "fusecut"
+    cuda_graphs: bool = False
 
     def __post_init__(self):
         if self.partitioner not in ("fusecut", "min_cut", "default"):
             raise ValueError(f"fusecut backend: partitioner must be 'fusecut', 'min_cut' or "
                              f"'default', got {self.partitioner!r}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"fusecut backend: cuda_graphs must be True or False, got "
+                             f"{self.cuda_graphs!r}")
 
 
-def compile_graph(direction: str, gm: GraphModule, example_inputs: Sequence[Any]) -> Callable:
-    """One AOTAutograd graph with its fusible regions on fusecut."""
+# torch.compile's modes, as this backend's options
+MODES = {"default": {}, "reduce-overhead": {"cuda_graphs": True},
+         "max-autotune-no-cudagraphs": {}, "max-autotune": {"cuda_graphs": True}}
+
+
+def compile_graph(direction: str, gm: GraphModule, example_inputs: Sequence[Any],
+                  tree: GraphTree | None = None) -> Callable:
+    """One AOTAutograd graph with its fusible regions on fusecut; recorded as a CUDA graph when
+    ``tree`` (the Dynamo graph's, shared by its forward and backward) is given."""
     sink_gathers(gm)
     fuse_regions(gm, direction)
-    return make_boxed_func(gm.forward)
+    run = boxed(gm)
+    if tree is None:
+        return run
+    if direction == "backward":
+        return record_backward(tree, gm, example_inputs, run)
+    return record_forward(tree, gm, example_inputs, run, is_inference=direction == "inference")
+
+
+def boxed(gm: GraphModule) -> Callable:
+    """``gm`` called with AOTAutograd's boxed convention: one list of arguments, which the call
+    empties, so that each input (a saved activation, in a backward) is freed after its last
+    use in the graph instead of living to the end of the call. CUDA graph trees require it."""
+    try:
+        from torch.fx.graph import _BoxedCodeGen
+    except ImportError:  # an older torch: the list is emptied, the inputs live to the end
+        forward = make_boxed_func(gm.forward)
+
+        def run(args: list[Any]) -> Any:
+            taken = list(args)
+            args.clear()
+            return forward(taken)
+    else:
+        gm.graph.set_codegen(_BoxedCodeGen())
+        gm.recompile()
+        forward = gm.forward
+
+        def run(args: list[Any]) -> Any:
+            return forward(args)
+    run._boxed_call = True
+    return run
 
 
 def _partition_fn(options: Options) -> Callable:
@@ -77,18 +121,43 @@ def _partition_fn(options: Options) -> Callable:
 
 def backend(**options: Any) -> Callable:
     """A torch.compile backend with these options: ``torch.compile(model,
-    backend=fusecut.dynamo.backend(partitioner="min_cut"))``."""
-    opts = Options(**options)
-    return aot_autograd(
-        fw_compiler=functools.partial(compile_graph, "forward"),
-        bw_compiler=functools.partial(compile_graph, "backward"),
-        inference_compiler=functools.partial(compile_graph, "inference"),
-        partition_fn=_partition_fn(opts),
-        decompositions=DECOMPOSITIONS,
-        keep_inference_input_mutations=True,
-    )
+    backend=fusecut.dynamo.backend(partitioner="min_cut", cuda_graphs=True))``."""
+    opts = Options(**options_of(None, options))
+    partition_fn = _partition_fn(opts)
+
+    def compile_dynamo_graph(gm: GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        # one tree per Dynamo graph: its forward and backward are recorded together
+        tree = GraphTree(len(example_inputs)) if opts.cuda_graphs else None
+        return aot_autograd(
+            fw_compiler=functools.partial(compile_graph, "forward", tree=tree),
+            bw_compiler=functools.partial(compile_graph, "backward", tree=tree),
+            inference_compiler=functools.partial(compile_graph, "inference", tree=tree),
+            partition_fn=partition_fn,
+            decompositions=DECOMPOSITIONS,
+            keep_inference_input_mutations=True,
+        )(gm, example_inputs)
+
+    compile_dynamo_graph.options = opts
+    return compile_dynamo_graph
 
 
-def fusecut_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-    """``backend="fusecut"``: the backend with its default options."""
-    return backend()(gm, example_inputs)
+def fusecut_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                    mode: str | None = None, options: dict[str, Any] | None = None) -> Callable:
+    """``backend="fusecut"``, with torch.compile's ``mode`` and ``options``:
+    ``torch.compile(m, backend="fusecut", mode="reduce-overhead")`` records CUDA graphs,
+    ``options={"partitioner": "min_cut"}`` sets ``backend(...)``'s options."""
+    return backend(**options_of(mode, options))(gm, example_inputs)
+
+
+def options_of(mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
+    """``backend(...)``'s options from torch.compile's ``mode`` and ``options``."""
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"fusecut backend: mode must be one of {', '.join(MODES)}, got "
+                         f"{mode!r}")
+    chosen = dict(MODES[mode or "default"])
+    for name, value in (options or {}).items():
+        if name not in Options.__dataclass_fields__:
+            raise ValueError(f"fusecut backend: unknown option {name!r}; the options are "
+                             f"{', '.join(Options.__dataclass_fields__)}")
+        chosen[name] = value
+    return chosen

@@ -145,6 +145,41 @@ def test_the_cut_never_saves_more_bytes_than_the_min_cut_partitioner():
 def test_options_are_checked():
     with pytest.raises(ValueError, match="partitioner must be"):
         fusecut.dynamo.backend(partitioner="greedy")
+    with pytest.raises(ValueError, match="cuda_graphs must be True or False"):
+        fusecut.dynamo.backend(cuda_graphs="yes")
+    with pytest.raises(ValueError, match="unknown option 'cudagraphs'.*cuda_graphs"):
+        fusecut.dynamo.backend(cudagraphs=True)
+    x, target = torch.randn(8, 32), torch.arange(8) % 10
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="mode must be one of default, reduce-overhead"):
+        torch.compile(Block(), backend="fusecut", mode="fast")(x, target)
+
+
+def test_torch_compiles_mode_and_options_reach_the_backend():
+    from fusecut.dynamo.compiler import options_of
+
+    assert options_of("reduce-overhead", None) == {"cuda_graphs": True}
+    assert options_of(None, {"partitioner": "min_cut"}) == {"partitioner": "min_cut"}
+    assert options_of("reduce-overhead", {"cuda_graphs": False}) == {"cuda_graphs": False}
+    assert fusecut.dynamo.backend(cuda_graphs=True).options.cuda_graphs is True
+
+
+def test_cuda_graphs_on_the_cpu_step_as_eager_and_say_why_they_were_not_recorded():
+    # a CPU graph cannot be recorded: it runs as it is, counted as torch's own backend counts
+    from torch._dynamo.utils import counters
+
+    x, target = torch.randn(8, 32), torch.arange(8) % 10
+    want_loss, want = _eager_step(x, target)
+    counters.clear()
+    torch.manual_seed(0)
+    model = Block()
+    torch._dynamo.reset()
+    loss = torch.compile(model, backend="fusecut", mode="reduce-overhead")(x, target)
+    loss.backward()
+    torch.testing.assert_close(loss, want_loss)
+    for p, w in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad, w, rtol=1e-5, atol=1e-6)
+    assert counters["inductor"]["cudagraph_skips"] >= 1
 
 
 def test_dynamic_shapes_run_on_fusecut_one_definition_per_shape():

@@ -97,3 +97,52 @@ def test_on_the_gpu_a_training_step_runs_fusecuts_kernels_as_eager(name):
         assert error <= 1e-4, f"{pname}: gradient off by {error:.2e} of its largest element"
     regions = _regions_since(before)
     assert regions and not [r.report().summary() for r in regions if r.fallback_reason]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_on_the_gpu_cuda_graphs_record_and_replay_the_step_as_eager(name):
+    # mode="reduce-overhead": the first step runs as it is, the second is recorded, the third
+    # replays; each step's loss and gradients as eager's, and no graph skipped recording
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = MODELS[name]().float().cuda().train()
+    reference = copy.deepcopy(model)
+    counters.clear()
+    torch._dynamo.reset()
+    torch._inductor.cudagraph_trees.reset_cudagraph_trees()
+    compiled = torch.compile(model, backend="fusecut", mode="reduce-overhead")
+    for step in range(3):
+        inputs = {k: v.cuda() for k, v in
+                  batch(name, torch.Generator().manual_seed(10 + step)).items()}
+        torch.compiler.cudagraph_mark_step_begin()
+        loss = compiled(**inputs).loss
+        loss.backward()
+        want = reference(**inputs).loss
+        want.backward()
+        torch.testing.assert_close(loss.detach().clone(), want, rtol=1e-5, atol=1e-5)
+        for (pname, p), q in zip(model.named_parameters(), reference.parameters()):
+            if q.grad is None:
+                continue
+            scale = max(q.grad.abs().max().item(), 1e-4)
+            error = (p.grad - q.grad).abs().max().item() / scale
+            assert error <= 1e-4, f"step {step}, {pname}: gradient off by {error:.2e}"
+        model.zero_grad(set_to_none=True)
+        reference.zero_grad(set_to_none=True)
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert _recorded_graphs() >= 2  # a forward and its backward, at least
+
+
+def _recorded_graphs() -> int:
+    """The CUDA graphs recorded in this process's tree on device 0."""
+    manager = torch._inductor.cudagraph_trees.get_manager(0, create_if_none_exists=False)
+    if manager is None:
+        return 0
+    nodes = [n for roots in manager.roots.values() for n in roots]
+    count = 0
+    while nodes:
+        node = nodes.pop()
+        count += 1
+        nodes.extend(c for children in node.children.values() for c in children)
+    return count
