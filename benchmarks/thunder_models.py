@@ -30,6 +30,8 @@ context, costs no other system its rows; every process starts from empty compile
   Thunder's own tracing costs the first step;
 - ``torch.compile+fusecut``: ``torch.compile(m, backend="fusecut")`` (``fusecut.dynamo``:
   AOTAutograd, fusecut's partitioner and regions);
+- ``torch.compile+fusecut+cudagraphs``: the same with ``mode="reduce-overhead"`` (each compiled
+  graph recorded as a CUDA graph in Inductor's CUDA graph trees, ``fusecut.dynamo.cuda_graphs``);
 - ``torch.compile``, ``torch.compile+reduce-overhead`` (its CUDA graphs) and ``eager``, with SDPA
   preferring cuDNN attention.
 
@@ -74,7 +76,7 @@ TRAIN_BATCH = {"nanogpt": (8, 1024), "llama3": (2, 2048), "hf_gpt2": (8, 1024),
 STEPS = ("train", "infer1", "infer8")
 SYSTEMS = ("thunder+nvfuser", "thunder+fusecut", "thunder+fusecut+cudagraphs",
            "thunder+fusecut+handover-cudagraphs", "thunderfx+fusecut", "thunder+torch",
-           "torch.compile+fusecut", "torch.compile", "torch.compile+reduce-overhead", "eager")
+           "torch.compile+fusecut", "torch.compile+fusecut+cudagraphs", "torch.compile", "torch.compile+reduce-overhead", "eager")
 BASELINE = "torch.compile"
 PIPELINED = 10  # steps back to back
 ROW_MARK = "ROW\t"
@@ -103,6 +105,8 @@ def build(system: str, module: torch.nn.Module) -> Callable:
         return torch.compile(module, mode="reduce-overhead")
     if system == "torch.compile+fusecut":
         return torch.compile(module, backend="fusecut")
+    if system == "torch.compile+fusecut+cudagraphs":
+        return torch.compile(module, backend="fusecut", mode="reduce-overhead")
     from fusecut.thunder.executor import thunder
 
     if system == "thunder+nvfuser":
@@ -206,14 +210,18 @@ def step_peak_gib(run: Callable[[], None]) -> float:
 
 def measure(run: Callable[[], None], iters: int, rounds: int = ROUNDS) -> Measured:
     first = first_step(run)
+    torch.cuda.reset_peak_memory_stats()
     for _ in range(2):  # warm: allocator, autotuning, CUDA graph capture
         run()
     torch.cuda.synchronize()
+    # a CUDA graph's pool is allocated when it records, and a replay allocates nothing: a
+    # replayed step's own peak would leave the graph's working memory out
+    recorded_peak = torch.cuda.max_memory_allocated() / 2**30
     sync: list[float] = []
     pipelined: list[float] = []
     for _ in range(rounds):  # rounds with a pipelined burst between: clocks settle alike
         one_round(run, sync, pipelined, max(1, iters // rounds))
-    peak = step_peak_gib(run)
+    peak = max(step_peak_gib(run), recorded_peak)
     busy, top = profile(run)
     return Measured(sync, pipelined, statistics.median(pipelined) * 1e3, peak, first, busy, top)
 
@@ -455,8 +463,10 @@ def report(results: list[dict], iters: int, rounds: int = ROUNDS) -> tuple[str, 
              f"same way. Rows noted 'paired' ran in one process with the baseline, their rounds "
              f"interleaved (clock drift falls on both alike); their ratios are to the paired "
              f"baseline, their peak and first step are left to the one-system rows. "
-             f"peak GiB: the most allocated during one step, weights and CUDA graph "
-             f"pools included. first step s: from a new process's empty fusecut, Inductor and "
+             f"peak GiB: the most allocated during one step (or during the two steps after the "
+             f"first, where a CUDA graph records its pool: a replay allocates nothing), weights "
+             f"included; rows up to 2026-11-29-6 measured CUDA graph systems on a replay "
+             f"alone, which left the pool out. first step s: from a new process's empty fusecut, Inductor and "
              f"Triton caches (Thunder's tracing and fusecut's planning and NVRTC compiles, or "
              f"torch.compile's); warm first step s: the same in a second process over the caches "
              f"the first left (a script's rerun; with --warm). GPU busy ms: torch.profiler over "

@@ -180,8 +180,9 @@ def test_thunder_without_a_fusion_executor_and_fusecuts_note_of_its_setup():
     assert bench.fusecut_note(FX()).startswith(f"{2 * regions} fusecut regions")
 
 
+@pytest.mark.parametrize("system", ["torch.compile+fusecut", "torch.compile+fusecut+cudagraphs"])
 @pytest.mark.parametrize("name", ["hf_llama", "hf_gpt2"])
-def test_hugging_face_models_under_the_fusecut_backend_as_the_benchmark_builds_them(name):
+def test_hugging_face_models_under_the_fusecut_backend_as_the_benchmark_builds_them(name, system):
     # issue 42: the torch.compile+fusecut system on transformers' Llama and GPT-2; their loss
     # is the model's own (labels shifted by one), padding skipped
     pytest.importorskip("transformers", minversion="5.0")
@@ -193,7 +194,7 @@ def test_hugging_face_models_under_the_fusecut_backend_as_the_benchmark_builds_t
                               targets[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX)
     torch.testing.assert_close(loss, shifted)
     torch._dynamo.reset()
-    compiled = bench.build("torch.compile+fusecut", model)
+    compiled = bench.build(system, model)
     torch.testing.assert_close(compiled(tokens, targets), loss, rtol=1e-5, atol=1e-5)
     note = bench.fusecut_note(compiled)
     assert re.match(r"[1-9]\d* fusecut regions", note), note
