@@ -76,7 +76,8 @@ TRAIN_BATCH = {"nanogpt": (8, 1024), "llama3": (2, 2048), "hf_gpt2": (8, 1024),
 STEPS = ("train", "infer1", "infer8")
 SYSTEMS = ("thunder+nvfuser", "thunder+fusecut", "thunder+fusecut+cudagraphs",
            "thunder+fusecut+handover-cudagraphs", "thunderfx+fusecut", "thunder+torch",
-           "torch.compile+fusecut", "torch.compile+fusecut+cudagraphs", "torch.compile", "torch.compile+reduce-overhead", "eager")
+           "torch.compile+fusecut", "torch.compile+fusecut+cudagraphs", "torch.compile",
+           "torch.compile+reduce-overhead", "eager")
 BASELINE = "torch.compile"
 PIPELINED = 10  # steps back to back
 ROW_MARK = "ROW\t"
@@ -466,12 +467,13 @@ def report(results: list[dict], iters: int, rounds: int = ROUNDS) -> tuple[str, 
              f"peak GiB: the most allocated during one step (or during the two steps after the "
              f"first, where a CUDA graph records its pool: a replay allocates nothing), weights "
              f"included; rows up to 2026-11-29-6 measured CUDA graph systems on a replay "
-             f"alone, which left the pool out. first step s: from a new process's empty fusecut, Inductor and "
-             f"Triton caches (Thunder's tracing and fusecut's planning and NVRTC compiles, or "
-             f"torch.compile's); warm first step s: the same in a second process over the caches "
-             f"the first left (a script's rerun; with --warm). GPU busy ms: torch.profiler over "
-             f"3 steps. A training step is forward with the loss and backward (no optimizer). "
-             f"Each model and system runs in a process of its own. PyTorch {torch.__version__}.")
+             f"alone, which left the pool out. first step s: from a new process's empty "
+             f"fusecut, Inductor and Triton caches (Thunder's tracing and fusecut's planning "
+             f"and NVRTC compiles, or torch.compile's); warm first step s: the same in a second "
+             f"process over the caches the first left (a script's rerun; with --warm). GPU busy "
+             f"ms: torch.profiler over 3 steps. A training step is forward with the loss and "
+             f"backward (no optimizer). Each model and system runs in a process of its own. "
+             f"PyTorch {torch.__version__}.")
     return table, notes
 
 
