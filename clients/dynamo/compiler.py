@@ -21,7 +21,7 @@ from torch.fx import GraphModule
 
 from fusecut.dynamo.cuda_graphs import GraphTree, record_backward, record_forward
 from fusecut.dynamo.regions import fuse_regions
-from fusecut.dynamo.rewrite import sink_gathers
+from fusecut.dynamo.rewrite import hoist_views, sink_gathers
 
 aten = torch.ops.aten
 
@@ -72,6 +72,7 @@ def compile_graph(direction: str, gm: GraphModule, example_inputs: Sequence[Any]
     """One AOTAutograd graph with its fusible regions on fusecut; recorded as a CUDA graph when
     ``tree`` (the Dynamo graph's, shared by its forward and backward) is given."""
     sink_gathers(gm)
+    hoist_views(gm)
     fuse_regions(gm, direction)
     run = boxed(gm)
     if tree is None:

@@ -49,7 +49,7 @@ def fuse_regions(gm: GraphModule, direction: str) -> list[Region]:
     """Replace ``gm``'s fusible groups with Regions (in place); the Regions made."""
     partitioner = CapabilityBasedPartitioner(gm, _Translatable(),
                                              allows_single_node_partition=True)
-    partitions = [p for p in map(_without_trailing_views, partitioner.propose_partitions())
+    partitions = [p for p in map(_without_outer_views, partitioner.propose_partitions())
                   if any(n.target not in VIEWS for n in p.nodes) and _reads_a_tensor(p)]
     if not partitions:
         return []
@@ -79,17 +79,22 @@ def _reads_a_tensor(partition) -> bool:
                for a in n.all_input_nodes if a not in partition.nodes)
 
 
-def _without_trailing_views(partition):
-    """``partition`` less the views whose every user is outside it: ATen makes them from the
-    region's output, with the strides the trace gave them (an ``expand``'s stride-0 axes, which
-    a kernel's dense output cannot have), and a region never writes bytes a view only
-    re-reads."""
+def _without_outer_views(partition):
+    """``partition`` less the views whose every user is outside it, and those whose every input
+    is: ATen makes them (a view moves no bytes). A trailing view from the region's output, with
+    the strides the trace gave it (an ``expand``'s stride-0 axes, which a kernel's dense output
+    cannot have): a region never writes bytes a view only re-reads. A leading view of an input
+    hands the region the input in the shape it computes in: a reshape inside it would stand
+    between an input and a reduction, which a reduction's kernel cannot take."""
     changed = True
     while changed:
         changed = False
         for node in list(partition.nodes):
-            if node.target in VIEWS and node.users and \
-                    not any(user in partition.nodes for user in node.users):
+            if node.target not in VIEWS:
+                continue
+            trailing = node.users and not any(user in partition.nodes for user in node.users)
+            leading = not any(a in partition.nodes for a in node.all_input_nodes)
+            if trailing or leading:
                 partition.remove_node(node)
                 changed = True
     return partition

@@ -1,4 +1,5 @@
-"""Rewrites of an ATen graph before its regions are cut: gathers sunk through pointwise ops.
+"""Rewrites of an ATen graph before its regions are cut: gathers sunk through pointwise ops,
+views hoisted above casts.
 
 A cross-entropy decomposes into ``gather(log_softmax(x), 1, target)``: the log-probabilities of
 every class, computed for the one per row that is picked. In a region that is still a
@@ -8,6 +9,13 @@ with pointwise ops: ``gather(x - m - log(s), 1, t) == gather(x, 1, t) - m - log(
 and ``s`` have one value per row. So each gather of a pointwise op becomes the op on gathers
 of its full operands (operands of extent 1 along the gathered axis are taken as they are), down
 to values that are not pointwise; the full log-probabilities then have no reader, and are gone.
+
+A ``view`` of a cast (``logits.float().view(-1, classes)``, as Hugging Face's losses write it)
+is the cast of a view: hoisted, the view reaches the region's input and is left to ATen (a view
+of an input moves no bytes), and the region's definition reads the input in the shape its
+reductions use. Left in the region, the reshape sits between the cast and the softmax's
+reductions, which a reduction's kernel cannot take: the float32 cast is written whole and read
+back (five times the loss's floor, measured on GPT-2's).
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ from typing import Any
 
 import torch
 from torch.fx import Graph, GraphModule, Node
+
+from fusecut.dynamo.aten import VIEWS, translatable
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -48,6 +58,77 @@ def sink_gathers(gm: GraphModule) -> int:
         graph.eliminate_dead_code()
         gm.recompile()
     return rewritten
+
+
+# views that only reshape (no reorder, no broadcast), and casts
+SHAPE_VIEWS = {aten.view.default, aten._unsafe_view.default}
+CASTS = {aten._to_copy.default, prims.convert_element_type.default}
+
+
+def hoist_views(gm: GraphModule) -> int:
+    """Move ``gm``'s shape views past the casts beside them, toward a region's edge (in place):
+    a view of a cast of a value no region computes (an input, a matmul's output) becomes a cast
+    of its view; a cast of a view, which only values no region computes read, becomes the view
+    of a cast. Only where the viewed value is contiguous (so that the moved view is one) and
+    the value between has no other reader. How many were moved."""
+    graph = gm.graph
+    moved = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in SHAPE_VIEWS or _symbolic(node):
+            continue
+        source = node.args[0]
+        if not isinstance(source, Node) or len(source.users) != 1:
+            continue
+        if _is_cast(source) and _movable(source.args[0]) \
+                and not _computes(source.args[0]) and any(map(_computes, node.users)):
+            view, cast = node, source  # cast -> view: view -> cast
+            with graph.inserting_before(view):
+                first = _node(graph, view.target, (cast.args[0], *view.args[1:]),
+                              dict(view.kwargs))
+                second = _node(graph, cast.target, (first, *cast.args[1:]), dict(cast.kwargs))
+        elif len(node.users) == 1 and _is_cast(cast := next(iter(node.users))) \
+                and _movable(source) and _computes(source) \
+                and not any(map(_computes, cast.users)):
+            view = node  # view -> cast: cast -> view
+            with graph.inserting_before(cast):
+                first = _node(graph, cast.target, (source, *cast.args[1:]), dict(cast.kwargs))
+                second = _node(graph, view.target, (first, *view.args[1:]), dict(view.kwargs))
+            source, view = view, cast  # what is replaced: the cast, then the view
+        else:
+            continue
+        view.replace_all_uses_with(second)
+        graph.erase_node(view)
+        graph.erase_node(source)
+        moved += 1
+    if moved:
+        gm.recompile()
+    return moved
+
+
+def _computes(node: Node) -> bool:
+    """Whether a region would compute ``node`` (a view it leaves to ATen at its edges)."""
+    return translatable(node) and node.target not in VIEWS
+
+
+def _movable(value: Any) -> bool:
+    val = value.meta.get("val") if isinstance(value, Node) else None
+    return isinstance(val, torch.Tensor) and not _symbolic(value) and val.is_contiguous()
+
+
+def _is_cast(node: Node) -> bool:
+    """A dtype conversion alone (a ``_to_copy`` that keeps the layout, device and memory
+    format)."""
+    if node.op != "call_function" or node.target not in CASTS:
+        return False
+    if node.target is prims.convert_element_type.default:
+        return True
+    source, kwargs = node.args[0] if node.args else None, node.kwargs
+    if len(node.args) != 1 or not isinstance(source, Node) or \
+            not set(kwargs) <= {"dtype", "layout", "device"}:
+        return False
+    val = source.meta.get("val")
+    return kwargs.get("layout", torch.strided) == torch.strided and isinstance(
+        val, torch.Tensor) and torch.device(kwargs.get("device", val.device)) == val.device
 
 
 def _symbolic(node: Node) -> bool:
