@@ -49,7 +49,8 @@ def fuse_regions(gm: GraphModule, direction: str) -> list[Region]:
     """Replace ``gm``'s fusible groups with Regions (in place); the Regions made."""
     partitioner = CapabilityBasedPartitioner(gm, _Translatable(),
                                              allows_single_node_partition=True)
-    partitions = [p for p in map(_without_outer_views, partitioner.propose_partitions())
+    partitions = [p for proposed in partitioner.propose_partitions()
+                  for p in _components(_without_outer_views(proposed))
                   if any(n.target not in VIEWS for n in p.nodes) and _reads_a_tensor(p)]
     if not partitions:
         return []
@@ -70,6 +71,38 @@ def fuse_regions(gm: GraphModule, direction: str) -> list[Region]:
     with _regions_lock:
         _regions.extend(weakref.ref(r) for r in regions)
     return regions
+
+
+def _components(partition) -> list:
+    """``partition`` split into the groups that share nothing: neither a value computed in it
+    nor an input read from outside it. Torch's partitioner puts unrelated groups in one
+    partition, and a fused module runs where its last node was: the bias and LayerNorm
+    gradients' column sums of every layer became one region at the end of GPT-2's backward,
+    which held each layer's output gradient alive until then. Groups that read the same input
+    stay together (their reductions can share the read)."""
+    from torch.fx.passes.infra.partitioner import Partition
+
+    nodes = [n for n in partition.nodes]
+    parent = {n: n for n in nodes}
+
+    def root(n):
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    readers: dict[Node, Node] = {}  # an outside input -> a node reading it
+    for node in nodes:
+        for a in node.all_input_nodes:
+            other = a if a in parent else readers.setdefault(a, node)
+            parent[root(node)] = root(other)
+    groups: dict[Node, list[Node]] = {}
+    for node in nodes:
+        groups.setdefault(root(node), []).append(node)
+    if len(groups) == 1:
+        return [partition]
+    return [Partition(id=partition.id * 1000 + k, nodes=group)
+            for k, group in enumerate(groups.values())]
 
 
 def _reads_a_tensor(partition) -> bool:

@@ -238,3 +238,24 @@ def test_a_cross_entropy_with_padded_labels_runs_whole_on_fusecut():
     ops = {op for r in regions for op in r.ops}
     assert {"gather.default", "scatter.value", "constant_pad_nd.default"} <= ops, ops
     assert not [r.name for r in regions if r.fallback_reason], "a region ran on ATen"
+
+
+def _regions_of(fn, *args):
+    before = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(fn, backend="fusecut")(*args)
+    for g, w in zip(got, fn(*args)):
+        torch.testing.assert_close(g, w)
+    return [r for r in fusecut.dynamo.regions.live_regions() if r.serial > before]
+
+
+def test_groups_that_share_nothing_are_regions_of_their_own():
+    # torch's partitioner put every layer's bias-gradient column sum in one region, run at the
+    # end of the backward: each layer's gradient lived until then (GPT-2's peak memory)
+    x, y = torch.randn(64, 32), torch.randn(64, 32)
+    apart = _regions_of(lambda x, y: ((x * 2).sum(0), (y.exp() * 3).sum(0)), x, y)
+    assert len(apart) == 2, [r.report().summary() for r in apart]
+    # two reductions of one input stay together: one read of it can serve both
+    together = _regions_of(lambda x, y: ((x * 2).sum(0), (x * 3).sum(0)), x, y)
+    assert len(together) == 1, [r.report().summary() for r in together]
