@@ -165,9 +165,12 @@ class Indexing:
 def laid_out_like_the_domain(bound: Bound, schedule: Schedule, t: str) -> bool:
     """Output t has the domain's shape and axis order (a broadcast axis is a unit axis of the
     domain): it is stored a whole vector at a time."""
-    domain = schedule.domain
-    return tuple(bound.shapes[t]) == tuple(domain) and all(
-        m == a or (m is None and domain[a] == 1) for a, m in enumerate(schedule.axis_map[t]))
+    domain, shape = schedule.domain, bound.shapes[t]
+    # a broadcast axis is not stored, whatever its extent: one of extent 1 in the domain
+    # (``pointwise.without_unwritten_axes``) is laid out like it
+    return len(shape) == len(domain) and all(
+        (m == a and shape[a] == domain[a]) or (m is None and domain[a] == 1)
+        for a, m in enumerate(schedule.axis_map[t]))
 
 
 def output_index(schedule: Schedule, ix: Indexing, t: str) -> Index:

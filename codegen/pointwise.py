@@ -66,7 +66,17 @@ from fusecut.codegen.precision import fast_math_tensors
 from fusecut.codegen.regions import lane_for, vector_read
 from fusecut.codegen.tiles import generate_transpose
 from fusecut.optimizer.analysis.shapes import Bound
-from fusecut.optimizer.kinds.rules import Schedule
+from fusecut.optimizer.ir.ops_pointwise import (
+    ARITH_BINARY,
+    BOOL_UNARY,
+    COMPARE_BINARY,
+    FLOAT_BINARY,
+    FLOAT_UNARY,
+    INT_ONLY,
+    SAME_UNARY,
+    TERNARY,
+)
+from fusecut.optimizer.kinds.rules import Schedule, embed
 from fusecut.optimizer.profiles import DeviceProfile
 
 THREADS = 256
@@ -87,10 +97,37 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
     two kernels where part of it needs no tiles (``_split_off_untiled``)."""
     if numel(schedule.domain) == 0:
         return SegmentKernels(index, "pointwise", "", [])
+    schedule = without_unwritten_axes(bound, schedule)
     tiled = generate_transpose(bound, schedule, profile, index, vector, recomputed)
     if tiled is not None:  # its tensors disagree on the innermost axis
         return _split_off_untiled(bound, schedule, profile, index, vector, recomputed) or tiled
     return _direct(bound, schedule, index, vector, recomputed)
+
+
+# ops whose every element depends only on the same element of their operands (or on nothing)
+ELEMENTWISE = (set(FLOAT_UNARY) | set(SAME_UNARY) | set(BOOL_UNARY) | set(ARITH_BINARY)
+               | set(FLOAT_BINARY) | set(COMPARE_BINARY) | set(INT_ONLY) | set(TERNARY)
+               | {"cast", "set", "segment_set", "broadcast_in_dim", "expand", "full"})
+
+
+def without_unwritten_axes(bound: Bound, schedule: Schedule) -> Schedule:
+    """The schedule with extent 1 on the domain axes no output is written along, where nothing
+    the segment reads varies along them either (an attention mask broadcast over the batch,
+    ``where(mask, 0, -inf)``): every value along such an axis is the same, and a kernel over
+    the whole domain would compute each one once per position and store it at the first."""
+    covered = {m for t in schedule.outputs for m in schedule.axis_map[t] if m is not None}
+    unwritten = {a for a, e in enumerate(schedule.domain) if e > 1 and a not in covered}
+    if not unwritten or schedule.ref is None:
+        return schedule
+    fusion = bound.fusion
+    if any(fusion.ops[i].name not in ELEMENTWISE for i in schedule.ops):
+        return schedule
+    for t in schedule.inputs:
+        placed = embed(bound, t, schedule.ref)
+        if placed is None or unwritten & {m for m in placed if m is not None}:
+            return schedule
+    domain = tuple(1 if a in unwritten else e for a, e in enumerate(schedule.domain))
+    return replace(schedule, domain=domain)
 
 
 def _split_off_untiled(bound: Bound, schedule: Schedule, profile: DeviceProfile, index: int,
