@@ -311,15 +311,21 @@ def _argument_ok(a: Any) -> bool:
                                        torch.layout, torch.device))
 
 
+CAST_FORMATS = (None, torch.preserve_format, torch.contiguous_format)
+
+
 def _special_ok(node: Node) -> bool:
     """What an emitter cannot take, by op."""
     target = node.target
     if target is aten.div.Tensor:
         return node.kwargs.get("rounding_mode") is None
     if target is aten._to_copy.default:
-        return set(node.kwargs) <= {"dtype", "layout", "device"} and "dtype" in node.kwargs and (
-            node.kwargs.get("device") is None
-            or torch.device(node.kwargs["device"]) == node.args[0].meta["val"].device)
+        # a memory format only sets the result's strides, which a region hands back as the
+        # trace gave them (LayerNorm's backward casts with contiguous_format)
+        return set(node.kwargs) <= {"dtype", "layout", "device", "memory_format"} and \
+            "dtype" in node.kwargs and node.kwargs.get("memory_format") in CAST_FORMATS and (
+                node.kwargs.get("device") is None
+                or torch.device(node.kwargs["device"]) == node.args[0].meta["val"].device)
     if target in (aten.round.default,):
         return not node.kwargs
     if target is aten.clamp.default:

@@ -49,8 +49,9 @@ def fuse_regions(gm: GraphModule, direction: str) -> list[Region]:
     """Replace ``gm``'s fusible groups with Regions (in place); the Regions made."""
     partitioner = CapabilityBasedPartitioner(gm, _Translatable(),
                                              allows_single_node_partition=True)
-    partitions = [p for proposed in partitioner.propose_partitions()
-                  for p in _components(_without_outer_views(proposed))
+    partitions = _merged([p for proposed in partitioner.propose_partitions()
+                          for p in _components(_without_outer_views(proposed))])
+    partitions = [p for p in partitions
                   if any(n.target not in VIEWS for n in p.nodes) and _reads_a_tensor(p)]
     if not partitions:
         return []
@@ -103,6 +104,55 @@ def _components(partition) -> list:
         return [partition]
     return [Partition(id=partition.id * 1000 + k, nodes=group)
             for k, group in enumerate(groups.values())]
+
+
+def _merged(partitions: list) -> list:
+    """Partitions joined where one reads a value the other computes and no path between them
+    runs outside both (joined, they would wait on each other). Torch's partitioner kept the
+    LayerNorm gradient's statistics apart from its weight gradient's column sums (those sat in
+    one partition with every other layer's, which a matmul between them split off); once the
+    column sums are groups of their own, each joins the region its values come from, and the
+    float32 values between them are never written."""
+    owner = {n: k for k, p in enumerate(partitions) for n in p.nodes}
+    groups = {k: set(p.nodes) for k, p in enumerate(partitions)}
+    changed = True
+    while changed:
+        changed = False
+        for k in sorted(groups):
+            if k not in groups:
+                continue
+            readers = sorted({owner[u] for n in groups[k] for u in n.users
+                              if u in owner and owner[u] != k})
+            for j in readers:
+                if j in groups and not _path_outside(groups[k], groups[j]):
+                    groups[k] |= groups.pop(j)
+                    for n in groups[k]:
+                        owner[n] = k
+                    changed = True
+    if len(groups) == len(partitions):
+        return partitions
+    from torch.fx.passes.infra.partitioner import Partition
+
+    return [Partition(id=partitions[k].id, nodes=[n for p in partitions for n in p.nodes
+                                                  if n in nodes])
+            for k, nodes in sorted(groups.items())]
+
+
+def _path_outside(first: set, second: set) -> bool:
+    """Whether a path from ``first`` leaves both sets and comes back into either."""
+    both = first | second
+    seen: set = set()
+    stack = [u for n in both for u in n.users if u not in both]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for u in node.users:
+            if u in both:
+                return True
+            stack.append(u)
+    return False
 
 
 def _reads_a_tensor(partition) -> bool:

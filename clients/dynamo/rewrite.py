@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.fx import Graph, GraphModule, Node
 
-from fusecut.dynamo.aten import VIEWS, translatable
+from fusecut.dynamo.aten import CAST_FORMATS, VIEWS, translatable
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -124,7 +124,8 @@ def _is_cast(node: Node) -> bool:
         return True
     source, kwargs = node.args[0] if node.args else None, node.kwargs
     if len(node.args) != 1 or not isinstance(source, Node) or \
-            not set(kwargs) <= {"dtype", "layout", "device"}:
+            not set(kwargs) <= {"dtype", "layout", "device", "memory_format"} or \
+            kwargs.get("memory_format") not in CAST_FORMATS:
         return False
     val = source.meta.get("val")
     return kwargs.get("layout", torch.strided) == torch.strided and isinstance(
