@@ -19,6 +19,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch.fx import GraphModule
 
+from fusecut.dynamo.compile_ahead import compile_region_ahead
 from fusecut.dynamo.cuda_graphs import GraphTree, record_backward, record_forward
 from fusecut.dynamo.regions import fuse_regions
 from fusecut.dynamo.rewrite import hoist_views, sink_gathers
@@ -73,7 +74,8 @@ def compile_graph(direction: str, gm: GraphModule, example_inputs: Sequence[Any]
     ``tree`` (the Dynamo graph's, shared by its forward and backward) is given."""
     sink_gathers(gm)
     hoist_views(gm)
-    fuse_regions(gm, direction)
+    for region in fuse_regions(gm, direction):
+        compile_region_ahead(region)
     run = boxed(gm)
     if tree is None:
         return run

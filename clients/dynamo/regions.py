@@ -351,7 +351,8 @@ class Region(torch.nn.Module):
                 return outs[0] if self._single else tuple(outs)
         return self.aten_module(*args)
 
-    def _variant(self, args: list[Any]) -> Translated:
+    def variant(self, args: list[Any]) -> Translated:
+        """The definition for arguments like ``args`` (written on first sight of their layout)."""
         if self.symbolic:
             key = tuple((a.shape, a.stride()) if isinstance(a, torch.Tensor) else a
                         for a in args)
@@ -372,7 +373,7 @@ class Region(torch.nn.Module):
         return variant
 
     def _run(self, args: list[Any]) -> list[Any]:
-        variant = self._variant(args)
+        variant = self.variant(args)
         definition = variant.definition
         inputs = [args[k] for k in variant.taken]
         handle = definition.handle
