@@ -15,6 +15,7 @@ without vectors (cached separately).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import threading
@@ -49,7 +50,13 @@ def check(result):
 
 
 def arch_of_current_device() -> str:
-    major, minor = torch.cuda.get_device_capability()
+    return device_arch(torch.cuda.current_device())
+
+
+@functools.cache
+def device_arch(index: int) -> str:
+    """The NVRTC architecture of CUDA device ``index`` (``sm_90``)."""
+    major, minor = torch.cuda.get_device_capability(index)
     return f"sm_{major}{minor}"
 
 

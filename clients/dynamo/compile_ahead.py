@@ -16,7 +16,6 @@ translation that fails here is met again by the first call, which reports it and
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
@@ -24,6 +23,7 @@ import torch
 
 from fusecut.dynamo.regions import Region
 from fusecut.runtime import ahead
+from fusecut.runtime.kernels import device_arch
 
 log = logging.getLogger("fusecut.dynamo")
 
@@ -44,13 +44,7 @@ def cuda_arch(args: list[Any]) -> str | None:
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if not tensors or tensors[0].device.type != "cuda":
         return None
-    return _arch(tensors[0].device.index or 0)
-
-
-@functools.cache
-def _arch(index: int) -> str:
-    major, minor = torch.cuda.get_device_capability(index)
-    return f"sm_{major}{minor}"
+    return device_arch(tensors[0].device.index or 0)
 
 
 def compile_region_ahead(region: Region) -> bool:

@@ -14,16 +14,15 @@ weight, an offset view) plans and compiles for itself, as it would have anyway.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from thunder.core import devices, dtypes
 from thunder.core.proxies import TensorProxy
 
 from fusecut.optimizer.ir.inputs import TensorMeta, tensor_meta
 from fusecut.runtime import ahead
+from fusecut.runtime.kernels import device_arch
 from fusecut.runtime.tensors import from_torch_dtype
 
 
@@ -44,13 +43,7 @@ def cuda_arch(proxies: Sequence[Any]) -> str | None:
     tensors = [p for p in proxies if isinstance(p, TensorProxy)]
     if not tensors or tensors[0].device.devicetype is not devices.DeviceType.CUDA:
         return None
-    return _arch(tensors[0].device.index or 0)
-
-
-@functools.cache
-def _arch(index: int) -> str:
-    major, minor = torch.cuda.get_device_capability(index)
-    return f"sm_{major}{minor}"
+    return device_arch(tensors[0].device.index or 0)
 
 
 def compile_region_ahead(definition: Any, proxies: Sequence[Any],

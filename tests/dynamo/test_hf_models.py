@@ -26,7 +26,8 @@ def _last_serial() -> int:
     return max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
 
 
-def assert_close_gradients(model: torch.nn.Module, reference: torch.nn.Module) -> None:
+def assert_close_gradients(model: torch.nn.Module, reference: torch.nn.Module,
+                           tolerance: float = 2e-5, where: str = "") -> None:
     """Every parameter's gradient as eager's, relative to its largest element (with a floor:
     a key projection's bias has a gradient of zero in exact arithmetic, rounding noise in
     either)."""
@@ -36,7 +37,8 @@ def assert_close_gradients(model: torch.nn.Module, reference: torch.nn.Module) -
             continue
         scale = max(q.grad.abs().max().item(), 1e-4)
         error = (p.grad - q.grad).abs().max().item() / scale
-        assert error <= 2e-5, f"{name}: gradient off by {error:.2e} of its largest element"
+        assert error <= tolerance, \
+            f"{where}{name}: gradient off by {error:.2e} of its largest element"
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -89,12 +91,7 @@ def test_on_the_gpu_a_training_step_runs_fusecuts_kernels_as_eager(name):
     want = reference(**inputs).loss
     want.backward()
     torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
-    for (pname, p), q in zip(model.named_parameters(), reference.parameters()):
-        if q.grad is None:
-            continue
-        scale = max(q.grad.abs().max().item(), 1e-4)
-        error = (p.grad - q.grad).abs().max().item() / scale
-        assert error <= 1e-4, f"{pname}: gradient off by {error:.2e} of its largest element"
+    assert_close_gradients(model, reference, tolerance=1e-4)
     regions = _regions_since(before)
     assert regions and not [r.report().summary() for r in regions if r.fallback_reason]
 
@@ -122,12 +119,7 @@ def test_on_the_gpu_cuda_graphs_record_and_replay_the_step_as_eager(name):
         want = reference(**inputs).loss
         want.backward()
         torch.testing.assert_close(loss.detach().clone(), want, rtol=1e-5, atol=1e-5)
-        for (pname, p), q in zip(model.named_parameters(), reference.parameters()):
-            if q.grad is None:
-                continue
-            scale = max(q.grad.abs().max().item(), 1e-4)
-            error = (p.grad - q.grad).abs().max().item() / scale
-            assert error <= 1e-4, f"step {step}, {pname}: gradient off by {error:.2e}"
+        assert_close_gradients(model, reference, tolerance=1e-4, where=f"step {step}, ")
         model.zero_grad(set_to_none=True)
         reference.zero_grad(set_to_none=True)
     assert counters["inductor"]["cudagraph_skips"] == 0
