@@ -66,16 +66,7 @@ from fusecut.codegen.precision import fast_math_tensors
 from fusecut.codegen.regions import lane_for, vector_read
 from fusecut.codegen.tiles import generate_transpose
 from fusecut.optimizer.analysis.shapes import Bound
-from fusecut.optimizer.ir.ops_pointwise import (
-    ARITH_BINARY,
-    BOOL_UNARY,
-    COMPARE_BINARY,
-    FLOAT_BINARY,
-    FLOAT_UNARY,
-    INT_ONLY,
-    SAME_UNARY,
-    TERNARY,
-)
+from fusecut.optimizer.ir.opspec import OpClass, get_spec
 from fusecut.optimizer.kinds.rules import Schedule, embed
 from fusecut.optimizer.profiles import DeviceProfile
 
@@ -104,10 +95,8 @@ def generate_pointwise(bound: Bound, schedule: Schedule, profile: DeviceProfile,
     return _direct(bound, schedule, index, vector, recomputed)
 
 
-# ops whose every element depends only on the same element of their operands (or on nothing)
-ELEMENTWISE = (set(FLOAT_UNARY) | set(SAME_UNARY) | set(BOOL_UNARY) | set(ARITH_BINARY)
-               | set(FLOAT_BINARY) | set(COMPARE_BINARY) | set(INT_ONLY) | set(TERNARY)
-               | {"cast", "set", "segment_set", "broadcast_in_dim", "expand", "full"})
+# op classes whose every element depends only on the same element of their operands
+ELEMENTWISE = frozenset({OpClass.POINTWISE, OpClass.BROADCAST})
 
 
 def without_unwritten_axes(bound: Bound, schedule: Schedule) -> Schedule:
@@ -120,7 +109,8 @@ def without_unwritten_axes(bound: Bound, schedule: Schedule) -> Schedule:
     if not unwritten or schedule.ref is None:
         return schedule
     fusion = bound.fusion
-    if any(fusion.ops[i].name not in ELEMENTWISE for i in schedule.ops):
+    if any(get_spec(fusion.ops[i].name).op_class not in ELEMENTWISE
+           and fusion.ops[i].name != "full" for i in schedule.ops):
         return schedule
     for t in schedule.inputs:
         placed = embed(bound, t, schedule.ref)

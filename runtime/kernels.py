@@ -326,10 +326,12 @@ def device_context(device_index: int) -> int:
 
     context = _primary_contexts.get(device_index)
     if context is None:
-        with _lock:
-            device = check(driver.cuDeviceGet(device_index))
-            context = int(check(driver.cuDevicePrimaryCtxRetain(device)))
-            _primary_contexts[device_index] = context
+        with _lock:  # retained once per device, whichever thread asks first
+            context = _primary_contexts.get(device_index)
+            if context is None:
+                device = check(driver.cuDeviceGet(device_index))
+                context = int(check(driver.cuDevicePrimaryCtxRetain(device)))
+                _primary_contexts[device_index] = context
     ensure_context(context)
     return context
 

@@ -314,18 +314,31 @@ def _argument_ok(a: Any) -> bool:
 CAST_FORMATS = (None, torch.preserve_format, torch.contiguous_format)
 
 
+def is_plain_cast(node: Node) -> bool:
+    """A dtype conversion alone: ``convert_element_type``, or a ``_to_copy`` to a dtype that
+    keeps the device and the strided layout. A memory format only sets the result's strides,
+    which a region hands back as the trace gave them (LayerNorm's backward casts with
+    contiguous_format)."""
+    if node.op != "call_function":
+        return False
+    if node.target is prims.convert_element_type.default:
+        return True
+    if node.target is not aten._to_copy.default or len(node.args) != 1:
+        return False
+    kwargs, val = node.kwargs, node.args[0].meta.get("val")
+    return set(kwargs) <= {"dtype", "layout", "device", "memory_format"} \
+        and "dtype" in kwargs and kwargs.get("memory_format") in CAST_FORMATS \
+        and kwargs.get("layout") in (None, torch.strided) and isinstance(val, torch.Tensor) \
+        and torch.device(kwargs.get("device") or val.device) == val.device
+
+
 def _special_ok(node: Node) -> bool:
     """What an emitter cannot take, by op."""
     target = node.target
     if target is aten.div.Tensor:
         return node.kwargs.get("rounding_mode") is None
     if target is aten._to_copy.default:
-        # a memory format only sets the result's strides, which a region hands back as the
-        # trace gave them (LayerNorm's backward casts with contiguous_format)
-        return set(node.kwargs) <= {"dtype", "layout", "device", "memory_format"} and \
-            "dtype" in node.kwargs and node.kwargs.get("memory_format") in CAST_FORMATS and (
-                node.kwargs.get("device") is None
-                or torch.device(node.kwargs["device"]) == node.args[0].meta["val"].device)
+        return is_plain_cast(node)
     if target in (aten.round.default,):
         return not node.kwargs
     if target is aten.clamp.default:

@@ -20,7 +20,7 @@ launch on torch's current stream through the caching allocator, so a recording c
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,7 +34,7 @@ class GraphTree:
 
     dynamo_inputs: int
     recorded: bool = True
-    device_index: Any = field(default=None)
+    device_index: int | None = None
 
 
 def skip_reason(gm: GraphModule, fixed: int) -> str | None:

@@ -83,7 +83,7 @@ def _components(partition) -> list:
     stay together (their reductions can share the read)."""
     from torch.fx.passes.infra.partitioner import Partition
 
-    nodes = [n for n in partition.nodes]
+    nodes = list(partition.nodes)
     parent = {n: n for n in nodes}
 
     def root(n):

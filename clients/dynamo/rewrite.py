@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.fx import Graph, GraphModule, Node
 
-from fusecut.dynamo.aten import CAST_FORMATS, VIEWS, translatable
+from fusecut.dynamo.aten import VIEWS, is_plain_cast, translatable
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -60,9 +60,8 @@ def sink_gathers(gm: GraphModule) -> int:
     return rewritten
 
 
-# views that only reshape (no reorder, no broadcast), and casts
+# views that only reshape (no reorder, no broadcast)
 SHAPE_VIEWS = {aten.view.default, aten._unsafe_view.default}
-CASTS = {aten._to_copy.default, prims.convert_element_type.default}
 
 
 def hoist_views(gm: GraphModule) -> int:
@@ -79,26 +78,27 @@ def hoist_views(gm: GraphModule) -> int:
         source = node.args[0]
         if not isinstance(source, Node) or len(source.users) != 1:
             continue
-        if _is_cast(source) and _movable(source.args[0]) \
-                and not _computes(source.args[0]) and any(map(_computes, node.users)):
-            view, cast = node, source  # cast -> view: view -> cast
-            with graph.inserting_before(view):
+        view = node
+        if is_plain_cast(source) and _movable(source.args[0]) \
+                and not _computes(source.args[0]) and any(map(_computes, view.users)):
+            cast = source
+            inner, outer = cast, view  # view(cast(x)) -> cast(view(x))
+            with graph.inserting_before(outer):
                 first = _node(graph, view.target, (cast.args[0], *view.args[1:]),
                               dict(view.kwargs))
                 second = _node(graph, cast.target, (first, *cast.args[1:]), dict(cast.kwargs))
-        elif len(node.users) == 1 and _is_cast(cast := next(iter(node.users))) \
+        elif len(view.users) == 1 and is_plain_cast(cast := next(iter(view.users))) \
                 and _movable(source) and _computes(source) \
                 and not any(map(_computes, cast.users)):
-            view = node  # view -> cast: cast -> view
-            with graph.inserting_before(cast):
+            inner, outer = view, cast  # cast(view(y)) -> view(cast(y))
+            with graph.inserting_before(outer):
                 first = _node(graph, cast.target, (source, *cast.args[1:]), dict(cast.kwargs))
                 second = _node(graph, view.target, (first, *view.args[1:]), dict(view.kwargs))
-            source, view = view, cast  # what is replaced: the cast, then the view
         else:
             continue
-        view.replace_all_uses_with(second)
-        graph.erase_node(view)
-        graph.erase_node(source)
+        outer.replace_all_uses_with(second)
+        graph.erase_node(outer)
+        graph.erase_node(inner)
         moved += 1
     if moved:
         gm.recompile()
@@ -113,23 +113,6 @@ def _computes(node: Node) -> bool:
 def _movable(value: Any) -> bool:
     val = value.meta.get("val") if isinstance(value, Node) else None
     return isinstance(val, torch.Tensor) and not _symbolic(value) and val.is_contiguous()
-
-
-def _is_cast(node: Node) -> bool:
-    """A dtype conversion alone (a ``_to_copy`` that keeps the layout, device and memory
-    format)."""
-    if node.op != "call_function" or node.target not in CASTS:
-        return False
-    if node.target is prims.convert_element_type.default:
-        return True
-    source, kwargs = node.args[0] if node.args else None, node.kwargs
-    if len(node.args) != 1 or not isinstance(source, Node) or \
-            not set(kwargs) <= {"dtype", "layout", "device", "memory_format"} or \
-            kwargs.get("memory_format") not in CAST_FORMATS:
-        return False
-    val = source.meta.get("val")
-    return kwargs.get("layout", torch.strided) == torch.strided and isinstance(
-        val, torch.Tensor) and torch.device(kwargs.get("device", val.device)) == val.device
 
 
 def _symbolic(node: Node) -> bool:
