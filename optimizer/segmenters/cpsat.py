@@ -72,13 +72,20 @@ STRIDE = 2
 SOLVES_PER_WINDOW = 4
 PASSES = 2
 SEARCH_SHARE = 0.3  # of the time limit: the search's planned seconds (see _Effort)
-# Measured (one worker, on the planner benchmark's fusions): a solve's wall time is about
-# WALL_PER_DET times its deterministic time, plus SOLVE_OVERHEAD_S to build its window's model,
-# hint it and check the solution, plus CUT_OVERHEAD_S per slot that breaks a kind rule (its
-# repair and cut).
+# Measured (one worker, on the planner benchmark's fusions and a 50,304-wide loss backward): a
+# solve's wall time is about WALL_PER_DET times its deterministic time, plus the building,
+# hinting and checking of its window's model, which grows with the model (SOLVE_OVERHEAD_S, and
+# SOLVE_S_PER_VARIABLE per CP-SAT variable: 12 ms at 150 variables, 60 ms at 1,100), plus, per
+# slot that breaks a kind rule, its repair and cut, which grow with the slot's ops (CUT_OVERHEAD_S
+# and CUT_S_PER_OP: 5 ms at 20 ops, 34 ms at 110, 130 ms at 520). A flat charge per solve (it
+# was 50 ms, and 40 ms per cut) spent a small window's share in a fifth of its time: a 37-op
+# loss backward stopped at 344 MiB where its plan of 147 MiB was a few solves further.
 WALL_PER_DET = 1.5
-SOLVE_OVERHEAD_S = 0.05
-CUT_OVERHEAD_S = 0.04
+SOLVE_OVERHEAD_S = 0.005
+SOLVE_S_PER_VARIABLE = 0.00005
+CUT_OVERHEAD_S = 0.001
+CUT_S_PER_OP = 0.00025
+SHARED_OVERHEAD_S = 0.05  # a large window's (900 variables): sharing the search out per solve
 SOLVES_EXPECTED = 2  # per window, cuts included, for sharing out the deterministic time
 WARM_S_PER_OP = 0.0003  # the min-cut warm start and the static rules, per placed op
 MIN_DET = 0.02  # a solve with less finds little
@@ -93,16 +100,22 @@ class _Effort:
     per_solve: float
     used_s: float = 0.0
 
-    def fits(self) -> bool:
-        return self.used_s + SOLVE_OVERHEAD_S + WALL_PER_DET * self.per_solve <= self.planned_s
+    def fits(self, variables: int = 0) -> bool:
+        """Whether a solve of a model with ``variables`` (CP-SAT's) fits what is left."""
+        return (self.used_s + _solve_overhead(variables) + WALL_PER_DET * self.per_solve
+                <= self.planned_s)
 
-    def solved(self, det: float) -> None:
-        """A solve ended after ``det`` of deterministic time."""
-        self.used_s += SOLVE_OVERHEAD_S + WALL_PER_DET * det
+    def solved(self, det: float, variables: int) -> None:
+        """A solve of a model with ``variables`` ended after ``det`` of deterministic time."""
+        self.used_s += _solve_overhead(variables) + WALL_PER_DET * det
 
-    def repaired(self, slots: int) -> None:
-        """Slots that broke a kind rule were repaired and cut."""
-        self.used_s += CUT_OVERHEAD_S * slots
+    def repaired(self, ops: Iterable[int]) -> None:
+        """Slots that broke a kind rule, of ``ops`` ops each, were repaired and cut."""
+        self.used_s += sum(CUT_OVERHEAD_S + CUT_S_PER_OP * n for n in ops)
+
+
+def _solve_overhead(variables: int) -> float:
+    return SOLVE_OVERHEAD_S + SOLVE_S_PER_VARIABLE * variables
 
 
 def solve(graph: SegGraph, greedy: list[Group], options: SolverOptions,
@@ -158,7 +171,7 @@ def solve(graph: SegGraph, greedy: list[Group], options: SolverOptions,
 
 def _per_solve(planned_s: float, solves: int) -> float:
     """Deterministic time per solve when ``solves`` share ``planned_s``."""
-    return max(MIN_DET, (planned_s / solves - SOLVE_OVERHEAD_S) / WALL_PER_DET)
+    return max(MIN_DET, (planned_s / solves - SHARED_OVERHEAD_S) / WALL_PER_DET)
 
 
 def _optimize_window(graph: SegGraph, rules: _Rules, plan: list[Group], a: int, b: int,
@@ -183,7 +196,7 @@ def _optimize_window(graph: SegGraph, rules: _Rules, plan: list[Group], a: int, 
     status, objective, bound = "FEASIBLE", None, None
     for _ in range(SOLVES_PER_WINDOW):
         remaining = deadline - time.perf_counter()
-        if remaining <= 0.05 or not effort.fits():
+        if remaining <= 0.05 or not effort.fits(model.variables):
             break
         stats["solves"] += 1
         result = model.solve(effort, remaining, options.seed, hint=window)
@@ -198,7 +211,7 @@ def _optimize_window(graph: SegGraph, rules: _Rules, plan: list[Group], a: int, 
             for k in bad:
                 model.add_cut(*groups[k])
                 stats["cuts"] += 1
-            effort.repaired(len(bad))
+            effort.repaired(len(groups[k][0]) for k in bad)
             continue
         candidate = before + groups + after
         try:
@@ -313,6 +326,7 @@ class _Model:
             if c:
                 terms += [c * self.x[u, k] for k in K]
         m.Minimize(sum(terms))
+        self.variables = len(m.Proto().variables)  # what a solve's overhead grows with
 
     def _static_rules(self) -> None:
         graph, m = self.graph, self.model
@@ -401,7 +415,7 @@ class _Model:
         p.max_deterministic_time = effort.per_solve
         p.max_time_in_seconds = max(wall_limit, 0.1)  # a backstop; see the module's docstring
         status = solver.Solve(m)
-        effort.solved(solver.deterministic_time)
+        effort.solved(solver.deterministic_time, self.variables)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return None
         groups = []

@@ -426,3 +426,15 @@ def test_a_device_profile_has_only_the_fields_the_planner_uses():
 
     with pytest.raises(PlanError, match="unknown device profile fields.*regs_per_block"):
         get_profile("H100", {"regs_per_block": 65536})  # never read by the planner: removed
+
+
+def test_a_long_row_loss_backward_reads_its_logits_twice_at_the_default_limit():
+    # Hugging Face's cross-entropy backward at a 50304-class vocabulary: one pass for the row
+    # statistics, one for the gradient (147 MiB); the search used to stop at 344 MiB (the
+    # shifted logits passed as float32) with a fifth of its time spent
+    p = parse_text((CORPUS / "cross_entropy_bwd_hf.py").read_text())
+    j = plan_json(p.fusion, p.inputs)
+    floor = j["totals"]["lower_bound_bytes"]
+    assert floor == pytest.approx(98.3 * 2**20, rel=0.01)
+    assert j["totals"]["io_bytes"] <= 1.55 * floor
+    assert j["solver"]["wall_s"] < 2.0
