@@ -22,7 +22,7 @@ from torch.fx import GraphModule
 from fusecut.dynamo.compile_ahead import compile_region_ahead
 from fusecut.dynamo.cuda_graphs import GraphTree, record_backward, record_forward
 from fusecut.dynamo.regions import fuse_regions
-from fusecut.dynamo.rewrite import hoist_views, sink_gathers
+from fusecut.dynamo.rewrite import hoist_views, merge_common_subexpressions, sink_gathers
 
 aten = torch.ops.aten
 
@@ -72,6 +72,7 @@ def compile_graph(direction: str, gm: GraphModule, example_inputs: Sequence[Any]
                   tree: GraphTree | None = None) -> Callable:
     """One AOTAutograd graph with its fusible regions on fusecut; recorded as a CUDA graph when
     ``tree`` (the Dynamo graph's, shared by its forward and backward) is given."""
+    merge_common_subexpressions(gm)
     sink_gathers(gm)
     hoist_views(gm)
     for region in fuse_regions(gm, direction):

@@ -127,6 +127,11 @@ def fusecut_partition(joint_module: GraphModule, joint_inputs: Any, *, num_fwd_o
     )
     from torch.utils.checkpoint import CheckpointPolicy
 
+    from fusecut.dynamo.rewrite import merge_common_subexpressions
+
+    # as Inductor's partitioner does: one of each value to save or recompute (twelve identical
+    # attention masks in GPT-2 small are one)
+    merge_common_subexpressions(joint_module)
     choice = choose_saved(joint_module.graph)
     if choice is None:
         log.info("fusecut partitioner: a graph with symbolic sizes or side effects goes to "

@@ -1,5 +1,12 @@
-"""Rewrites of an ATen graph before its regions are cut: gathers sunk through pointwise ops,
-views hoisted above casts.
+"""Rewrites of an ATen graph before its regions are cut: common subexpressions merged, gathers
+sunk through pointwise ops, views hoisted above casts.
+
+A model computes the same value in many places: Hugging Face's attention writes the causal mask
+as ``where(mask, 0, -inf)`` once per layer, twelve identical ``[batch, 1, seq, seq]`` tensors in
+GPT-2 small, each of which a region would write and the code after it copy. Inductor's
+partitioner merges them (AOTAutograd's ``fx_graph_cse``); fusecut's partitioner and the graphs
+it is handed without one (inference) merge them here, with the same pass: random draws, and
+values that alias a graph output, are kept apart.
 
 A cross-entropy decomposes into ``gather(log_softmax(x), 1, target)``: the log-probabilities of
 every class, computed for the one per row that is picked. In a region that is still a
@@ -34,6 +41,20 @@ prims = torch.ops.prims
 POINTWISE = {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor,
              aten.neg.default, aten.exp.default, aten.log.default,
              aten._to_copy.default, prims.convert_element_type.default}
+
+
+def merge_common_subexpressions(gm: GraphModule) -> int:
+    """Merge ``gm``'s identical computations (in place), unless torch's AOTAutograd config turns
+    its CSE off; how many nodes were merged."""
+    from torch._functorch import config
+    from torch._functorch.compile_utils import fx_graph_cse
+
+    if not config.cse:
+        return 0
+    before = len(gm.graph.nodes)
+    gm.graph = fx_graph_cse(gm.graph)
+    gm.recompile()
+    return before - len(gm.graph.nodes)
 
 
 def sink_gathers(gm: GraphModule) -> int:

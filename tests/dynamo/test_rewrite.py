@@ -104,3 +104,32 @@ def test_a_hugging_face_loss_forward_and_backward_move_no_more_than_their_floor(
     for region in regions:
         report = region.report()
         assert report.planned_bytes <= 1.02 * report.lower_bound_bytes, report.summary()
+
+
+def _layers_with_a_mask_each(x, positions):
+    # as Hugging Face's attention writes it: each layer builds the same causal mask
+    for _ in range(4):
+        mask = torch.where(positions[None, :] <= positions[:, None], 0.0, -1e4)
+        x = torch.tanh(x + mask.expand(x.shape[0], -1, -1))
+    return x
+
+
+def test_each_layers_identical_mask_is_computed_once_forward_and_backward():
+    # GPT-2 small on the H200: twelve identical [8, 1, 1024, 1024] masks, each written by its
+    # region and copied dense after it, forward and again in the backward
+    x = torch.randn(2, 8, 8, requires_grad=True)
+    positions = torch.arange(8)
+    want = _layers_with_a_mask_each(x, positions)
+    (want_grad,) = torch.autograd.grad(want.sum(), x)
+    torch._dynamo.reset()
+    serial = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    got = torch.compile(_layers_with_a_mask_each, backend="fusecut")(x, positions)
+    (grad,) = torch.autograd.grad(got.sum(), x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(grad, want_grad)
+    regions = [r for r in fusecut.dynamo.regions.live_regions() if r.serial > serial]
+    assert {r.direction for r in regions} == {"forward", "backward"}
+    masks = [n for r in regions for n in r.aten_module.graph.nodes
+             if n.target in (aten.where.self, aten.le.Tensor, aten.ge.Tensor)]
+    # one comparison and one where in the forward; the backward recomputes or reads them
+    assert sum(n.target is aten.where.self for n in masks) <= 2, [str(n) for n in masks]
