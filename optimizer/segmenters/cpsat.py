@@ -18,7 +18,10 @@ Model (OR-Tools CP-SAT), over a window of the plan (the whole plan when it is sm
 - Minimise bytes read + written + launch cost per used slot + recomputed arithmetic.
 
 Large plans are optimised window by window (a few consecutive segments at a time, the rest held
-fixed), sliding over the plan until a pass improves nothing or time runs out. Coarsening: an op
+fixed), sliding over the plan until a pass improves nothing or time runs out. A plan of few ops
+is one window whatever its segments: a value written by one segment and read by two others
+further on is recomputed by its readers only when all three are in the window (a loss
+backward's one-hot: 6.9 GiB planned in windows of 4 of its 5 segments, 2.3 GiB in one). Coarsening: an op
 whose results only its single consumer reads joins that consumer's unit when the current plan
 has them together. The search starts from the greedy plan refined by the min-cut segmenter (in
 linear time; it recomputes what is cheaper than reading back, 2-4x fewer bytes on the generated
@@ -69,6 +72,8 @@ from fusecut.optimizer.segmenters.unionfind import DisjointSets
 
 WINDOW = 4  # segments optimised together
 STRIDE = 2
+WHOLE_PLAN_OPS = 64  # a plan of up to this many ops is one window, however many segments
+WHOLE_PLAN_SOLVES = 16  # its solves, kind-rule cuts included (the effort still bounds them)
 SOLVES_PER_WINDOW = 4
 PASSES = 2
 SEARCH_SHARE = 0.3  # of the time limit: the search's planned seconds (see _Effort)
@@ -131,10 +136,11 @@ def solve(graph: SegGraph, greedy: list[Group], options: SolverOptions,
     stats = {"solves": 0, "cuts": 0, "windows": 0}
     planned = options.time_limit_s * SEARCH_SHARE - WARM_S_PER_OP * len(graph.placed)
     rules = _Rules(graph)
-    if len(best) <= WINDOW:
+    if len(best) <= WINDOW or len(graph.placed) <= WHOLE_PLAN_OPS:
         effort = _Effort(planned, _per_solve(planned, SOLVES_PER_WINDOW))
         best, status, objective, bound = _optimize_window(
-            graph, rules, best, 0, len(best), deadline, effort, options, stats)
+            graph, rules, best, 0, len(best), deadline, effort, options, stats,
+            solves=WHOLE_PLAN_SOLVES)
         message = f"{stats['solves']} solve(s), {stats['cuts']} kind-rule cut(s)"
     else:
         status, objective, bound = "FEASIBLE", None, None
@@ -175,7 +181,8 @@ def _per_solve(planned_s: float, solves: int) -> float:
 
 
 def _optimize_window(graph: SegGraph, rules: _Rules, plan: list[Group], a: int, b: int,
-                     deadline: float, effort: _Effort, options: SolverOptions, stats: dict
+                     deadline: float, effort: _Effort, options: SolverOptions, stats: dict,
+                     solves: int = SOLVES_PER_WINDOW
                      ) -> tuple[list[Group], str, float | None, float | None]:
     """Re-segment plan[a:b] with the rest fixed; return the best valid plan found."""
     stats["windows"] += 1
@@ -194,7 +201,7 @@ def _optimize_window(graph: SegGraph, rules: _Rules, plan: list[Group], a: int, 
     model = _Model(graph, rules, window, available, must_write, options)
     best, best_cost = plan, plan_cost(graph, plan)
     status, objective, bound = "FEASIBLE", None, None
-    for _ in range(SOLVES_PER_WINDOW):
+    for _ in range(solves):
         remaining = deadline - time.perf_counter()
         if remaining <= 0.05 or not effort.fits(model.variables):
             break

@@ -428,11 +428,14 @@ def test_a_device_profile_has_only_the_fields_the_planner_uses():
         get_profile("H100", {"regs_per_block": 65536})  # never read by the planner: removed
 
 
-def test_a_long_row_loss_backward_reads_its_logits_twice_at_the_default_limit():
+@pytest.mark.parametrize("case", ["cross_entropy_bwd_hf", "cross_entropy_bwd_hf_onehot"])
+def test_a_long_row_loss_backward_reads_its_logits_twice_at_the_default_limit(case):
     # Hugging Face's cross-entropy backward at a 50304-class vocabulary: one pass for the row
-    # statistics, one for the gradient (147 MiB); the search used to stop at 344 MiB (the
-    # shifted logits passed as float32) with a fifth of its time spent
-    p = parse_text((CORPUS / "cross_entropy_bwd_hf.py").read_text())
+    # statistics, one for the gradient (147 MiB). The search used to stop at 344 MiB (the
+    # shifted logits passed as float32) with a fifth of its time spent, and, with the one-hot
+    # as a full tensor, at 442 MiB: written by the second of five segments and read by the
+    # last two, it was in no window of 4 whole
+    p = parse_text((CORPUS / f"{case}.py").read_text())
     j = plan_json(p.fusion, p.inputs)
     floor = j["totals"]["lower_bound_bytes"]
     assert floor == pytest.approx(98.3 * 2**20, rel=0.01)
