@@ -72,7 +72,8 @@ def compile_graph(direction: str, gm: GraphModule, example_inputs: Sequence[Any]
                   tree: GraphTree | None = None) -> Callable:
     """One AOTAutograd graph with its fusible regions on fusecut; recorded as a CUDA graph when
     ``tree`` (the Dynamo graph's, shared by its forward and backward) is given."""
-    merge_common_subexpressions(gm)
+    if direction == "inference":  # a training graph's joint graph was merged by the partitioner
+        merge_common_subexpressions(gm)
     sink_gathers(gm)
     hoist_views(gm)
     for region in fuse_regions(gm, direction):

@@ -4,9 +4,9 @@ sunk through pointwise ops, views hoisted above casts.
 A model computes the same value in many places: Hugging Face's attention writes the causal mask
 as ``where(mask, 0, -inf)`` once per layer, twelve identical ``[batch, 1, seq, seq]`` tensors in
 GPT-2 small, each of which a region would write and the code after it copy. Inductor's
-partitioner merges them (AOTAutograd's ``fx_graph_cse``); fusecut's partitioner and the graphs
-it is handed without one (inference) merge them here, with the same pass: random draws, and
-values that alias a graph output, are kept apart.
+partitioner merges them (AOTAutograd's ``fx_graph_cse``); fusecut's partitioner merges them in
+the joint graph, and ``compile_graph`` in an inference graph (which no partitioner sees), with
+the same pass: random draws, and values that alias a graph output, are kept apart.
 
 A cross-entropy decomposes into ``gather(log_softmax(x), 1, target)``: the log-probabilities of
 every class, computed for the one per row that is picked. In a region that is still a

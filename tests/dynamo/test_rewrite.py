@@ -133,3 +133,16 @@ def test_each_layers_identical_mask_is_computed_once_forward_and_backward():
              if n.target in (aten.where.self, aten.le.Tensor, aten.ge.Tensor)]
     # one comparison and one where in the forward; the backward recomputes or reads them
     assert sum(n.target is aten.where.self for n in masks) <= 2, [str(n) for n in masks]
+
+
+def test_an_inference_graphs_identical_masks_are_computed_once():
+    x, positions = torch.randn(2, 8, 8), torch.arange(8)
+    torch._dynamo.reset()
+    serial = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    with torch.no_grad():
+        got = torch.compile(_layers_with_a_mask_each, backend="fusecut")(x, positions)
+    torch.testing.assert_close(got, _layers_with_a_mask_each(x, positions))
+    regions = [r for r in fusecut.dynamo.regions.live_regions() if r.serial > serial]
+    assert {r.direction for r in regions} == {"inference"}
+    wheres = [n for r in regions for n in r.aten_module.graph.nodes if n.target is aten.where.self]
+    assert len(wheres) == 1, [str(n) for n in wheres]
