@@ -21,12 +21,12 @@ Large plans are optimised window by window (a few consecutive segments at a time
 fixed), sliding over the plan until a pass improves nothing or time runs out. A plan of few ops
 is one window whatever its segments: a value written by one segment and read by two others
 further on is recomputed by its readers only when all three are in the window (a loss
-backward's one-hot: 6.9 GiB planned in windows of 4 of its 5 segments, 2.3 GiB in one). Coarsening: an op
-whose results only its single consumer reads joins that consumer's unit when the current plan
-has them together. The search starts from the greedy plan refined by the min-cut segmenter (in
-linear time; it recomputes what is cheaper than reading back, 2-4x fewer bytes on the generated
-fusions), and the current plan is each window's warm start. If nothing better and valid is
-found, that plan stands.
+backward's one-hot: 6.9 GiB planned in windows of 4 of its 5 segments, 2.3 GiB in one).
+Coarsening: an op whose results only its single consumer reads joins that consumer's unit when
+the current plan has them together. The search starts from the greedy plan refined by the
+min-cut segmenter (in linear time; it recomputes what is cheaper than reading back, 2-4x fewer
+bytes on the generated fusions), and the current plan is each window's warm start. If nothing
+better and valid is found, that plan stands.
 
 The same input gives the same plan, on an idle machine or a busy one: the search's effort is
 counted in CP-SAT's deterministic time (one worker, a fixed seed), converted to planned seconds
