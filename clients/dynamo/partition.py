@@ -37,6 +37,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from fusecut.dynamo.aten import translatable
+from fusecut.dynamo.rewrite import merge_common_subexpressions
 
 log = logging.getLogger("fusecut.dynamo")
 
@@ -126,8 +127,6 @@ def fusecut_partition(joint_module: GraphModule, joint_inputs: Any, *, num_fwd_o
         min_cut_rematerialization_partition,
     )
     from torch.utils.checkpoint import CheckpointPolicy
-
-    from fusecut.dynamo.rewrite import merge_common_subexpressions
 
     # as Inductor's partitioner does: one of each value to save or recompute (twelve identical
     # attention masks in GPT-2 small are one)

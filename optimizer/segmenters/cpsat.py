@@ -90,7 +90,8 @@ SOLVE_OVERHEAD_S = 0.005
 SOLVE_S_PER_VARIABLE = 0.00005
 CUT_OVERHEAD_S = 0.001
 CUT_S_PER_OP = 0.00025
-SHARED_OVERHEAD_S = 0.05  # a large window's (900 variables): sharing the search out per solve
+# a large window's overhead (900 variables, 50 ms), for sharing the search out per solve
+SHARED_OVERHEAD_S = SOLVE_OVERHEAD_S + SOLVE_S_PER_VARIABLE * 900
 SOLVES_EXPECTED = 2  # per window, cuts included, for sharing out the deterministic time
 WARM_S_PER_OP = 0.0003  # the min-cut warm start and the static rules, per placed op
 MIN_DET = 0.02  # a solve with less finds little
