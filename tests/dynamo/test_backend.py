@@ -13,6 +13,7 @@ import fusecut.dynamo
 import fusecut.engine
 from fusecut.dynamo.partition import choose_saved, partition_reports
 from fusecut.optimizer.errors import PlanError
+from tests.dynamo.regions_made import last_serial, regions_since
 
 
 class Block(torch.nn.Module):
@@ -68,13 +69,13 @@ def test_a_region_that_fails_to_plan_runs_on_aten_and_the_step_holds(monkeypatch
     want_loss, want = _eager_step(x, target)
     torch.manual_seed(0)
     model = Block()
-    last = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    last = last_serial()
     with caplog.at_level(logging.WARNING, logger="fusecut.dynamo"):
         loss, grads = _step(model, "fusecut", x, target)
     torch.testing.assert_close(loss, want_loss)
     for g, w in zip(grads, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
-    reports = [r.report() for r in fusecut.dynamo.regions.live_regions() if r.serial > last]
+    reports = [r.report() for r in regions_since(last)]
     assert reports and all(r.fallback_stage == "plan" for r in reports), reports
     assert all("injected plan failure" in r.fallback for r in reports)
     assert sum("runs on ATen from now on" in m for m in caplog.messages) == len(reports)
@@ -82,9 +83,9 @@ def test_a_region_that_fails_to_plan_runs_on_aten_and_the_step_holds(monkeypatch
 
 def test_reports_say_what_each_region_planned():
     torch.manual_seed(0)
-    last = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    last = last_serial()
     _step(Block(), "fusecut", torch.randn(8, 32), torch.arange(8) % 10)
-    regions = [r for r in fusecut.dynamo.regions.live_regions() if r.serial > last]
+    regions = regions_since(last)
     reports = [r.report() for r in regions]
     assert {r.direction for r in reports} == {"forward", "backward"}
     for r in reports:
@@ -189,7 +190,7 @@ def test_dynamic_shapes_run_on_fusecut_one_definition_per_shape():
     model = Block()
     reference = Block()
     reference.load_state_dict(model.state_dict())
-    last = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    last = last_serial()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="fusecut", dynamic=True)
     batches = (8, 12, 20)
@@ -205,7 +206,7 @@ def test_dynamic_shapes_run_on_fusecut_one_definition_per_shape():
         torch.testing.assert_close(loss, want)
         for p, q in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
-    regions = [r for r in fusecut.dynamo.regions.live_regions() if r.serial > last]
+    regions = regions_since(last)
     assert regions and all(r.symbolic for r in regions)
     assert all(r.fallback_reason is None and r.calls == len(batches) for r in regions)
     assert all(len(r.variants) == len(batches) for r in regions)
@@ -226,7 +227,7 @@ def test_a_cross_entropy_with_padded_labels_runs_whole_on_fusecut():
     labels = torch.randint(0, 11, (2, 6))
     labels[0, 2] = -100
     torch._dynamo.reset()
-    serial = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    serial = last_serial()
     loss = torch.compile(loss_of, backend="fusecut")(x, w, labels)
     (grad,) = torch.autograd.grad(loss, w)
     w_eager = w.detach().clone().requires_grad_()
@@ -234,20 +235,20 @@ def test_a_cross_entropy_with_padded_labels_runs_whole_on_fusecut():
     want.backward()
     torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(grad, w_eager.grad, rtol=1e-5, atol=1e-6)
-    regions = [r for r in fusecut.dynamo.regions.live_regions() if r.serial > serial]
+    regions = regions_since(serial)
     ops = {op for r in regions for op in r.ops}
     assert {"gather.default", "scatter.value", "constant_pad_nd.default"} <= ops, ops
     assert not [r.name for r in regions if r.fallback_reason], "a region ran on ATen"
 
 
 def _regions_of(fn, *args):
-    before = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    before = last_serial()
     torch._dynamo.reset()
     with torch.no_grad():
         got = torch.compile(fn, backend="fusecut")(*args)
     for g, w in zip(got, fn(*args)):
         torch.testing.assert_close(g, w)
-    return [r for r in fusecut.dynamo.regions.live_regions() if r.serial > before]
+    return regions_since(before)
 
 
 def test_groups_that_share_nothing_are_regions_of_their_own():
@@ -284,14 +285,13 @@ def test_a_layernorms_backward_and_its_weight_gradients_are_one_kernel():
     model, reference = _Residuals(), _Residuals()
     reference.load_state_dict(model.state_dict())
     x = torch.randn(256, 64)
-    before = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    before = last_serial()
     torch._dynamo.reset()
     torch.compile(model, backend="fusecut")(x).backward()
     reference(x).backward()
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
-    backward = [r for r in fusecut.dynamo.regions.live_regions()
-                if r.serial > before and r.direction == "backward"]
+    backward = [r for r in regions_since(before) if r.direction == "backward"]
     norms = [r.report() for r in backward if "var_mean.correction" in r.ops]
     assert len(norms) == 3, [r.report().summary() for r in backward]
     for report in norms:

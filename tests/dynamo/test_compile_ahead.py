@@ -14,6 +14,7 @@ from fusecut.codegen import generate_segment
 from fusecut.runtime import ahead
 from fusecut.runtime import compile as rc
 from fusecut.runtime.lru import BoundedCache
+from tests.dynamo.regions_made import last_serial, regions_since
 from tests.dynamo.test_backend import Block, _eager_step
 from tests.helpers import record_nvrtc_threads
 
@@ -36,7 +37,7 @@ def _step(monkeypatch, arch):
     monkeypatch.setattr(fusecut.dynamo.compile_ahead, "cuda_arch", lambda args: arch)
     x, target = torch.randn(8, 32), torch.arange(8) % 10
     want_loss, want = _eager_step(x, target)
-    before = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    before = last_serial()
     torch.manual_seed(0)
     model = Block()
     torch._dynamo.reset()
@@ -46,7 +47,7 @@ def _step(monkeypatch, arch):
     for p, w in zip(model.parameters(), want):
         torch.testing.assert_close(p.grad, w, rtol=1e-5, atol=1e-6)
     ahead.wait()
-    return [r for r in fusecut.dynamo.regions.live_regions() if r.serial > before]
+    return regions_since(before)
 
 
 def test_each_region_is_compiled_ahead_for_its_first_call(fresh, monkeypatch):

@@ -11,19 +11,11 @@ import copy
 import pytest
 import torch
 
-import fusecut.dynamo
 from tests.dynamo.hf_models import MODELS, batch
+from tests.dynamo.regions_made import last_serial, regions_since
 from tests.helpers import compile_failures
 
 pytest.importorskip("transformers", minversion="5.0")
-
-
-def _regions_since(serial: int) -> list:
-    return [r for r in fusecut.dynamo.regions.live_regions() if r.serial > serial]
-
-
-def _last_serial() -> int:
-    return max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
 
 
 def assert_close_gradients(model: torch.nn.Module, reference: torch.nn.Module,
@@ -47,7 +39,7 @@ def test_a_training_step_and_inference_match_eager(name):
     model = MODELS[name]().float().train()
     reference = copy.deepcopy(model)
     inputs = batch(name, torch.Generator().manual_seed(1))
-    before = _last_serial()
+    before = last_serial()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="fusecut")
     loss = compiled(**inputs).loss
@@ -61,7 +53,7 @@ def test_a_training_step_and_inference_match_eager(name):
     with torch.no_grad():
         logits = compiled(**inputs).logits
         torch.testing.assert_close(logits, reference(**inputs).logits, rtol=1e-5, atol=1e-5)
-    regions = _regions_since(before)
+    regions = regions_since(before)
     directions = {r.direction for r in regions}
     assert {"forward", "backward", "inference"} <= directions, directions
     fell_back = [r.report().summary() for r in regions if r.fallback_reason]
@@ -84,7 +76,7 @@ def test_on_the_gpu_a_training_step_runs_fusecuts_kernels_as_eager(name):
     model = MODELS[name]().float().cuda().train()
     reference = copy.deepcopy(model)
     inputs = {k: v.cuda() for k, v in batch(name, torch.Generator().manual_seed(1)).items()}
-    before = _last_serial()
+    before = last_serial()
     torch._dynamo.reset()
     loss = torch.compile(model, backend="fusecut")(**inputs).loss
     loss.backward()
@@ -92,7 +84,7 @@ def test_on_the_gpu_a_training_step_runs_fusecuts_kernels_as_eager(name):
     want.backward()
     torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
     assert_close_gradients(model, reference, tolerance=1e-4)
-    regions = _regions_since(before)
+    regions = regions_since(before)
     assert regions and not [r.report().summary() for r in regions if r.fallback_reason]
 
 

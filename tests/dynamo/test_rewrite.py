@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-import fusecut.dynamo
 from fusecut.dynamo.compiler import DECOMPOSITIONS
 from fusecut.dynamo.rewrite import POINTWISE, sink_gathers
+from tests.dynamo.regions_made import last_serial, regions_since
 
 aten = torch.ops.aten
 
@@ -47,11 +47,11 @@ def test_a_cross_entropys_forward_region_moves_no_more_than_its_logits():
 
     logits, target = torch.randn(64, 3000, dtype=torch.bfloat16), torch.randint(0, 3000, (64,))
     torch._dynamo.reset()
-    serial = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    serial = last_serial()
     with torch.no_grad():
         got = torch.compile(loss_of, backend="fusecut")(logits, target)
     torch.testing.assert_close(got, loss_of(logits, target))
-    (region,) = [r for r in fusecut.dynamo.regions.live_regions() if r.serial > serial]
+    (region,) = regions_since(serial)
     report = region.report()
     assert report.planned_bytes <= 1.01 * report.lower_bound_bytes, report.summary()
 
@@ -94,12 +94,12 @@ def test_a_hugging_face_loss_forward_and_backward_move_no_more_than_their_floor(
     want = _shifted_loss(logits, labels)
     (want_grad,) = torch.autograd.grad(want, logits)
     torch._dynamo.reset()
-    serial = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    serial = last_serial()
     got = torch.compile(_shifted_loss, backend="fusecut")(logits, labels)
     (grad,) = torch.autograd.grad(got, logits)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(grad, want_grad)
-    regions = [r for r in fusecut.dynamo.regions.live_regions() if r.serial > serial]
+    regions = regions_since(serial)
     assert {r.direction for r in regions} == {"forward", "backward"}
     for region in regions:
         report = region.report()
@@ -122,12 +122,12 @@ def test_each_layers_identical_mask_is_computed_once_forward_and_backward():
     want = _layers_with_a_mask_each(x, positions)
     (want_grad,) = torch.autograd.grad(want.sum(), x)
     torch._dynamo.reset()
-    serial = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    serial = last_serial()
     got = torch.compile(_layers_with_a_mask_each, backend="fusecut")(x, positions)
     (grad,) = torch.autograd.grad(got.sum(), x)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(grad, want_grad)
-    regions = [r for r in fusecut.dynamo.regions.live_regions() if r.serial > serial]
+    regions = regions_since(serial)
     assert {r.direction for r in regions} == {"forward", "backward"}
     masks = [n for r in regions for n in r.aten_module.graph.nodes
              if n.target in (aten.where.self, aten.le.Tensor, aten.ge.Tensor)]
@@ -138,11 +138,11 @@ def test_each_layers_identical_mask_is_computed_once_forward_and_backward():
 def test_an_inference_graphs_identical_masks_are_computed_once():
     x, positions = torch.randn(2, 8, 8), torch.arange(8)
     torch._dynamo.reset()
-    serial = max((r.serial for r in fusecut.dynamo.regions.live_regions()), default=-1)
+    serial = last_serial()
     with torch.no_grad():
         got = torch.compile(_layers_with_a_mask_each, backend="fusecut")(x, positions)
     torch.testing.assert_close(got, _layers_with_a_mask_each(x, positions))
-    regions = [r for r in fusecut.dynamo.regions.live_regions() if r.serial > serial]
+    regions = regions_since(serial)
     assert {r.direction for r in regions} == {"inference"}
     wheres = [n for r in regions for n in r.aten_module.graph.nodes if n.target is aten.where.self]
     assert len(wheres) == 1, [str(n) for n in wheres]
