@@ -202,10 +202,15 @@ def test_a_full_disk_still_returns_plans_and_readyz_says_degraded(tmp_path):
     disk = tmp_path / "disk"
     with Server(disk / "plans.sqlite", wrap=small_disk(disk)) as s:
         made = []
-        for rows in range(1, 60):  # each plan is ~10 KB of plan and request: fills 512 KiB
+        # each plan stores ~6 KB of plan and request, and SQLite's write-ahead log grows
+        # until a checkpoint, which runs when it can: how many plans fill 512 KiB varies, so
+        # plan until the cache says so (400 plans hold 2.4 MB, far past the disk)
+        for rows in range(1, 400):
             r = httpx.post(f"{s.url}/v1/plan", json=plan_body(rows, 64), timeout=60)
             assert r.status_code == 200, r.text
             made.append(r.json())
+            if rows % 10 == 0 and ready(s.url)["status"] == "degraded":
+                break
         state = ready(s.url)
         assert state["status"] == "degraded" and "full" in state["cache"]["error"]
         samples = metric_samples(httpx.get(f"{s.url}/metrics").text)
