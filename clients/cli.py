@@ -291,7 +291,9 @@ def codegen(file: str = FILE,
                       "workspaces": [{"name": w.name, "bytes": w.nbytes} for w in sk.workspaces],
                       "kernels": [{"name": k.name, "grid": k.grid, "block": k.block,
                                    "shared_memory": k.smem,
-                                   "params": [{"kind": p.kind, "name": p.name, "type": p.ctype}
+                                   "params": [{"kind": p.kind, "name": p.name, "type": p.ctype,
+                                               **({"value": p.value} if p.kind == "extent"
+                                                  else {})}
                                               for p in k.params]} for k in sk.kernels]}
             path.with_suffix(".json").write_text(json.dumps(
                 {k: v for k, v in launch.items() if k != "file"}, indent=1) + "\n")

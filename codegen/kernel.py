@@ -22,9 +22,28 @@ from fusecut.optimizer.ir.ops_misc import reduction_axes
 
 @dataclass(frozen=True)
 class KernelParam:
-    kind: str  # "in" (a tensor read), "out" (a tensor written), "ws" (workspace), "scalar"
-    name: str  # tensor, workspace or scalar name
+    """One parameter of a kernel. An "extent" is an extent of the domain the kernel's code does
+    not depend on (the rows of a normalization, the vectors of a pointwise domain): it comes in
+    at launch, so one compiled kernel serves every value of it; ``value`` is this plan's."""
+
+    kind: str  # "in" (a tensor read), "out" (a tensor written), "ws" (workspace), "scalar",
+    # "extent"
+    name: str  # tensor, workspace, scalar or extent name
     ctype: str
+    value: int | None = None  # an extent's value at this plan's shapes
+
+
+def outer_free(extents: Sequence[int]) -> str:
+    """A domain as its kernel's comment shows it: the outermost extent, which comes in at
+    launch, as ``*`` (a comment with the value would make the source, and so the compiled
+    kernel, differ from shape to shape)."""
+    return "[" + ", ".join(["*", *map(str, extents[1:])] if extents else []) + "]"
+
+
+def extent_param(name: str, value: int, index_type: str) -> KernelParam:
+    """The launch argument ``name`` (``n_rows``, ``n_vec``): an extent of ``value`` in this
+    plan, of the kernel's index type."""
+    return KernelParam("extent", name, "int" if index_type == "int" else "long long", value)
 
 
 @dataclass
@@ -234,7 +253,7 @@ def signature(name: str, params: list[KernelParam], threads: int, min_blocks: in
 
 def _param_name(p: KernelParam) -> str:
     return {"in": f"in_{p.name}", "out": f"out_{p.name}", "ws": f"ws_{p.name}",
-            "scalar": f"s_{p.name}"}[p.kind]
+            "scalar": f"s_{p.name}", "extent": p.name}[p.kind]
 
 
 def tensor_params(bound: Bound, inputs, outputs, scalars) -> list[KernelParam]:

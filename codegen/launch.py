@@ -76,7 +76,13 @@ def pointwise_launch(bound: Bound, schedule: Schedule, innermost: int,
 class RowReductionLaunch:
     """A reduction of the innermost axes (inner layout): a warp per row for short rows (several
     rows a block), else a block of ``per_row`` threads per row, the rows ``split`` in chunks of
-    ``chunk`` elements across ``split`` blocks when too few rows fill the GPU."""
+    ``chunk`` elements across ``split`` blocks when too few rows fill the GPU.
+
+    ``free_length``: the domain is the one reduced axis (a loss's mean over its rows), whose
+    length the code takes at launch with its chunks (``n_reduced``, ``n_chunk``): the code does
+    not depend on it, so its decisions may not either. Such a kernel always takes the split
+    path (partial results, then a finishing kernel; ``split`` may be 1) and reads whole vectors,
+    then the last few elements one at a time."""
 
     vector: int
     index_type: str
@@ -87,6 +93,12 @@ class RowReductionLaunch:
     split: int
     chunk: int  # elements of a row per block (split > 1)
     blocks: int
+    free_length: bool = False
+
+    @property
+    def splits(self) -> bool:
+        """Whether the code is the split path's (partial results and a finishing kernel)."""
+        return self.split > 1 or self.free_length
 
 
 def row_reduction_launch(bound: Bound, schedule: Schedule, profile: DeviceProfile, rows: int,
@@ -94,11 +106,13 @@ def row_reduction_launch(bound: Bound, schedule: Schedule, profile: DeviceProfil
                          ) -> RowReductionLaunch:
     """``loaded``: the inputs read along the row."""
     innermost = schedule.domain[-1] if schedule.domain else 1
-    vec = vector_width(bound, loaded, innermost, max_vector)
+    free_length = list(schedule.domain) == [row_len] and row_len > 1  # see RowReductionLaunch
+    # a free length is not divided: vectors as wide as the dtypes allow, the rest one at a time
+    vec = vector_width(bound, loaded, 1 << 20 if free_length else innermost, max_vector)
     row_vecs = -(-row_len // vec)
-    warp_rows = row_vecs <= 128
+    warp_rows = row_vecs <= 128 and not free_length
     threads = 256
-    per_row = 32 if warp_rows else (512 if row_vecs >= 2048 else 256)
+    per_row = 32 if warp_rows else (512 if row_vecs >= 2048 or free_length else 256)
     rows_per_block = threads // per_row if warp_rows else 1
     if not warp_rows:
         threads = per_row
@@ -110,7 +124,7 @@ def row_reduction_launch(bound: Bound, schedule: Schedule, profile: DeviceProfil
     chunk = -(-row_vecs // split) * vec
     blocks = max(1, min(row_blocks, profile.sm_count * (2048 // threads)))
     return RowReductionLaunch(vec, segment_index_type(bound, schedule), warp_rows, per_row,
-                              rows_per_block, threads, split, chunk, blocks)
+                              rows_per_block, threads, split, chunk, blocks, free_length)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ from fusecut.codegen.kernel import (
     SegmentKernels,
     Workspace,
     copies_per_visit,
+    extent_param,
+    outer_free,
     reducer,
     segment_kernels,
     signature,
@@ -189,7 +191,7 @@ class _Persistent:
         else:
             body += slot_loop(fixed + list(self.fetch.staged))
         return [*lines("{"), declare("index_t", "nrow", row).indented(2),
-                stmt(f"  if (nrow < {self.rows}) {{", "nrow")] + \
+                stmt("  if (nrow < n_rows) {", "nrow")] + \
             indent(body, 4) + lines("  }", "  fc_cp_async_commit();", "}")
 
     def slot_start(self) -> Stmt:
@@ -236,9 +238,10 @@ class _Persistent:
         ps = tensor_params(self.bound, self.schedule.inputs, out_main, self.params)
         ps += [KernelParam("ws", f"c{k}", f"{r.acc_type}* __restrict__")
                for k, r in enumerate(self.col_reducers)]
+        ps.append(extent_param("n_rows", self.rows, self.itype))
         main = self.block_memory()
         worker, step, setup, loop_top = self.row_order()
-        main += setup + [stmt(f"for (index_t row = {worker}; row < {self.rows}; "
+        main += setup + [stmt(f"for (index_t row = {worker}; row < n_rows; "
                               f"row += {step}) {{", worker, step)]
         main += indent(self.per_row(loop_top + row_values + buffers + stages), 2) + lines("}")
         main += self.column_partials()
@@ -306,8 +309,9 @@ class _Persistent:
             on_chip += f"; prefetched {self.fetch.stages} rows deep: " + \
                 (", ".join(self.fetch.staged + self.fetch.row_scalars) or "-") + "; read once: " + \
                 (", ".join(self.fetch.fixed) or "-")
-        head = lines(f"// segment {self.index}: {self.kind.value} over domain {self.domain}: "
-                     f"{self.rows} rows of {self.row_len}, {how} per row, {self.slots} x "
+        head = lines(f"// segment {self.index}: {self.kind.value} over domain "
+                     f"{self.shown_domain()}: n_rows rows of {self.row_len}, {how} per row, "
+                     f"{self.slots} x "
                      f"{self.vec} elements per thread, {self.pers.n_stages} stage(s), on chip: "
                      f"{on_chip}")
         head += [index_typedefs(self.itype),
@@ -316,6 +320,11 @@ class _Persistent:
         if self.groups:
             head = lines(*IO_PREAMBLE.strip("\n").split("\n"), "") + head
         return head
+
+    def shown_domain(self) -> str:
+        """The domain in the kernel's comment: the outermost extent as ``*`` where it is a
+        kept axis (its extent then only counts the rows, ``n_rows``, a launch argument)."""
+        return outer_free(self.domain) if self.rows_axes[:1] == [0] else str(self.domain)
 
     def block_memory(self) -> list[Stmt]:
         """Shared memory (the stages' reduction buffers, the prefetch slots) and the column

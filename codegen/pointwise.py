@@ -45,7 +45,9 @@ from fusecut.codegen.indexing import (
 from fusecut.codegen.kernel import (
     Kernel,
     SegmentKernels,
+    extent_param,
     joined,
+    outer_free,
     segment_kernels,
     signature,
     tensor_params,
@@ -199,17 +201,18 @@ def _direct(bound: Bound, schedule: Schedule, index: int, vector: int | None,
                  launch.resizes)
     loads.em = em
     stores_after, vec_outputs = _store_outputs(bound, schedule, ix, em, loads.aligned)
-    params = tensor_params(bound, schedule.inputs, schedule.outputs, em.params)
+    n_vec = numel(ix.domain) // ix.vec
+    params = tensor_params(bound, schedule.inputs, schedule.outputs, em.params) + \
+        [extent_param("n_vec", n_vec, launch.index_type)]
     step = loads.decls + drop_unread(_position(ix) + _compute(bound, ix, em, loads,
                                                               stores_after, vec_outputs))
     kname = f"fusecut_segment{index}_pointwise"
-    n_vec = numel(ix.domain) // ix.vec
     # One vector per thread over the whole domain (measured on H100: 4-8% faster than a grid of
     # 8 blocks per SM striding over it; two vectors a thread were never faster, see
     # codegen.launch.pointwise_launch).
     blocks = covering_grid(n_vec, THREADS, launch.index_type)
     kernel = Kernel(kname, params, (blocks, 1, 1), (THREADS, 1, 1))
-    body = _grid_stride_loop(index, kname, ix, launch, params, n_vec, step)
+    body = _grid_stride_loop(index, kname, ix, launch, params, step)
     notes = {"vector": ix.vec, "index_type": launch.index_type} | \
         ({"indexed_as": ix.extents} if ix.merged else {})
     return segment_kernels(index, "pointwise", body, [kernel], [], loads.aligned,
@@ -393,14 +396,14 @@ def _compute(bound: Bound, ix: Indexing, em: Emitter, loads: _Loads, stores_afte
 
 
 def _grid_stride_loop(index: int, kname: str, ix: Indexing, launch: LaunchDecision, params,
-                      n_vec: int, step: list[Stmt]) -> list[Stmt]:
-    """The kernel: a grid-stride loop over the domain's vectors, ``step`` its body."""
-    indexed = f", indexed as {ix.extents}" if ix.merged else ""
-    body = lines(f"// segment {index}: pointwise over {list(ix.domain)} "
-                 f"({numel(ix.domain)} elements{indexed}), {ix.vec} per vector")
+                      step: list[Stmt]) -> list[Stmt]:
+    """The kernel: a grid-stride loop over the domain's ``n_vec`` vectors (a launch argument:
+    the code does not depend on the outermost extent), ``step`` its body."""
+    indexed = f", indexed as {outer_free(ix.extents)}" if ix.merged else ""
+    body = lines(f"// segment {index}: pointwise over {outer_free(ix.domain)}{indexed}, "
+                 f"n_vec vectors of {ix.vec}")
     body += [index_typedefs(launch.index_type, unsigned=True),
              signature(kname, params, THREADS),
-             declare("index_t", "n_vec", str(n_vec)).indented(2),
              stmt("  for (index_t v = (index_t)blockIdx.x * blockDim.x + threadIdx.x; v < n_vec; "
                   "v += (index_t)gridDim.x * blockDim.x) {", "n_vec")]
     return body + indent(step, 4) + lines("  }", "}")

@@ -22,6 +22,8 @@ from fusecut.codegen.kernel import (
     KernelParam,
     SegmentKernels,
     Workspace,
+    extent_param,
+    outer_free,
     segment_kernels,
     signature,
     tensor_params,
@@ -160,24 +162,33 @@ class _Builder:
                         self.aligned, params, self.names)
         combine = [stmt(f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}", r.calls)
                    for k, r in enumerate(self.reducers)]
-        combine += lines(f"for (int p = 0; p < {parts}; ++p) {{")
+        combine += lines("for (index_t p = 0; p < n_parts; ++p) {")
         combine += [stmt(f"  acc{k} = {r.functor}(acc{k}, {ws_of(r, k)}[(index_t)p * "
-                         f"{self.rows} + o]);", r.calls) for k, r in enumerate(self.reducers)]
+                         "n_outputs + o]);", r.calls) for k, r in enumerate(self.reducers)]
         combine += lines("}")
         ids = {id(r): k for k, r in enumerate(self.reducers)}
         self.epilogue(region, lambda r: Code(f"acc{ids[id(r)]}"))
         body_lines = decompose(Var("o"), keep_ext, names, "index_t") + combine + region.finish()
         kname = f"{self.name}_finish"
-        ps = self.kernel_params(self.epilogue_outputs, params, "const ")
+        ps = self.kernel_params(self.epilogue_outputs, params, "const ") + \
+            [extent_param("n_outputs", self.rows, self.itype),
+             extent_param("n_parts", parts, self.itype)]
         threads = FINISH_THREADS
         blocks = finish_blocks(self.rows, self.profile)
-        code = lines(f"// segment {self.index}: combine {parts} partial results per output "
+        code = lines(f"// segment {self.index}: combine n_parts partial results per output "
                      "element")
         code += [signature(kname, ps, threads, calls=self.calls()),
-                 *lines(f"  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; "
-                        f"o < {self.rows}; o += (index_t)gridDim.x * blockDim.x) {{")]
+                 *lines("  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; "
+                        "o < n_outputs; o += (index_t)gridDim.x * blockDim.x) {")]
         code += indent(body_lines, 4) + lines("  }", "}")
         return code, Kernel(kname, ps, (blocks, 1, 1), (threads, 1, 1))
+
+    def shown_domain(self) -> str:
+        """The domain in a kernel's comment: the outermost extent as ``*`` where it is kept
+        (it then only counts the rows, ``n_rows``, a launch argument) or the only one (a
+        free length, ``n_reduced``)."""
+        free = self.keep_axes[:1] == [0] or len(self.domain) == 1  # rows, or the free length
+        return outer_free(self.domain) if free else str(self.domain)
 
     def kernel_params(self, outputs: list[str], params: list[str], workspaces: str | None
                       ) -> list[KernelParam]:
@@ -201,19 +212,23 @@ class _Builder:
 
     def build_inner(self, launch: RowReductionLaunch) -> SegmentKernels:
         vec, warp_rows, split = launch.vector, launch.warp_rows, launch.split
-        loop_lines, params = self.accumulation_loop(
-            vec, lambda r: Code(f"acc{self.reducers.index(r)}"), "c")
+        acc_of = lambda r: Code(f"acc{self.reducers.index(r)}")  # noqa: E731
+        loop_lines, params = self.accumulation_loop(vec, acc_of, "c")
+        tail_lines: list[Stmt] = []
+        if launch.free_length and vec > 1:  # the elements after the last whole vector
+            tail_lines, tail_params = self.accumulation_loop(1, acc_of, "c")
+            params += [p for p in tail_params if p not in params]
         tid = "(threadIdx.x & 31)" if warp_rows else "threadIdx.x"
         inner = decompose(Var("row"), [self.domain[a] for a in self.keep_axes], self.keep_names,
                           "index_t")
         inner += [stmt(f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}", r.calls)
                   for k, r in enumerate(self.reducers)]
         before_loop = len(inner)
-        inner += self.along_the_row(launch, tid, loop_lines)
+        inner += self.along_the_row(launch, tid, loop_lines, tail_lines)
         inner += self.reduce_across_the_row(warp_rows)
-        if split > 1:
+        if launch.splits:
             inner += lines(f"if ({tid} == 0) {{")
-            inner += lines(*[f"  ws_r{k}[(index_t)blockIdx.y * {self.rows} + row] = acc{k};"
+            inner += lines(*[f"  ws_r{k}[(index_t)blockIdx.y * n_rows + row] = acc{k};"
                              for k in range(len(self.reducers))])
             inner += lines("}")
             out_params = self.loop_outputs
@@ -226,33 +241,59 @@ class _Builder:
                     else "(index_t)gridDim.x")
         body = [stmt(f"__shared__ {r.acc_type} smem{k}[33];", r.calls)
                 for k, r in enumerate(self.reducers)]
-        body += lines(f"for (index_t row = {row_expr}; row < {self.rows}; row += {row_step}) {{")
+        body += lines(f"for (index_t row = {row_expr}; row < n_rows; row += {row_step}) {{")
         body += indent(inner, 2) + lines("}")
-        ps = self.kernel_params(out_params, params, "" if split > 1 else None)
+        ps = self.kernel_params(out_params, params, "" if launch.splits else None) + \
+            [extent_param("n_rows", self.rows, self.itype)]
+        if launch.free_length:
+            ps += [extent_param("n_reduced", self.row_len, self.itype),
+                   extent_param("n_chunk", launch.chunk, self.itype)]
         how = "a warp" if warp_rows else f"{launch.per_row} threads"
-        note = f", split in {split} chunks" if split > 1 else ""
-        head = lines(f"// segment {self.index}: reduce {self.row_len} elements per row over "
-                     f"{self.rows} rows (domain {self.domain}, reduced axes {self.red_axes}); "
+        note = ", split in chunks of n_chunk across blocks" if launch.free_length else \
+            f", split in {split} chunks" if split > 1 else ""
+        length = "n_reduced" if launch.free_length else self.row_len
+        head = lines(f"// segment {self.index}: reduce {length} elements per row over "
+                     f"n_rows rows (domain {self.shown_domain()}, reduced axes "
+                     f"{self.red_axes}); "
                      f"{how} per row, {vec} per load{note}")
-        head += [index_typedefs(self.itype), signature(self.name, ps, launch.threads,
-                                                       calls=self.calls() if split > 1 else ())]
+        head += [index_typedefs(self.itype),
+                 signature(self.name, ps, launch.threads,
+                           calls=self.calls() if launch.splits else ())]
         kernel = Kernel(self.name, ps, (launch.blocks, split, 1), (launch.threads, 1, 1))
-        return self.segment(head + body + lines("}"), kernel, split,
+        return self.segment(head + body + lines("}"), kernel, split, launch.splits,
                             {"layout": "inner", "vector": vec, "split": split,
                              "index_type": self.itype})
 
-    def along_the_row(self, launch: RowReductionLaunch, tid: str, loop_lines: list[Stmt]
-                      ) -> list[Stmt]:
+    def along_the_row(self, launch: RowReductionLaunch, tid: str, loop_lines: list[Stmt],
+                      tail_lines: list[Stmt]) -> list[Stmt]:
         """The threads of a row stride over it, a vector each (over a chunk of it where the
-        row is split across blocks)."""
+        row is split across blocks). A free length (``RowReductionLaunch.free_length``) comes
+        at launch with its chunks (a multiple of the vector): whole vectors first, then
+        ``tail_lines`` on the last few elements, one a thread."""
         chunk, vec = launch.chunk, launch.vector
-        begin = f"(index_t)blockIdx.y * {chunk}" if launch.split > 1 else "0"
-        end = f"min((index_t){self.row_len}, {begin} + {chunk})" if launch.split > 1 else \
-            f"(index_t){self.row_len}"
-        out = [declare("index_t", "c_end", end), *lines("#pragma unroll 4"),
-               stmt(f"for (index_t c = {begin} + {tid} * {vec}; c < c_end; "
-                    f"c += {launch.per_row * vec}) {{", "c_end")]
-        return out + indent(loop_lines, 2) + lines("}")
+        if launch.free_length:
+            begin, end = "(index_t)blockIdx.y * n_chunk", \
+                "min(n_reduced, (index_t)blockIdx.y * n_chunk + n_chunk)"
+        elif launch.split > 1:
+            begin = f"(index_t)blockIdx.y * {chunk}"
+            end = f"min((index_t){self.row_len}, {begin} + {chunk})"
+        else:
+            begin, end = "0", f"(index_t){self.row_len}"
+        out = [declare("index_t", "c_end", end)]
+        vectors_end = "c_end"
+        if tail_lines:
+            vectors_end = "c_vec_end"
+            out.append(declare("index_t", "c_vec_end",
+                               f"{begin} + (c_end - {begin}) / {vec} * {vec}", reads="c_end"))
+        out += [*lines("#pragma unroll 4"),
+                stmt(f"for (index_t c = {begin} + {tid} * {vec}; c < {vectors_end}; "
+                     f"c += {launch.per_row * vec}) {{", vectors_end)]
+        out += indent(loop_lines, 2) + lines("}")
+        if tail_lines:
+            out += [stmt(f"for (index_t c = c_vec_end + {tid}; c < c_end; "
+                         f"c += {launch.per_row}) {{", "c_vec_end", "c_end")]
+            out += indent(tail_lines, 2) + lines("}")
+        return out
 
     def reduce_across_the_row(self, warp_rows: bool) -> list[Stmt]:
         out = lines("// reduce across the threads of the row")
@@ -283,13 +324,13 @@ class _Builder:
             epi_lines = epi_lines[len(epi.pre):]
         return inner + lines(f"if ({tid} == 0) {{") + indent(epi_lines, 2) + lines("}")
 
-    def segment(self, code: list[Stmt], kernel: Kernel, split: int, notes: dict[str, object]
-                ) -> SegmentKernels:
+    def segment(self, code: list[Stmt], kernel: Kernel, split: int, splits: bool,
+                notes: dict[str, object]) -> SegmentKernels:
         """The segment's kernels: ``kernel``, and where the reduced axes are split across
-        blocks, the kernel that combines their partial results (and the workspace they meet
-        in)."""
+        ``split`` blocks (``splits``: its code is the split path's, even for 1), the kernel
+        that combines their partial results (and the workspace they meet in)."""
         kernels, workspaces = [kernel], []
-        if split > 1:
+        if splits:
             fcode, fk = self.finish_kernel(split, lambda r, i: f"ws_r{i}")
             code = code + lines("") + fcode
             kernels.append(fk)
@@ -364,7 +405,7 @@ class _Builder:
                                                        calls=self.calls() if split > 1 else ())]
         code += indent(body, 2) + lines("}")
         kernel = Kernel(self.name, ps, (launch.grid_x, split, 1), (launch.bx, by, 1))
-        return self.segment(code, kernel, split, {"layout": "outer", "vector": vec,
+        return self.segment(code, kernel, split, split > 1, {"layout": "outer", "vector": vec,
                                                   "split": split, "index_type": self.itype})
 
     def down_the_columns(self, launch: ColumnReductionLaunch, loop_lines: list[Stmt],

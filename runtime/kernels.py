@@ -62,14 +62,17 @@ def device_arch(index: int) -> str:
 
 NOT_GENERATED = (Kind.LIBRARY, Kind.FALLBACK)  # segments run by torch or a library: no kernel
 
-CTYPES = {"double": ctypes.c_double, "bool": ctypes.c_bool}
+CTYPES = {"double": ctypes.c_double, "bool": ctypes.c_bool, "int": ctypes.c_int,
+          "long long": ctypes.c_longlong}
 
 
 @dataclass(frozen=True)
 class KernelLaunch:
     """One kernel of a segment. ``params`` say where each parameter comes from: ("arg", i) the
-    segment's i-th argument, ("out", i) its i-th written buffer, ("ws", i) a workspace, or
-    ("scalar", name) a host scalar; ``ctypes`` are the parameters' C types."""
+    segment's i-th argument, ("out", i) its i-th written buffer, ("ws", i) a workspace,
+    ("scalar", name) a host scalar, or ("const", value) an extent of the plan's shapes (the
+    code takes it at launch: codegen's "extent" parameters); ``ctypes`` are the parameters' C
+    types."""
 
     function: Any  # CUfunction
     grid: tuple[int, int, int]
@@ -172,6 +175,10 @@ def segment_code(plan: Plan, segment: Segment, vector: int | None = None,
             if p.kind == "scalar":
                 params.append(("scalar", p.name))
                 types.append(CTYPES.get(p.ctype, ctypes.c_longlong))
+                continue
+            if p.kind == "extent":
+                params.append(("const", p.value))
+                types.append(CTYPES[p.ctype])
                 continue
             index = {"in": arg_of, "out": out_of, "ws": ws_of}[p.kind][p.name]
             params.append(({"in": "arg"}.get(p.kind, p.kind), index))
@@ -299,6 +306,8 @@ def cuda_runner(plan: Plan, segment: Segment, args: list[Any],
         for (source, key), ctype in zip(launch.params, launch.ctypes):
             if source == "scalar":
                 values.append(scalar_value(ctype, scalars[key]))
+            elif source == "const":
+                values.append(key)
             else:
                 values.append(pools[source][key].data_ptr())
         launch_kernel(launch, values, stream)

@@ -426,7 +426,9 @@ class _Layout:
         constant, the bound value."""
         params = []
         for (source, key), ctype in zip(launch.params, launch.ctypes):
-            if source != "scalar":
+            if source == "const":  # an extent of the plan's shapes
+                params.append((INT, 0, int(key), 0.0))
+            elif source != "scalar":
                 slot = pools[source][key]
                 params.append((SLOT, slot, 0, 0.0))
                 self.reads[slot] = len(self.steps)

@@ -96,3 +96,10 @@ def compile_failures(regions: dict[str, tuple]) -> list[str]:
                     failures.append(f"{name} segment {segment.index} ({segment.kind.value}, "
                                     f"vector={vector}): {type(e).__name__}: {first} {log}")
     return failures
+
+
+def extent_arg(kernel, name: str) -> int:
+    """The value kernel parameter ``name`` (an extent the code takes at launch) has in this
+    plan."""
+    [value] = [p.value for p in kernel.params if p.kind == "extent" and p.name == name]
+    return value

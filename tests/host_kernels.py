@@ -98,10 +98,13 @@ def _host_source(sk: SegmentKernels, name: str | None):
     calls = re.findall(r"[A-Za-z_]\w*", code)  # the names its code spells
     assert not any("__shfl" in piece.text for piece in needed(calls)) and "__shfl" not in code, \
         "threads of a warp that exchange values"
-    assert all(p.kind in ("in", "out") for p in kernel.params), "tensor parameters only"
+    assert all(p.kind in ("in", "out", "extent") for p in kernel.params), \
+        "tensor parameters and extents only"
     (grid, _, _), (block, _, _) = kernel.grid, kernel.block
+    # a tensor from its pointer in ``args``; an extent (codegen's launch argument) by its value
     casts = [re.sub(r"\s*__restrict__", "", p.ctype) for p in kernel.params]
-    call = ", ".join(f"({c})args[{k}]" for k, c in enumerate(casts))
+    call = ", ".join(f"({c}){p.value}" if p.kind == "extent" else f"({c})args[{k}]"
+                     for k, (p, c) in enumerate(zip(kernel.params, casts)))
     driver = f"""
 extern "C" void fc_host_run(void** args) {{
   blockDim = {{{block}u, 1u, 1u}}; gridDim = {{{grid}u, 1u, 1u}};
@@ -136,7 +139,7 @@ def run_on_host(sk: SegmentKernels, args: dict[str, torch.Tensor], workdir: Path
     lib = workdir / f"{kernel.name}.so"
     subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-std=c++17", "-fno-strict-aliasing", "-w",
                     str(source), "-o", str(lib)], check=True, capture_output=True)
-    tensors = [args[p.name] for p in kernel.params]
+    tensors = [args[p.name] for p in kernel.params if p.kind != "extent"]
     for t in tensors:
         assert t.device.type == "cpu" and t.is_contiguous()
     pointers = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
@@ -152,7 +155,9 @@ def out_of_bounds_on_host(sk: SegmentKernels, nbytes: dict[str, int], workdir: P
     cxx = compiler()
     assert cxx is not None, "no C++ compiler"
     kernel, text = _host_source(sk, name)
-    sizes = ", ".join(str(nbytes[p.name]) for p in kernel.params)
+    # an extent's slot gets a 16-byte buffer nothing reads: the driver passes its value
+    sizes = ", ".join(str(nbytes[p.name]) if p.kind != "extent" else "16"
+                      for p in kernel.params)
     text += f"""
 #include <cstdlib>
 int main() {{

@@ -27,7 +27,7 @@ from fusecut.optimizer.ir.printer import print_fusion
 from fusecut.optimizer.planner import SEGMENTERS, PlanOptions, make_plan
 from fusecut.runtime.compile import compile_cubin
 from tests.conftest import CORPUS_FILES
-from tests.helpers import fusion
+from tests.helpers import extent_arg, fusion
 from tests.strategies import fusions, resized_reductions
 
 
@@ -137,7 +137,8 @@ def test_generated_source_is_readable():
     parsed = parse_text((CORPUS_FILES[0].parent / "gelu_tanh_fwd.py").read_text())
     plan = make_plan(parsed.fusion, parsed.inputs)
     src = generate_segment(plan, plan.segments[0]).source
-    assert "// segment 0: pointwise over [8192, 16384]" in src
+    # the outermost extent comes at launch (n_vec): the comment does not pin it either
+    assert "// segment 0: pointwise over [*, 16384], n_vec vectors of 8" in src
     assert "fc_vec<__nv_bfloat16, 8>" in src  # 16-byte vectors
     assert "fc_tanh_fast(" in src  # the tanh only reaches a bf16 output: fast math is safe
     assert "#pragma unroll" in src
@@ -170,7 +171,9 @@ def test_contiguous_domain_is_indexed_flat():
     sk = generate_segment(plan, plan.segments[0])
     math = _index_math(sk.source)
     assert math == {"x0_1": "flat"}, math
-    assert "indexed as [117440512]" in sk.source and sk.notes["vector"] == 8
+    assert "indexed as [*]" in sk.source and sk.notes["vector"] == 8
+    assert sk.notes["indexed_as"] == [117440512] and extent_arg(sk.kernels[0], "n_vec") == \
+        117440512 // 8
     assert "in_T0 + x0_1)" in sk.source and "out_T11 + x0_1)" in sk.source
     parsed = parse_text((CORPUS_FILES[0].parent / "gelu_tanh_fwd.py").read_text())
     plan = make_plan(parsed.fusion, parsed.inputs)

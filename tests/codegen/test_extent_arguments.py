@@ -1,0 +1,158 @@
+"""Kernels take the outermost extent at launch (issue 44, item 1): a segment's code depends on
+what its decisions depend on, not on how many rows there are. The same definition planned for
+1000, 4096, 8192 and 12345 rows gives the same segments and the same CUDA source, byte for
+byte, so the NVRTC cache (keyed by the source) compiles each kernel once; the rows come in as
+kernel arguments (``n_rows``, ``n_vec``, ...) whose values are the plan's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fusecut.codegen import generate_segment
+from fusecut.optimizer.ir import parse_text
+from fusecut.optimizer.ir.dtypes import DType
+from fusecut.optimizer.ir.inputs import tensor_meta
+from fusecut.optimizer.planner import make_plan
+from fusecut.runtime import ahead
+from tests.conftest import CORPUS
+from tests.helpers import extent_arg
+from tests.runtime.test_ahead import empty_caches, nvrtc_calls  # noqa: F401 (fixtures)
+
+ROWS = (1000, 4096, 8192, 12345)
+B, F, I64 = DType.bfloat16, DType.float32, DType.int64
+HEADER = "from nvfuser import FusionDefinition, DataType\ndef fusion(fd):\n"
+
+# RMSNorm backward over [rows, hidden]: the input's gradient (row sums) and the weight's (a
+# column sum over every row)
+RMSNORM_BWD = """
+    T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+    T1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+    T2 = fd.define_tensor(shape=[-1, 1], contiguity=[True, None], dtype=DataType.Float)
+    T3 = fd.define_tensor(shape=[-1], contiguity=[True], dtype=DataType.BFloat16)
+    T4 = fd.ops.cast(T0, dtype=DataType.Float)
+    T5 = fd.ops.cast(T1, dtype=DataType.Float)
+    T6 = fd.ops.cast(T3, dtype=DataType.Float)
+    T7 = fd.ops.broadcast_in_dim(T6, shape=T0.shape(), broadcast_dims=[1])
+    T8 = fd.ops.broadcast_in_dim(T2, shape=T0.shape(), broadcast_dims=[0, 1])
+    T9 = fd.ops.mul(T4, T8)
+    T10 = fd.ops.mul(T5, T7)
+    T11 = fd.ops.mul(T10, T9)
+    T12 = fd.ops.sum(T11, dims=[1], keepdim=True)
+    S13 = fd.define_scalar(0.000244140625, dtype=DataType.Double)
+    T14 = fd.ops.mul(T12, S13)
+    T15 = fd.ops.broadcast_in_dim(T14, shape=T0.shape(), broadcast_dims=[0, 1])
+    T16 = fd.ops.mul(T9, T15)
+    T17 = fd.ops.sub(T10, T16)
+    T18 = fd.ops.mul(T17, T8)
+    T19 = fd.ops.cast(T18, dtype=DataType.BFloat16)
+    T20 = fd.ops.mul(T5, T9)
+    T21 = fd.ops.sum(T20, dims=[0], keepdim=False)
+    T22 = fd.ops.cast(T21, dtype=DataType.BFloat16)
+    fd.add_output(T19)
+    fd.add_output(T22)
+"""
+# SwiGLU backward: the gradients of silu(a) * b for a and b, bf16
+SWIGLU_BWD = """
+    T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+    T1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+    T2 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16)
+    T3 = fd.ops.cast(T0, dtype=DataType.Float)
+    T4 = fd.ops.cast(T1, dtype=DataType.Float)
+    T5 = fd.ops.cast(T2, dtype=DataType.Float)
+    T6 = fd.ops.sigmoid(T4)
+    T7 = fd.ops.mul(T4, T6)
+    T8 = fd.ops.mul(T3, T7)
+    T9 = fd.ops.cast(T8, dtype=DataType.BFloat16)
+    T10 = fd.ops.mul(T3, T5)
+    S11 = fd.define_scalar(1.0, dtype=DataType.Double)
+    T12 = fd.ops.sub(S11, T6)
+    T13 = fd.ops.mul(T4, T12)
+    T14 = fd.ops.add(S11, T13)
+    T15 = fd.ops.mul(T6, T14)
+    T16 = fd.ops.mul(T10, T15)
+    T17 = fd.ops.cast(T16, dtype=DataType.BFloat16)
+    fd.add_output(T17)
+    fd.add_output(T9)
+"""
+
+# name -> (definition, the inputs at ``rows`` rows)
+CASES = {
+    "softmax": ((CORPUS / "softmax_fwd.py").read_text(), lambda r: [((r, 4096), B)]),
+    "layernorm": ((CORPUS / "layernorm_fwd.py").read_text(),
+                  lambda r: [((r, 4096), B), ((4096,), B), ((4096,), B)]),
+    "rmsnorm_bwd": (HEADER + RMSNORM_BWD,
+                    lambda r: [((r, 4096), B), ((r, 4096), B), ((r, 1), F), ((4096,), B)]),
+    "swiglu_bwd": (HEADER + SWIGLU_BWD, lambda r: [((r, 14336), B)] * 3),
+    "cross_entropy": ((CORPUS / "cross_entropy_fwd.py").read_text(),
+                      lambda r: [((r, 128256), B), ((r,), I64)]),
+    "gelu_tanh_bias": ((CORPUS / "gelu_tanh_fwd.py").read_text(),
+                       lambda r: [((r, 16384), B), ((16384,), B)]),
+}
+
+
+def plan_at(name: str, rows: int):
+    text, inputs = CASES[name]
+    return make_plan(parse_text(text).fusion,
+                     [tensor_meta(shape, dtype) for shape, dtype in inputs(rows)])
+
+
+def generated(plan) -> list:
+    return [generate_segment(plan, s) for s in plan.segments]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_kernels_are_the_same_for_any_number_of_rows(name):
+    by_rows = {rows: plan_at(name, rows) for rows in ROWS}
+    kinds = {rows: [s.kind for s in p.segments] for rows, p in by_rows.items()}
+    assert len(set(map(tuple, kinds.values()))) == 1, kinds  # one segmentation
+    sources = {rows: [k.source for k in generated(p)] for rows, p in by_rows.items()}
+    for rows in ROWS[1:]:
+        for k, (first, other) in enumerate(zip(sources[ROWS[0]], sources[rows])):
+            assert first == other, f"{name}: segment {k} differs at {rows} rows"
+    assert any(sources[ROWS[0]]), "no generated kernel to compare"
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_the_rows_come_in_as_the_plans_values(rows):
+    [norm] = generated(plan_at("softmax", rows))
+    assert extent_arg(norm.kernels[0], "n_rows") == rows
+    assert f"< {rows};" not in norm.source and "row < n_rows;" in norm.source
+    [pointwise] = generated(plan_at("gelu_tanh_bias", rows))
+    assert extent_arg(pointwise.kernels[0], "n_vec") == rows * 16384 // pointwise.notes["vector"]
+    # the loss's mean over the rows: the row count is the reduced length, in chunks
+    main, finish = generated(plan_at("cross_entropy", rows))[1].kernels
+    parts = main.grid[1]
+    chunk = extent_arg(main, "n_chunk")
+    assert extent_arg(main, "n_reduced") == rows and extent_arg(finish, "n_parts") == parts
+    assert chunk % 4 == 0 and (parts - 1) * chunk < rows <= parts * chunk
+
+
+def test_one_compile_serves_every_row_count(empty_caches, nvrtc_calls):  # noqa: F811
+    for rows in ROWS:
+        plan = plan_at("rmsnorm_bwd", rows)
+        ahead.submit(lambda plan=plan: ahead.compile_plan(plan, "sm_90"))
+        ahead.wait()
+        if rows == ROWS[0]:
+            first = len(nvrtc_calls)
+            assert first >= 1
+    assert len(nvrtc_calls) == first  # the other row counts found the kernels compiled
+
+
+def test_fusecut_codegen_writes_the_same_files_for_other_rows(tmp_path):
+    written = {}
+    for rows in (1000, 12345):
+        out = tmp_path / str(rows)
+        inputs = json.dumps([{"shape": [rows, 4096], "dtype": "bfloat16"}])
+        r = subprocess.run([sys.executable, "-m", "fusecut.cli", "codegen",
+                            str(CORPUS / "softmax_fwd.py"), "--out", str(out), "--inputs",
+                            inputs, "--json"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        written[rows] = {p.name: p.read_text() for p in out.glob("*.cu")}
+        [segment] = json.loads(r.stdout)["segments"]
+        [param] = [p for p in segment["kernels"][0]["params"] if p["kind"] == "extent"]
+        assert param == {"kind": "extent", "name": "n_rows", "type": "int", "value": rows}
+    assert written[1000] == written[12345] and written[1000]
