@@ -2,6 +2,7 @@
 with one bounded cache that every door of the process shares.
 
     plan(inputs, options)     -> Plan             by (fusion id, input metadata, options)
+    execution_plan(inputs)    -> Plan             the plan of the inputs' range of shapes, rebound
     program(inputs, options)  -> Program          by (fusion id, argument signature, options)
     run(plan, args, timed)    -> Execution        segment by segment (kernels or torch reference)
     execute(inputs, options)  -> outputs          the compiled program on a GPU, ``run`` elsewhere
@@ -29,10 +30,12 @@ from typing import Any
 
 import torch
 
+from fusecut.optimizer.errors import FusecutError
 from fusecut.optimizer.ir.fusion import Fusion
 from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta
 from fusecut.optimizer.ir.wire import fusion_id, meta_from_json
 from fusecut.optimizer.plan.plan import Plan
+from fusecut.optimizer.plan.rebind import rebind, representative
 from fusecut.optimizer.planner import PlanOptions, make_plan
 from fusecut.runtime import plan_files
 from fusecut.runtime.executor import Execution, SegmentTiming, time_call
@@ -73,6 +76,7 @@ class EngineStats:
     plan_hits: int = 0
     plans_loaded: int = 0  # from disk: planned by an earlier process
     plans_adopted: int = 0
+    plans_rebound: int = 0  # a known segmentation bound to new extents (no search)
     programs_built: int = 0
     program_hits: int = 0
 
@@ -154,6 +158,32 @@ class FusionHandle:
             plan_files.save_later(where, made)
         return made
 
+    def execution_plan(self, inputs: list[Any], **options: Any) -> Plan:
+        """The plan a run at ``inputs`` uses: the plan of their representative shape (every
+        free extent rounded up to a power of two: ``optimizer.plan.rebind``), searched once per
+        range of shapes and bound to these extents without a search; their own plan where
+        that one does not hold. ``plan`` stays the search's plan for exactly these inputs
+        (what ``fd.plan`` and ``fusecut plan`` show)."""
+        metas = as_metadata(inputs)
+        key = self.plan_key(metas, options) + ("rebound",)
+        found = self.engine.plans.get(key)
+        if found is not None:
+            self.engine.count("plan_hits")
+            return found
+        shape = representative(metas)
+        if shape == metas:
+            return self.plan(metas, **options)
+        try:
+            source = self.plan(shape, **options)
+        except FusecutError:  # the definition fixes these extents (a reshape's sizes)
+            source = None
+        made = rebind(source, self.fusion, metas) if source is not None else None
+        if made is None:
+            return self.plan(metas, **options)
+        self.engine.plans.put(key, made)
+        self.engine.count("plans_rebound")
+        return made
+
     def adopt(self, inputs: list[Any], plan: Plan, **options: Any) -> None:
         """Serve ``plan`` (made elsewhere: a service's, restored here) for these inputs."""
         self.engine.plans.put(self.plan_key(inputs, options), plan)
@@ -175,7 +205,7 @@ class FusionHandle:
         if program is not None:
             self.engine.count("program_hits")
             return program
-        program = compile_plan(self.plan(inputs, **options), inputs, sig)
+        program = compile_plan(self.execution_plan(inputs, **options), inputs, sig)
         self.engine.programs.put(key, program)
         self.engine.count("programs_built")
         return program
@@ -189,7 +219,7 @@ class FusionHandle:
     def run(self, inputs: list[Any], timed: bool = False, **options: Any) -> Execution:
         """Segment by segment (generated kernels on a GPU, the torch reference elsewhere); with
         ``timed``, each segment's time."""
-        return self.engine.run(self.plan(inputs, **options), inputs, timed=timed)
+        return self.engine.run(self.execution_plan(inputs, **options), inputs, timed=timed)
 
     def execute(self, inputs: list[Any], return_execution: bool = False,
                 device: torch.device | None = None, keep_warm: bool = True,
@@ -218,7 +248,7 @@ class FusionHandle:
                 return self._launch(program, inputs, keep_warm)
             # timed whole: no tensor names the device for a segment
             outputs, seconds = time_call(lambda: program.run(inputs), True)
-            planned = self.plan(inputs, **options)
+            planned = self.execution_plan(inputs, **options)
             return Execution(outputs, [SegmentTiming(0, "program", seconds, planned.io_bytes,
                                                      "cuda")], "cuda")
 

@@ -65,7 +65,7 @@ def compile_region_ahead(region: Region) -> bool:
     metas = as_metadata([args[k] for k in variant.taken])
 
     def job() -> None:
-        ahead.compile_plan(handle.plan(metas), arch)
+        ahead.compile_plan(handle.execution_plan(metas), arch)
 
     ahead.submit(job)
     return True

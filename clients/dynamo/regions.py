@@ -384,7 +384,7 @@ class Region(torch.nn.Module):
                 results = warm(inputs)
         if results is None:  # each stage on its own, so that a failure says where
             with stage("plan", self.setup_seconds):
-                handle.plan(inputs)
+                handle.execution_plan(inputs)
             if any(a.is_cuda for a in inputs):
                 with stage("codegen", self.setup_seconds):
                     handle.program(inputs)

@@ -58,7 +58,7 @@ def compile_region_ahead(definition: Any, proxies: Sequence[Any],
     handle = definition.handle  # on this thread: the fusion cache's entry is made once
 
     def job() -> None:
-        ahead.compile_plan(handle.plan(metas), arch)
+        ahead.compile_plan(handle.execution_plan(metas), arch)
 
     ahead.submit(job)
     return True

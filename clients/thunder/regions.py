@@ -158,7 +158,7 @@ class FusecutRegion:
         with stage("plan", self.setup_seconds):
             if self.plan_remote is not None:
                 self._adopt_remote_plan(definition, args)
-            handle.plan(args)
+            handle.execution_plan(args)
         if on_gpu(args):
             # generated and compiled: a CompileError says "compile"
             with stage("codegen", self.setup_seconds):

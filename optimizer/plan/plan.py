@@ -118,6 +118,9 @@ class Plan:
     baseline: Baseline | None
     options: dict[str, Any] = field(default_factory=dict)
     host: HostProgram | None = None
+    # the plan whose segmentation this one is, bound to these inputs without a search
+    # (``optimizer.plan.rebind``); None for a plan searched for them
+    rebound_from: str | None = None
     # what the runtime derives from the plan once and reuses on every run (its step list, the
     # scalar positions its kernels bake in), by name
     runtime_memo: dict[str, Any] = field(default_factory=dict, init=False, repr=False,
@@ -150,7 +153,13 @@ class Plan:
 
     @functools.cached_property
     def plan_id(self) -> str:
-        return plan_id_of(self.bound, self.options, self.profile, self.fusion_id)
+        searched = plan_id_of(self.bound, self.options, self.profile, self.fusion_id)
+        if self.rebound_from is None:
+            return searched
+        # another segmentation than the search's may hold for the same inputs: its id says
+        # whose it is, so that what is cached by plan id (kernels) never mixes the two
+        return hashlib.sha256(f"{searched} rebound from {self.rebound_from}".encode()
+                              ).hexdigest()[:32]
 
     def to_json(self) -> dict[str, Any]:
         with gc_paused():  # every container built here survives: see gcpause
@@ -291,7 +300,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             "segmenter": base.segmenter, "io_bytes": base.io_bytes, "segments": base.segments,
             "est_time_s": base.est_time_s, "saved_bytes": base.io_bytes - io},
         "host_program": plan.host_program,
-    }
+    } | ({"rebound_from": plan.rebound_from} if plan.rebound_from else {})
 
 
 def _crossing_reasons(plan: Plan):

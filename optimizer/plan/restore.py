@@ -7,6 +7,7 @@ was written before), so a plan that does not belong to the fusion is refused, no
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fusecut.optimizer.analysis.shapes import bind
@@ -43,6 +44,8 @@ def restore_plan(fusion: Fusion, metas: list[InputMeta], data: dict[str, Any]) -
     baseline = None if base is None else Baseline(base["segmenter"], base["io_bytes"],
                                                   base["segments"], base["est_time_s"])
     plan = build_plan(graph, groups, data["segmenter"], solver, baseline, options)
+    if data.get("rebound_from"):  # another plan's segmentation (optimizer.plan.rebind)
+        plan = replace(plan, rebound_from=data["rebound_from"])
     if plan.plan_id != data["plan_id"]:
         raise PlanError(f"plan {data['plan_id']!r} does not match these inputs or options")
     return plan

@@ -1,0 +1,94 @@
+"""One plan for a range of shapes: a new batch or sequence length without a search (issue 44,
+item 2).
+
+What the planner chooses for a fusion turns on its dtypes, ranks and layouts and on the extents
+a segment's kind turns on (how long a reduced row is: kept on chip or not, persistent or
+tiled), and hardly on how many rows there are: the bytes every cut moves grow with the rows
+alike. So shapes that differ only in their *free* extents (``free_extents``: the outer ones,
+never a row's length) share a plan: the plan searched at their ``representative``, each free
+extent rounded up to a power of two, and ``rebind``-ed to each shape. Rebinding binds the
+fusion to the shape, classifies each segment again and assembles the plan, as a restored plan
+is (``build_plan``): what a search checks, without the search. Where a segment does not
+schedule there, or schedules as another kind, the plan does not hold (None): the caller plans
+that shape itself. The range a plan holds for is so the shapes whose free extents round to its
+representative's, less those where rebinding says it does not hold.
+
+Deterministic: a shape's plan depends on the shape and the options only (its representative's
+search, then this), never on which shapes came before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from fusecut.optimizer.analysis.shapes import bind
+from fusecut.optimizer.errors import FusecutError
+from fusecut.optimizer.ir.fusion import Fusion
+from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta, contiguous_strides
+from fusecut.optimizer.ir.rng import seed_implicit_rng
+from fusecut.optimizer.kinds.rules import Kind
+from fusecut.optimizer.options import KINDS
+from fusecut.optimizer.plan.build import build_plan
+from fusecut.optimizer.plan.plan import Plan
+from fusecut.optimizer.segmenters.graph import SegGraph
+from fusecut.optimizer.segmenters.result import SolverReport
+
+REBOUND = "REBOUND"  # the solver status of a rebound plan: no search ran
+
+
+def _moving_axes(m: TensorMeta) -> list[int]:
+    """The axes a tensor's elements lie along (not expanded, not 1), outermost stride first."""
+    return sorted((a for a, (e, s) in enumerate(zip(m.shape, m.strides)) if s != 0 and e != 1),
+                  key=lambda a: -m.strides[a])
+
+
+def _dense(m: TensorMeta) -> bool:
+    moving = _moving_axes(m)
+    return tuple(m.strides[a] for a in moving) == \
+        tuple(contiguous_strides([m.shape[a] for a in moving]))
+
+
+def free_extents(metas: list[InputMeta]) -> set[int]:
+    """The extents a plan does not turn on: those of an outer axis of a dense tensor, never the
+    innermost extent of one of rank 2 or more (a row's length), never 0 or 1. A value, not an
+    axis: the same extent (the rows of the logits and of their 1-D labels) stays one extent."""
+    dense = [m for m in metas if isinstance(m, TensorMeta) and m.shape and _dense(m)]
+    outer = {e for m in dense for e in m.shape[:-1]}
+    rows = {m.shape[-1] for m in metas if isinstance(m, TensorMeta) and len(m.shape) >= 2}
+    return {e for e in outer - rows if e > 1}
+
+
+def representative(metas: list[InputMeta]) -> list[InputMeta]:
+    """The shape whose plan serves ``metas``: every free extent rounded up to a power of two
+    (equal extents stay equal), dense tensors laid out as before."""
+    free = free_extents(metas)
+    out: list[InputMeta] = []
+    for m in metas:
+        if isinstance(m, ScalarMeta) or not m.shape or not _dense(m):
+            out.append(m)
+            continue
+        shape = tuple(1 << (e - 1).bit_length() if e in free else e for e in m.shape)
+        moving = _moving_axes(m)
+        dense = dict(zip(moving, contiguous_strides([shape[a] for a in moving])))
+        strides = tuple(0 if s == 0 else dense.get(a, s) for a, s in enumerate(m.strides))
+        out.append(TensorMeta(shape, strides, m.dtype, m.fill))
+    return out
+
+
+def rebind(plan: Plan, fusion: Fusion, metas: list[InputMeta]) -> Plan | None:
+    """``plan``'s segmentation for ``fusion`` bound to ``metas``, or None where it does not
+    hold: the fusion does not bind to them, or a segment does not schedule there, or not as the
+    same kind."""
+    fusion, metas = seed_implicit_rng(fusion, metas)  # as make_plan planned it
+    kinds = frozenset(Kind(k) for k in plan.options.get("kinds", KINDS.default))
+    groups = [(frozenset(s.schedule.ops), frozenset(s.schedule.outputs)) for s in plan.segments]
+    report = SolverReport(REBOUND, message=f"plan {plan.plan_id}'s segmentation, bound to "
+                                           "these extents (no search)")
+    try:
+        graph = SegGraph(bind(fusion, metas), plan.profile, kinds)
+        made = build_plan(graph, groups, plan.segmenter, report, None, plan.options)
+    except FusecutError:
+        return None
+    if [s.kind for s in made.segments] != [s.kind for s in plan.segments]:
+        return None
+    return replace(made, rebound_from=plan.plan_id)

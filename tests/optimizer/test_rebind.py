@@ -1,0 +1,133 @@
+"""One plan for a range of shapes (issue 44, item 2): a shape's plan is its representative's
+(free extents rounded up to powers of two), searched once and rebound to each shape of the range
+without a search; a shape where that plan does not hold is planned itself."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import fusecut.engine
+from fusecut.engine import Engine
+from fusecut.optimizer.ir import parse_text
+from fusecut.optimizer.ir.dtypes import DType
+from fusecut.optimizer.ir.inputs import ScalarMeta, tensor_meta
+from fusecut.optimizer.plan.rebind import REBOUND, free_extents, rebind, representative
+from fusecut.optimizer.plan.restore import restore_plan
+from fusecut.optimizer.planner import make_plan
+from fusecut.runtime.reference import run_reference
+from tests.codegen.test_extent_arguments import CASES
+from tests.helpers import fusion
+
+B, F, I64 = DType.bfloat16, DType.float32, DType.int64
+
+
+def metas_of(name: str, rows: int) -> list:
+    return [tensor_meta(shape, dtype) for shape, dtype in CASES[name][1](rows)]
+
+
+def test_free_extents_are_the_outer_ones_shared_by_every_tensor():
+    # the logits' rows and the 1-D labels' extent are one extent; the vocabulary is a row's
+    # length, never free
+    metas = metas_of("cross_entropy", 1000)
+    assert free_extents(metas) == {1000}
+    assert [m.shape for m in representative(metas)] == [(1024, 128256), (1024,)]
+    # [batch, sequence, hidden] with a per-row [batch, sequence, 1]: both outer extents round
+    three = [tensor_meta((6, 1000, 2048), B), tensor_meta((6, 1000, 1), F),
+             tensor_meta((2048,), B), ScalarMeta(F, 0.5)]
+    shapes = [getattr(m, "shape", None) for m in representative(three)]
+    assert shapes == [(8, 1024, 2048), (8, 1024, 1), (2048,), None]
+    assert representative(three)[0].strides == (1024 * 2048, 2048, 1)
+    # an extent that is also some tensor's row length stays (the plan may turn on it)
+    assert free_extents([tensor_meta((4096, 4096), F)]) == set()
+
+
+def test_a_tensor_that_is_not_dense_keeps_its_extents():
+    padded = tensor_meta((1000, 64), F, strides=(80, 1))
+    assert representative([padded]) == [padded]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_rebound_plan_is_the_segmentation_checked_at_the_new_extents(name):
+    text = CASES[name][0]
+    f = parse_text(text).fusion
+    source = make_plan(f, metas_of(name, 4096))
+    for rows in (1000, 3000, 777):
+        made = rebind(source, f, metas_of(name, rows))
+        assert made is not None and made.solver.status == REBOUND
+        assert made.rebound_from == source.plan_id
+        assert [(s.kind, s.schedule.ops, s.schedule.outputs) for s in made.segments] == \
+            [(s.kind, s.schedule.ops, s.schedule.outputs) for s in source.segments]
+        # bound to the new extents: every tensor's shape and the bytes follow the rows
+        assert made.bound.shapes[f.inputs[0]][0] == rows
+        searched = make_plan(f, metas_of(name, rows))
+        assert made.plan_id != searched.plan_id  # kernels cached by plan id never mix them
+        assert made.io_bytes == pytest.approx(searched.io_bytes, rel=0.02)
+        # its JSON restores to the same plan (a plan file, a service's answer)
+        assert restore_plan(f, metas_of(name, rows), made.to_json()).plan_id == made.plan_id
+
+
+def test_a_plan_that_does_not_bind_at_the_new_extents_is_none():
+    # the definition fixes the rows (a reshape to literal sizes): another row count has no plan
+    body = ("T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], "
+            "dtype=DataType.Float)\nT1 = fd.ops.reshape(T0, new_shape=[8, 64])\n"
+            "T2 = fd.ops.sum(T1, dims=[1])\nfd.add_output(T2)")
+    f = fusion(body)
+    source = make_plan(f, [tensor_meta((8, 64), F)])
+    assert rebind(source, f, [tensor_meta((16, 64), F)]) is None
+
+
+def test_execution_plans_are_the_same_whatever_order_the_shapes_come_in(monkeypatch):
+    f = parse_text(CASES["rmsnorm_bwd"][0]).fusion
+    rows = [1000, 4096, 3000, 12345, 777, 2048, 5000, 1500]
+    seen = {}
+    for seed in range(3):
+        order = rows[:]
+        random.Random(seed).shuffle(order)
+        handle = Engine().fusion(f)
+        for r in order:
+            plan = handle.execution_plan(metas_of("rmsnorm_bwd", r))
+            assert seen.setdefault(r, plan.plan_id) == plan.plan_id, (seed, r)
+        # one search per power-of-two range: 1024 (777, 1000), 2048 (1500, 2048), 4096
+        # (3000, 4096), 8192 (5000), 16384 (12345); every shape but 2048 and 4096 rebound
+        stats = handle.engine.stats
+        assert (stats.plans_made, stats.plans_rebound) == (5, 6)
+
+
+def test_fd_plan_still_shows_the_search_for_exactly_these_inputs():
+    handle = Engine().fusion(parse_text(CASES["softmax"][0]).fusion)
+    metas = metas_of("softmax", 1000)
+    assert handle.execution_plan(metas).solver.status == REBOUND
+    assert handle.plan(metas).solver.status != REBOUND
+    assert handle.execution_plan(metas).plan_id != handle.plan(metas).plan_id
+
+
+def test_a_rebound_run_on_the_cpu_equals_the_reference(monkeypatch):
+    text = CASES["rmsnorm_bwd"][0]
+    f = parse_text(text).fusion
+    engine = Engine()
+    handle = engine.fusion(f)
+    g = torch.Generator().manual_seed(0)
+
+    def check(rows: int) -> None:
+        args = [torch.randn(rows, 256, generator=g).to(torch.bfloat16),
+                torch.randn(rows, 256, generator=g).to(torch.bfloat16),
+                torch.rand(rows, 1, generator=g) + 0.5,
+                torch.randn(256, generator=g).to(torch.bfloat16)]
+        got = handle.execute(args)
+        want = run_reference(f, args)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+
+    for rows in (64, 100, 37):
+        check(rows)
+    assert engine.stats.plans_rebound == 2  # 100 and 37 (64 is its own representative)
+
+    def refuse(*a, **k):
+        raise AssertionError("searched again")
+
+    monkeypatch.setattr(fusecut.engine, "make_plan", refuse)
+    check(50)  # the range of 64: rebound, no search
+    assert engine.stats.plans_rebound == 3
