@@ -35,7 +35,7 @@ from fusecut.optimizer.ir.fusion import Fusion
 from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta
 from fusecut.optimizer.ir.wire import fusion_id, meta_from_json
 from fusecut.optimizer.plan.plan import Plan
-from fusecut.optimizer.plan.rebind import rebind, representative
+from fusecut.optimizer.plan.rebind import rebind, representative, representative_fusion
 from fusecut.optimizer.planner import PlanOptions, make_plan
 from fusecut.runtime import plan_files
 from fusecut.runtime.executor import Execution, SegmentTiming, time_call
@@ -170,12 +170,15 @@ class FusionHandle:
         if found is not None:
             self.engine.count("plan_hits")
             return found
-        shape = representative(metas)
-        if shape == metas:
+        shape, definition = representative(metas), representative_fusion(self.fusion, metas)
+        if shape == metas and definition is self.fusion:
             return self.plan(metas, **options)
+        # a definition written for this shape (Thunder's, the torch.compile backend's: sizes
+        # in it) is searched as its representative's definition, shared by the range
+        at = self if definition is self.fusion else self.engine.fusion(definition)
         try:
-            source = self.plan(shape, **options)
-        except FusecutError:  # the definition fixes these extents (a reshape's sizes)
+            source = at.plan(shape, **options)
+        except FusecutError:  # the definition fixes these extents otherwise (a slice's ends)
             source = None
         made = rebind(source, self.fusion, metas) if source is not None else None
         if made is None:

@@ -25,6 +25,7 @@ from fusecut.optimizer.analysis.shapes import bind
 from fusecut.optimizer.errors import FusecutError
 from fusecut.optimizer.ir.fusion import Fusion
 from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta, contiguous_strides
+from fusecut.optimizer.ir.opspec import get_spec
 from fusecut.optimizer.ir.rng import seed_implicit_rng
 from fusecut.optimizer.kinds.rules import Kind
 from fusecut.optimizer.options import KINDS
@@ -73,6 +74,31 @@ def representative(metas: list[InputMeta]) -> list[InputMeta]:
         strides = tuple(0 if s == 0 else dense.get(a, s) for a, s in enumerate(m.strides))
         out.append(TensorMeta(shape, strides, m.dtype, m.fill))
     return out
+
+
+def representative_fusion(fusion: Fusion, metas: list[InputMeta]) -> Fusion:
+    """``fusion`` as its representative shape's definition: every literal extent of a shape
+    list (``broadcast_in_dim``'s, ``reshape``'s, ``full``'s ... and what ``define_tensor``
+    declared) that is a free extent of ``metas`` rounded up as ``representative`` rounds it.
+    Thunder and the torch.compile backend write a definition per shape, its sizes in it: two
+    shapes of one range then share the representative's definition, and its search. The
+    fusion itself where nothing changes."""
+    up = {e: 1 << (e - 1).bit_length() for e in free_extents(metas)}
+
+    def mapped(shape):
+        return type(shape)(up.get(x, x) if type(x) is int else x for x in shape)
+
+    ops = []
+    for op in fusion.ops:
+        lists = [p.name for p in get_spec(op.name).params if p.kind == "SH"
+                 and isinstance(op.attrs.get(p.name), (list, tuple))]
+        ops.append(replace(op, attrs={**op.attrs, **{n: mapped(op.attrs[n]) for n in lists}})
+                   if lists else op)
+    tensors = {n: replace(t, declared_shape=mapped(t.declared_shape))
+               if t.declared_shape is not None else t for n, t in fusion.tensors.items()}
+    if ops == fusion.ops and tensors == fusion.tensors:
+        return fusion
+    return replace(fusion, ops=ops, tensors=tensors)
 
 
 def rebind(plan: Plan, fusion: Fusion, metas: list[InputMeta]) -> Plan | None:

@@ -14,11 +14,18 @@ from fusecut.engine import Engine
 from fusecut.optimizer.ir import parse_text
 from fusecut.optimizer.ir.dtypes import DType
 from fusecut.optimizer.ir.inputs import ScalarMeta, tensor_meta
-from fusecut.optimizer.plan.rebind import REBOUND, free_extents, rebind, representative
+from fusecut.optimizer.plan.rebind import (
+    REBOUND,
+    free_extents,
+    rebind,
+    representative,
+    representative_fusion,
+)
 from fusecut.optimizer.plan.restore import restore_plan
 from fusecut.optimizer.planner import make_plan
 from fusecut.runtime.reference import run_reference
 from tests.codegen.test_extent_arguments import CASES
+from tests.conftest import CORPUS
 from tests.helpers import fusion
 
 B, F, I64 = DType.bfloat16, DType.float32, DType.int64
@@ -131,3 +138,46 @@ def test_a_rebound_run_on_the_cpu_equals_the_reference(monkeypatch):
     monkeypatch.setattr(fusecut.engine, "make_plan", refuse)
     check(50)  # the range of 64: rebound, no search
     assert engine.stats.plans_rebound == 3
+
+
+def thunder_rmsnorm_bwd(batch: int, seq: int):
+    """The corpus's RMSNorm backward as Thunder writes it for one shape: its sizes in its
+    broadcasts; and its inputs' metadata."""
+    text = (CORPUS / "rmsnorm_bwd_thunder.py").read_text()
+    text = text.replace("[8, 2048, 2048]", f"[{batch}, {seq}, 2048]")
+    text = text.replace("[8, 2048, 1]", f"[{batch}, {seq}, 1]")
+    rows, row = (batch, seq, 2048), (batch, seq, 1)
+    metas = [tensor_meta(shape, dtype) for shape, dtype in
+             [(rows, B), (rows, B), ((2048,), B), (rows, B), (row, F), (rows, B)]]
+    return parse_text(text).fusion, metas
+
+
+def test_the_representative_definition_rounds_the_sizes_written_in_it():
+    f, metas = thunder_rmsnorm_bwd(6, 1000)
+    rep = representative_fusion(f, metas)
+    shapes = [op.attrs["shape"] for op in rep.ops if op.name == "broadcast_in_dim"]
+    assert [8, 1024, 2048] in shapes and [8, 1024, 1] in shapes  # the row length stays 2048
+    assert [op.attrs["shape"] for op in f.ops if op.name == "broadcast_in_dim"][0] == \
+        [6, 1000, 2048]  # the definition itself is left as it was
+    # a shape of its own range: nothing to round, the same definition
+    f, metas = thunder_rmsnorm_bwd(8, 1024)
+    assert representative_fusion(f, metas) is f
+
+
+def test_definitions_written_per_shape_share_their_ranges_search(monkeypatch):
+    engine = Engine()
+    f, metas = thunder_rmsnorm_bwd(8, 1024)
+    first = engine.fusion(f).execution_plan(metas)
+    assert first.solver.status != REBOUND
+
+    def refuse(*a, **k):
+        raise AssertionError("searched again")
+
+    monkeypatch.setattr(fusecut.engine, "make_plan", refuse)
+    for batch, seq in ((6, 1024), (5, 1000), (7, 777)):  # Thunder's retraces: new definitions
+        f, metas = thunder_rmsnorm_bwd(batch, seq)
+        plan = engine.fusion(f).execution_plan(metas)
+        assert plan.solver.status == REBOUND and plan.bound.shapes[f.inputs[0]] == \
+            (batch, seq, 2048)
+        assert [s.kind for s in plan.segments] == [s.kind for s in first.segments]
+    assert (engine.stats.plans_made, engine.stats.plans_rebound) == (1, 3)
