@@ -30,12 +30,19 @@ from typing import Any
 
 import torch
 
+from fusecut.optimizer.analysis.shapes import bind
 from fusecut.optimizer.errors import FusecutError
 from fusecut.optimizer.ir.fusion import Fusion
 from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta
+from fusecut.optimizer.ir.rng import seed_implicit_rng
 from fusecut.optimizer.ir.wire import fusion_id, meta_from_json
 from fusecut.optimizer.plan.plan import Plan
-from fusecut.optimizer.plan.rebind import rebind, representative, representative_fusion
+from fusecut.optimizer.plan.rebind import (
+    fixed_extents,
+    rebind,
+    representative,
+    representative_fusion,
+)
 from fusecut.optimizer.planner import PlanOptions, make_plan
 from fusecut.runtime import plan_files
 from fusecut.runtime.executor import Execution, SegmentTiming, time_call
@@ -170,7 +177,12 @@ class FusionHandle:
         if found is not None:
             self.engine.count("plan_hits")
             return found
-        shape, definition = representative(metas), representative_fusion(self.fusion, metas)
+        try:
+            fixed = fixed_extents(bind(*seed_implicit_rng(self.fusion, metas)))
+        except FusecutError:  # planning says what is wrong with these inputs
+            return self.plan(metas, **options)
+        shape = representative(metas, fixed)
+        definition = representative_fusion(self.fusion, metas, fixed)
         if shape == metas and definition is self.fusion:
             return self.plan(metas, **options)
         # a definition written for this shape (Thunder's, the torch.compile backend's: sizes

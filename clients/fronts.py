@@ -75,7 +75,8 @@ class RegionReport:
     def add_plan(self, plan) -> None:
         """The bytes and segments of the region's plan (a PlanView)."""
         self.planned_bytes = plan.io_bytes
-        self.greedy_bytes = plan.baseline["io_bytes"]
+        # a plan rebound to these extents (optimizer.plan.rebind) ran no greedy baseline
+        self.greedy_bytes = plan.baseline["io_bytes"] if plan.baseline else None
         self.lower_bound_bytes = plan.totals["lower_bound_bytes"]
         self.segments = [s.kind for s in plan.segments]
 
@@ -87,6 +88,7 @@ class RegionReport:
             return f"{self.direction} {self.name}: {counted(len(self.ops), 'op')}, not run yet"
         return (f"{self.direction} {self.name}: {counted(len(self.ops), 'op')}, "
                 f"{counted(len(self.segments), 'segment')}, {self.planned_bytes} B planned "
-                f"(greedy {self.greedy_bytes}, lower bound {self.lower_bound_bytes}), "
+                f"(greedy {self.greedy_bytes if self.greedy_bytes is not None else '-'}, "
+                f"lower bound {self.lower_bound_bytes}), "
                 f"{counted(self.calls, 'call')}, "
                 f"set up in {sum(self.setup_seconds.values()):.2f} s")

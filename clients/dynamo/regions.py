@@ -409,7 +409,7 @@ class Region(torch.nn.Module):
                               fallback_stage=self.fallback_stage,
                               setup_seconds=dict(self.setup_seconds))
         if self.fallback_reason is None and self.first_args is not None:
-            report.add_plan(PlanView(plan=self.definition.handle.plan(self.first_args)))
+            report.add_plan(PlanView(plan=self.definition.handle.execution_plan(self.first_args)))
         return report
 
 

@@ -181,10 +181,11 @@ class FusecutRegion:
         handle.adopt(metas, restore_plan(handle.fusion, metas, remote.json))
 
     def plan(self):
-        """The plan of the first call's inputs (cached: planning again costs nothing)."""
+        """The plan the first call ran (cached: asking again costs nothing)."""
         if self.first_args is None or self.fallback_reason is not None:
             return None
-        return PlanView(plan=self._first_variant.definition.handle.plan(self.first_args))
+        handle = self._first_variant.definition.handle
+        return PlanView(plan=handle.execution_plan(self.first_args))
 
     @property
     def first_definition(self) -> FusionDefinition:

@@ -4,14 +4,15 @@ item 2).
 What the planner chooses for a fusion turns on its dtypes, ranks and layouts and on the extents
 a segment's kind turns on (how long a reduced row is: kept on chip or not, persistent or
 tiled), and hardly on how many rows there are: the bytes every cut moves grow with the rows
-alike. So shapes that differ only in their *free* extents (``free_extents``: the outer ones,
-never a row's length) share a plan: the plan searched at their ``representative``, each free
-extent rounded up to a power of two, and ``rebind``-ed to each shape. Rebinding binds the
-fusion to the shape, classifies each segment again and assembles the plan, as a restored plan
-is (``build_plan``): what a search checks, without the search. Where a segment does not
-schedule there, or schedules as another kind, the plan does not hold (None): the caller plans
-that shape itself. The range a plan holds for is so the shapes whose free extents round to its
-representative's, less those where rebinding says it does not hold.
+alike. So shapes that differ only in their *free* extents (``free_extents``: never a reduced
+extent or a hidden size, ``fixed_extents``) share a plan: the plan searched at their
+``representative``, each free extent rounded up to a power of two, and ``rebind``-ed to each
+shape. Rebinding binds the fusion to the shape, classifies each segment again and assembles
+the plan, as a restored plan is (``build_plan``): what a search checks, without the search.
+Where a segment does not schedule there, or schedules as another kind, the plan does not hold
+(None): the caller plans that shape itself. The range a plan holds for is so the shapes whose
+free extents round to its representative's, less those where rebinding says it does not
+hold.
 
 Deterministic: a shape's plan depends on the shape and the options only (its representative's
 search, then this), never on which shapes came before.
@@ -21,11 +22,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fusecut.optimizer.analysis.shapes import bind
+from fusecut.optimizer.analysis.shapes import Bound, bind
 from fusecut.optimizer.errors import FusecutError
 from fusecut.optimizer.ir.fusion import Fusion
 from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta, contiguous_strides
-from fusecut.optimizer.ir.opspec import get_spec
+from fusecut.optimizer.ir.ops_misc import reduction_axes
+from fusecut.optimizer.ir.opspec import OpClass, get_spec
 from fusecut.optimizer.ir.rng import seed_implicit_rng
 from fusecut.optimizer.kinds.rules import Kind
 from fusecut.optimizer.options import KINDS
@@ -49,20 +51,37 @@ def _dense(m: TensorMeta) -> bool:
         tuple(contiguous_strides([m.shape[a] for a in moving]))
 
 
-def free_extents(metas: list[InputMeta]) -> set[int]:
-    """The extents a plan does not turn on: those of an outer axis of a dense tensor, never the
-    innermost extent of one of rank 2 or more (a row's length), never 0 or 1. A value, not an
-    axis: the same extent (the rows of the logits and of their 1-D labels) stays one extent."""
+def fixed_extents(bound: Bound) -> set[int]:
+    """The extents a plan turns on: what a reduction of rows reduces (its innermost axis and
+    any other, some axis kept: a row's length decides whether it stays on chip), and the
+    innermost extent of the inputs of the largest rank (a hidden size). Not what a column sum
+    or a whole reduction reduces (a weight's gradient over the rows, a loss's mean): its kind
+    does not turn on how many there are, and rebinding checks that anyway."""
+    fusion = bound.fusion
+    fixed = set()
+    for op in fusion.ops:
+        if op.inputs and get_spec(op.name).op_class is OpClass.REDUCTION:
+            shape = bound.shapes[op.inputs[0]]
+            axes = reduction_axes(op.attrs, len(shape))
+            if len(shape) - 1 in axes and len(axes) < len(shape):
+                fixed |= {shape[a] for a in axes if shape[a] > 1}
+    tensors = [m for m in bound.inputs.values() if isinstance(m, TensorMeta) and m.shape]
+    top = max((m.rank for m in tensors), default=0)
+    return fixed | {m.shape[-1] for m in tensors if m.rank == top and m.shape[-1] > 1}
+
+
+def free_extents(metas: list[InputMeta], fixed: set[int]) -> set[int]:
+    """The extents a plan does not turn on: those of dense inputs, never a ``fixed`` one, never
+    0 or 1. A value, not an axis: the same extent (the rows of the logits and of their 1-D
+    labels, the sequence of hidden states and of their per-row statistics) stays one extent."""
     dense = [m for m in metas if isinstance(m, TensorMeta) and m.shape and _dense(m)]
-    outer = {e for m in dense for e in m.shape[:-1]}
-    rows = {m.shape[-1] for m in metas if isinstance(m, TensorMeta) and len(m.shape) >= 2}
-    return {e for e in outer - rows if e > 1}
+    return {e for m in dense for e in m.shape if e > 1} - fixed
 
 
-def representative(metas: list[InputMeta]) -> list[InputMeta]:
+def representative(metas: list[InputMeta], fixed: set[int]) -> list[InputMeta]:
     """The shape whose plan serves ``metas``: every free extent rounded up to a power of two
     (equal extents stay equal), dense tensors laid out as before."""
-    free = free_extents(metas)
+    free = free_extents(metas, fixed)
     out: list[InputMeta] = []
     for m in metas:
         if isinstance(m, ScalarMeta) or not m.shape or not _dense(m):
@@ -76,14 +95,14 @@ def representative(metas: list[InputMeta]) -> list[InputMeta]:
     return out
 
 
-def representative_fusion(fusion: Fusion, metas: list[InputMeta]) -> Fusion:
+def representative_fusion(fusion: Fusion, metas: list[InputMeta], fixed: set[int]) -> Fusion:
     """``fusion`` as its representative shape's definition: every literal extent of a shape
     list (``broadcast_in_dim``'s, ``reshape``'s, ``full``'s ... and what ``define_tensor``
     declared) that is a free extent of ``metas`` rounded up as ``representative`` rounds it.
     Thunder and the torch.compile backend write a definition per shape, its sizes in it: two
     shapes of one range then share the representative's definition, and its search. The
     fusion itself where nothing changes."""
-    up = {e: 1 << (e - 1).bit_length() for e in free_extents(metas)}
+    up = {e: 1 << (e - 1).bit_length() for e in free_extents(metas, fixed)}
 
     def mapped(shape):
         return type(shape)(up.get(x, x) if type(x) is int else x for x in shape)

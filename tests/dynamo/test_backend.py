@@ -212,6 +212,28 @@ def test_dynamic_shapes_run_on_fusecut_one_definition_per_shape():
     assert all(len(r.variants) == len(batches) for r in regions)
 
 
+def test_dynamic_shapes_of_one_range_search_once_per_region():
+    # issue 44: batches 33, 40, 64 and 50 round to one representative (64): each region's
+    # first call searches there (unless an earlier test's did), every other shape is rebound
+    # to its own definition
+    torch.manual_seed(0)
+    model = Block()
+    last = last_serial()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="fusecut", dynamic=True)
+    stats = fusecut.engine.default_engine().stats
+    searched, rebound = [], []
+    for batch in (33, 40, 64, 50):
+        made, bound = stats.plans_made, stats.plans_rebound
+        compiled(torch.randn(batch, 32), torch.arange(batch) % 10).backward()
+        searched.append(stats.plans_made - made)
+        rebound.append(stats.plans_rebound - bound)
+    regions = regions_since(last)
+    assert len(regions) >= 2 and all(len(r.variants) == 4 for r in regions)
+    assert searched[0] <= len(regions) and searched[1:] == [0, 0, 0]
+    assert rebound == [len(regions), len(regions), 0, len(regions)]  # 64 is the representative
+
+
 def test_a_cross_entropy_with_padded_labels_runs_whole_on_fusecut():
     # Hugging Face's causal-LM loss: labels padded with the ignore index and shifted, the
     # targets' log-probabilities picked with gather, the backward's one-hot a scatter. All of

@@ -11,11 +11,13 @@ import torch
 
 import fusecut.engine
 from fusecut.engine import Engine
+from fusecut.optimizer.analysis.shapes import bind
 from fusecut.optimizer.ir import parse_text
 from fusecut.optimizer.ir.dtypes import DType
 from fusecut.optimizer.ir.inputs import ScalarMeta, tensor_meta
 from fusecut.optimizer.plan.rebind import (
     REBOUND,
+    fixed_extents,
     free_extents,
     rebind,
     representative,
@@ -35,25 +37,36 @@ def metas_of(name: str, rows: int) -> list:
     return [tensor_meta(shape, dtype) for shape, dtype in CASES[name][1](rows)]
 
 
-def test_free_extents_are_the_outer_ones_shared_by_every_tensor():
-    # the logits' rows and the 1-D labels' extent are one extent; the vocabulary is a row's
-    # length, never free
+def fixed_of(f, metas) -> set[int]:
+    return fixed_extents(bind(f, metas))
+
+
+def test_free_extents_are_the_ones_no_reduction_and_no_hidden_size_has():
+    # the logits' rows and the 1-D labels' extent are one extent; the vocabulary is reduced
+    # (and the logits' innermost), never free
     metas = metas_of("cross_entropy", 1000)
-    assert free_extents(metas) == {1000}
-    assert [m.shape for m in representative(metas)] == [(1024, 128256), (1024,)]
-    # [batch, sequence, hidden] with a per-row [batch, sequence, 1]: both outer extents round
+    f = parse_text(CASES["cross_entropy"][0]).fusion
+    assert fixed_of(f, metas) == {128256}
+    assert free_extents(metas, {128256}) == {1000}
+    assert [m.shape for m in representative(metas, {128256})] == [(1024, 128256), (1024,)]
+    # [batch, sequence, hidden] with a per-row [batch, sequence, 1]: batch and sequence round
     three = [tensor_meta((6, 1000, 2048), B), tensor_meta((6, 1000, 1), F),
              tensor_meta((2048,), B), ScalarMeta(F, 0.5)]
-    shapes = [getattr(m, "shape", None) for m in representative(three)]
+    shapes = [getattr(m, "shape", None) for m in representative(three, {2048})]
     assert shapes == [(8, 1024, 2048), (8, 1024, 1), (2048,), None]
-    assert representative(three)[0].strides == (1024 * 2048, 2048, 1)
-    # an extent that is also some tensor's row length stays (the plan may turn on it)
-    assert free_extents([tensor_meta((4096, 4096), F)]) == set()
+    assert representative(three, {2048})[0].strides == (1024 * 2048, 2048, 1)
+    # a sequence that a reduction reduces (attention's softmax over the keys) is fixed
+    f, metas = thunder_rmsnorm_bwd(6, 1000)
+    assert fixed_of(f, metas) == {2048}
+    softmax = parse_text(CASES["softmax"][0]).fusion
+    assert fixed_of(softmax, [tensor_meta((4096, 1000), B)]) == {1000}
+    # an extent that is also a fixed one stays (the plan may turn on it)
+    assert free_extents([tensor_meta((4096, 4096), F)], {4096}) == set()
 
 
 def test_a_tensor_that_is_not_dense_keeps_its_extents():
     padded = tensor_meta((1000, 64), F, strides=(80, 1))
-    assert representative([padded]) == [padded]
+    assert representative([padded], set()) == [padded]
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -154,14 +167,14 @@ def thunder_rmsnorm_bwd(batch: int, seq: int):
 
 def test_the_representative_definition_rounds_the_sizes_written_in_it():
     f, metas = thunder_rmsnorm_bwd(6, 1000)
-    rep = representative_fusion(f, metas)
+    rep = representative_fusion(f, metas, fixed_of(f, metas))
     shapes = [op.attrs["shape"] for op in rep.ops if op.name == "broadcast_in_dim"]
     assert [8, 1024, 2048] in shapes and [8, 1024, 1] in shapes  # the row length stays 2048
     assert [op.attrs["shape"] for op in f.ops if op.name == "broadcast_in_dim"][0] == \
         [6, 1000, 2048]  # the definition itself is left as it was
     # a shape of its own range: nothing to round, the same definition
     f, metas = thunder_rmsnorm_bwd(8, 1024)
-    assert representative_fusion(f, metas) is f
+    assert representative_fusion(f, metas, fixed_of(f, metas)) is f
 
 
 def test_definitions_written_per_shape_share_their_ranges_search(monkeypatch):

@@ -242,6 +242,24 @@ def test_first_call_plans_each_region_once(planner_calls):
     assert len(planner_calls) == before
 
 
+def test_a_retrace_for_a_new_shape_of_the_range_searches_nothing(planner_calls):
+    # issue 44: Thunder writes each region's definition again for a new shape, its sizes in
+    # it; a batch of the same range (5 and 7 round up to 8) rebinds every region's plan
+    # instead of searching. A new sequence length searches again only where a reduction
+    # reduces it (attention's softmax over the keys: whether the row stays on chip)
+    model = block(seed=2)
+    ours = thunder.jit(model, executors=[fusecut_ex])
+    stats = fusecut.engine.default_engine().stats
+    step(ours, model, torch.randn(5, 6, 32))
+    regions = len(region_reports(ours))
+    searched, rebound = len(planner_calls), stats.plans_rebound
+    step(ours, model, torch.randn(7, 6, 32))  # a retrace: new definitions
+    assert len(planner_calls) == searched
+    assert stats.plans_rebound - rebound == regions
+    step(ours, model, torch.randn(7, 7, 32))
+    assert 0 < len(planner_calls) - searched < regions // 2
+
+
 def test_the_fusion_pass_translates_each_region_once(monkeypatch):
     # kernel_of's translation is the one the region runs (it was made twice, 1 s of a
     # 12-layer nanoGPT's first step); only a region split again for its views is re-translated,
