@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from fusecut.codegen import generate_segment
 from fusecut.optimizer.ir import parse_text
@@ -156,3 +157,36 @@ def test_fusecut_codegen_writes_the_same_files_for_other_rows(tmp_path):
         [param] = [p for p in segment["kernels"][0]["params"] if p["kind"] == "extent"]
         assert param == {"kind": "extent", "name": "n_rows", "type": "int", "value": rows}
     assert written[1000] == written[12345] and written[1000]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_one_compile_runs_every_row_count_right_on_the_gpu(name, tmp_path, monkeypatch):
+    """The kernels compiled for the first row count run the others, with the rows passed at
+    launch, through both launch paths (a segment at a time; the engine's program), against the
+    torch reference."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (run on the device)")
+    import fusecut.runtime.compile as rc
+    from fusecut.engine import Engine
+    from fusecut.runtime.executor import execute_plan
+    from fusecut.runtime.kernels import cuda_runner
+    from fusecut.runtime.reference import run_reference
+    from fusecut.runtime.tensors import make_input
+    from tests.runtime.test_gpu_kernels import close
+
+    monkeypatch.setenv("FUSECUT_CACHE_DIR", str(tmp_path))
+    rc.clear_memory_cache()
+    compiles = []
+    for rows in (1000, 3000, 4097):
+        plan = plan_at(name, rows)
+        gen = torch.Generator(device="cuda").manual_seed(rows)
+        args = [make_input(plan.bound.inputs[n], "cuda", gen) for n in plan.fusion.inputs]
+        if name == "cross_entropy":  # class indices in range
+            args[1] = torch.randint(0, 8, (rows,), device="cuda", generator=gen)
+        before = rc.STATS.compiles
+        want = run_reference(plan.fusion, args)
+        close(execute_plan(plan, args, cuda_runner, "cuda").outputs, want, f"{name} {rows}")
+        close(Engine().fusion(plan.fusion).execute(args), want, f"{name} {rows} program")
+        compiles.append(rc.STATS.compiles - before)
+    assert compiles[0] >= 1 and compiles[1:] == [0, 0], compiles
