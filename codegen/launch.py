@@ -15,13 +15,20 @@ from dataclasses import dataclass
 
 from fusecut.codegen.index import ZERO, Index, IndexExpr, Var, plus_lane, uses
 from fusecut.codegen.kernel import reducer
-from fusecut.codegen.layout import address, covering_grid, index_type, tensor_strides
+from fusecut.codegen.layout import (
+    address,
+    covering_grid,
+    index_type,
+    merge_axes,
+    tensor_strides,
+)
 from fusecut.codegen.online import accumulator_bytes
 from fusecut.codegen.regions import tensor_index, vector_address
 from fusecut.codegen.resize import NO_RESIZES, VectorResizes, whole_vector_resizes
 from fusecut.optimizer.analysis.axes import domain_axes
 from fusecut.optimizer.analysis.scalars import RANDOM_OPS
 from fusecut.optimizer.analysis.shapes import Bound
+from fusecut.optimizer.ir.opspec import OpClass, get_spec
 from fusecut.optimizer.kinds.persistent import COLUMN, is_row_tensor
 from fusecut.optimizer.kinds.rules import Schedule
 from fusecut.optimizer.profiles import DeviceProfile
@@ -273,6 +280,32 @@ def domain_steps(bound: Bound, schedule: Schedule, t: str) -> dict[int, int]:
             steps[a] = step
             step *= schedule.domain[a]
     return steps
+
+
+# op classes whose code reads a row's indices only to address memory: a kernel of them alone
+# may index its rows as one flat row (no iota, random number, resize or gather reads a
+# per-axis index as a value)
+ADDRESS_ONLY = frozenset({OpClass.POINTWISE, OpClass.BROADCAST, OpClass.SQUEEZE,
+                          OpClass.REDUCTION, OpClass.SEGMENT_SET})
+
+
+def flat_rows(bound: Bound, schedule: Schedule, rows_axes: Sequence[int]) -> bool:
+    """Whether a persistent kernel indexes its kept axes (``rows_axes``, several) with one flat
+    row index: every tensor it reads or writes walks them as one axis (or is broadcast along
+    all of them), and no op reads an index but to address memory. Then the code holds none
+    of their extents (a [batch, sequence, hidden] normalization takes batch x sequence rows at
+    launch) and divides by none of them."""
+    if len(rows_axes) < 2 or list(rows_axes) != list(range(rows_axes[0], rows_axes[-1] + 1)):
+        return False
+    if any(get_spec(bound.fusion.ops[i].name).op_class not in ADDRESS_ONLY
+           for i in schedule.ops):
+        return False
+    extents = [schedule.domain[a] for a in rows_axes]
+    walks = []
+    for t in list(schedule.inputs) + list(schedule.outputs):
+        steps = domain_steps(bound, schedule, t)
+        walks.append(tuple(steps.get(a, 0) for a in rows_axes))
+    return merge_axes(extents, walks) == [(0, len(rows_axes) - 1)]
 
 
 def streams_rows(bound: Bound, schedule: Schedule, profile: DeviceProfile,

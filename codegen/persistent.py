@@ -58,6 +58,7 @@ from fusecut.codegen.kernel import (
 )
 from fusecut.codegen.launch import (
     PrefetchPlan,
+    flat_rows,
     is_row_input,
     persistent_launch,
     prefetch_plan,
@@ -107,6 +108,9 @@ class _Persistent:
                              for i in schedule.outer_reductions]
         self.smem_decls: list[Stmt] = []
         self.rvars = [f"i{a}" for a in self.rows_axes]
+        # one flat row index over several kept axes where every access allows (no division by
+        # their extents, none of them in the code: codegen.launch.flat_rows)
+        self.flat = flat_rows(bound, schedule, self.rows_axes)
         self.cvars = [f"c_{a}" for a in self.row_axes]
         # what the row groups prefetch into shared memory
         self.fetch = (prefetch_plan(bound, schedule, profile, launch)
@@ -121,6 +125,8 @@ class _Persistent:
         """A region at the row (group)'s position: ``rows`` name the kept axes' indices and
         ``cols`` the row's (None: index 0 on every axis of theirs)."""
         rows_idx = [Var(n) for n in rows] if rows else [ZERO] * len(self.rows_axes)
+        if rows and self.flat:  # the innermost kept axis takes the flat row, the others 0
+            rows_idx = [ZERO] * (len(rows) - 1) + [Var(rows[-1])]
         cols_idx = [Var(n) for n in cols] if cols else [ZERO] * len(self.row_axes)
         return Region(self.bound, self.schedule, self.itype,
                       slot_index(self.launch, rows_idx, cols_idx, lane),
@@ -146,7 +152,7 @@ class _Persistent:
         nvars = [f"n{a}" for a in self.rows_axes]
         reg = self.region(nvars, self.cvars, True)
         row_reg = self.region(nvars, None, False)
-        body = decompose(Var("nrow"), [self.domain[a] for a in self.rows_axes], nvars, "index_t")
+        body = self.row_indices(Var("nrow"), nvars)
         for t in self.fetch.row_scalars:
             size = fusion.tensors[t].dtype.itemsize
             addr = address(row_reg.index_of(t), tensor_strides(self.bound, t))
@@ -324,6 +330,9 @@ class _Persistent:
     def shown_domain(self) -> str:
         """The domain in the kernel's comment: the outermost extent as ``*`` where it is a
         kept axis (its extent then only counts the rows, ``n_rows``, a launch argument)."""
+        if self.flat and self.rows_axes[0] == 0:  # every kept extent comes in as n_rows
+            return "[" + ", ".join("*" if a in self.rows_axes else str(e)
+                                   for a, e in enumerate(self.domain)) + "]"
         return outer_free(self.domain) if self.rows_axes[:1] == [0] else str(self.domain)
 
     def block_memory(self) -> list[Stmt]:
@@ -384,10 +393,16 @@ class _Persistent:
                              *lines("#endif")]
         return worker, step, setup, loop_top
 
+    def row_indices(self, row: Var, names: list[str]) -> list[Stmt]:
+        """The kept axes' indices of flat row ``row``: split over their extents, or (flat
+        rows) the row itself as the innermost one's."""
+        if self.flat:
+            return [declare("index_t", names[-1], row)]
+        return decompose(row, [self.domain[a] for a in self.rows_axes], names, "index_t")
+
     def per_row(self, body: list[Stmt]) -> list[Stmt]:
         """A row's work: its indices, ``body``, then the pipeline's and barriers' bookkeeping."""
-        out = decompose(Var("row"), [self.domain[a] for a in self.rows_axes], self.rvars,
-                        "index_t") + body
+        out = self.row_indices(Var("row"), self.rvars) + body
         if self.fetch.bulk:  # this thread is done with the row's buffer
             out += [*lines("#if __CUDA_ARCH__ >= 900"),
                     stmt("fc_mbar_arrive(&fc_empty[buf][g]);", "g"), *lines("#endif")]

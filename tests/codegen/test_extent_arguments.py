@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from fusecut.codegen import generate_segment
+from fusecut.codegen.launch import flat_rows
 from fusecut.optimizer.ir import parse_text
 from fusecut.optimizer.ir.dtypes import DType
 from fusecut.optimizer.ir.inputs import tensor_meta
 from fusecut.optimizer.planner import make_plan
 from fusecut.runtime import ahead
 from tests.conftest import CORPUS
-from tests.helpers import extent_arg
+from tests.helpers import extent_arg, fusion
 from tests.runtime.test_ahead import empty_caches, nvrtc_calls  # noqa: F401 (fixtures)
 
 ROWS = (1000, 4096, 8192, 12345)
@@ -80,6 +81,24 @@ SWIGLU_BWD = """
     fd.add_output(T9)
 """
 
+# a [batch, sequence, hidden] RMSNorm backward as Thunder hands it over (the sizes from the
+# inputs: ``T0.shape()``), with its per-row [batch, sequence, 1] statistics
+THUNDER_RMSNORM_BWD = (CORPUS / "rmsnorm_bwd_thunder.py").read_text().replace(
+    "[8, 2048, 2048]", "T0.shape()").replace("[8, 2048, 1]", "T4.shape()")
+
+
+def batch_sequence(rows: int) -> tuple[int, int]:
+    """``rows`` as batch x sequence: 1000 -> 8 x 125, 4096 -> 8 x 512, 12345 -> 5 x 2469."""
+    batch = next(b for b in (8, 5, 3, 1) if rows % b == 0)
+    return batch, rows // batch
+
+
+def thunder_rmsnorm_bwd_inputs(rows: int) -> list:
+    b, s = batch_sequence(rows)
+    x, stat = (b, s, 2048), (b, s, 1)
+    return [(x, B), (x, B), ((2048,), B), (x, B), (stat, F), (x, B)]
+
+
 # name -> (definition, the inputs at ``rows`` rows)
 CASES = {
     "softmax": ((CORPUS / "softmax_fwd.py").read_text(), lambda r: [((r, 4096), B)]),
@@ -92,6 +111,8 @@ CASES = {
                       lambda r: [((r, 128256), B), ((r,), I64)]),
     "gelu_tanh_bias": ((CORPUS / "gelu_tanh_fwd.py").read_text(),
                        lambda r: [((r, 16384), B), ((16384,), B)]),
+    # batch and sequence both vary: the kernel indexes its rows flat (codegen.launch.flat_rows)
+    "rmsnorm_bwd_3d": (THUNDER_RMSNORM_BWD, thunder_rmsnorm_bwd_inputs),
 }
 
 
@@ -130,6 +151,39 @@ def test_the_rows_come_in_as_the_plans_values(rows):
     chunk = extent_arg(main, "n_chunk")
     assert extent_arg(main, "n_reduced") == rows and extent_arg(finish, "n_parts") == parts
     assert chunk % 4 == 0 and (parts - 1) * chunk < rows <= parts * chunk
+
+
+def flat(body: str, *metas) -> bool:
+    f = fusion(body)
+    plan = make_plan(f, list(metas))
+    [segment] = plan.segments
+    kept = [a for a in range(len(segment.schedule.domain))
+            if a not in segment.schedule.reduction_axes]
+    return flat_rows(plan.bound, segment.schedule, kept)
+
+
+NORM_3D = ("T0 = fd.define_tensor(shape=[-1, -1, -1], contiguity=[True, True, True], "
+           "dtype=DataType.Float)\n"
+           "T1 = fd.define_tensor(shape=[-1, -1, -1], contiguity=[True, True, True], "
+           "dtype=DataType.Float)\n"
+           "T2 = fd.ops.add(T0, T1)\nT3 = fd.ops.sum(T2, dims=[2], keepdim=True)\n"
+           "T4 = fd.ops.div(T2, T3)\nfd.add_output(T4)")
+
+
+def test_rows_are_indexed_flat_only_where_every_access_walks_them_so():
+    x = tensor_meta((6, 100, 256), F)
+    assert flat(NORM_3D, x, x)
+    # one input broadcast along the batch only (RoPE's tables): its rows are not one run
+    assert not flat(NORM_3D, x, tensor_meta((6, 100, 256), F, strides=(0, 256, 1)))
+    # batch and sequence swapped in memory
+    assert not flat(NORM_3D, x, tensor_meta((6, 100, 256), F, strides=(256, 6 * 256, 1)))
+    # an iota reads the sequence's index as a value: the rows keep their per-axis indices
+    iota = NORM_3D.replace("T2 = fd.ops.add(T0, T1)",
+                           "S9 = fd.define_scalar(256, dtype=DataType.Int)\n"
+                           "T8 = fd.ops.iota(S9, dtype=DataType.Float)\n"
+                           "T7 = fd.ops.broadcast_in_dim(T8, shape=T0.shape(), "
+                           "broadcast_dims=[2])\nT2 = fd.ops.add(T0, T7)")
+    assert not flat(iota, x, x)
 
 
 def test_one_compile_serves_every_row_count(empty_caches, nvrtc_calls):  # noqa: F811
