@@ -35,6 +35,7 @@ from fusecut.codegen.launch import (
     RowReductionLaunch,
     column_reduction_launch,
     finish_blocks,
+    flat_rows,
     row_reduction_launch,
     segment_index_type,
 )
@@ -75,7 +76,7 @@ def generate_reduction(bound: Bound, schedule: Schedule, profile: DeviceProfile,
         return SegmentKernels(index, "reduction", "", [])
     inner = rank == 0 or (rank - 1) in red_axes
     builder = _Builder(bound, schedule, profile, index, keep_axes, red_axes, rows, row_len,
-                       Names(recomputed))
+                       Names(recomputed), inner)
     max_vector = vector or MAX_VECTOR
     if inner:
         loaded = [t for t in schedule.inputs if _varies_along(schedule, t, red_axes)]
@@ -88,7 +89,7 @@ def generate_reduction(bound: Bound, schedule: Schedule, profile: DeviceProfile,
 
 class _Builder:
     def __init__(self, bound, schedule, profile, index, keep_axes, red_axes, rows, row_len,
-                 names: Names):
+                 names: Names, inner: bool):
         self.bound, self.schedule, self.profile, self.index = bound, schedule, profile, index
         self.keep_axes, self.red_axes = keep_axes, red_axes
         self.rows, self.row_len = rows, row_len
@@ -102,6 +103,9 @@ class _Builder:
         self.name = f"fusecut_segment{index}_reduction"
         self.names = names
         self.keep_names = [f"i{a}" for a in keep_axes]
+        # rows reduced along the innermost axes, indexed as one flat row where every access
+        # allows (codegen.launch.flat_rows): no division by their extents, none in the code
+        self.flat = inner and flat_rows(bound, schedule, keep_axes)
 
     # ---- pieces ---------------------------------------------------------------------------
 
@@ -111,9 +115,12 @@ class _Builder:
         index 0), lane by lane along ``lane_axis``."""
         out = []
         ki, ri = iter(keep_names), iter(red_names or ())
+        last_kept = self.keep_axes[-1] if self.keep_axes else None
         for a in range(len(self.domain)):
             if a not in self.red_axes:
                 var = Var(next(ki))
+                if self.flat and a != last_kept:  # the flat row is the innermost kept index
+                    var = ZERO
             else:
                 var = ZERO if red_names is None else Var(next(ri))
             out.append(plus_lane(var) if a == lane_axis else var)
@@ -154,7 +161,6 @@ class _Builder:
     def finish_kernel(self, parts: int, ws_of) -> tuple[list[Stmt], Kernel]:
         """Combine ``parts`` partial accumulators per reduced-domain element, then the
         epilogue."""
-        keep_ext = [self.domain[a] for a in self.keep_axes]
         names = [f"o{a}" for a in self.keep_axes]
         params: list[str] = []
         region = Region(self.bound, self.schedule, self.itype,
@@ -168,7 +174,7 @@ class _Builder:
         combine += lines("}")
         ids = {id(r): k for k, r in enumerate(self.reducers)}
         self.epilogue(region, lambda r: Code(f"acc{ids[id(r)]}"))
-        body_lines = decompose(Var("o"), keep_ext, names, "index_t") + combine + region.finish()
+        body_lines = self.row_indices(Var("o"), names) + combine + region.finish()
         kname = f"{self.name}_finish"
         ps = self.kernel_params(self.epilogue_outputs, params, "const ") + \
             [extent_param("n_outputs", self.rows, self.itype),
@@ -183,10 +189,20 @@ class _Builder:
         code += indent(body_lines, 4) + lines("  }", "}")
         return code, Kernel(kname, ps, (blocks, 1, 1), (threads, 1, 1))
 
+    def row_indices(self, row: Var, names: list[str]) -> list[Stmt]:
+        """The kept axes' indices of flat row ``row``: split over their extents, or (flat) the
+        row itself as the innermost one's."""
+        if self.flat:
+            return [declare("index_t", names[-1], row)]
+        return decompose(row, [self.domain[a] for a in self.keep_axes], names, "index_t")
+
     def shown_domain(self) -> str:
         """The domain in a kernel's comment: the outermost extent as ``*`` where it is kept
         (it then only counts the rows, ``n_rows``, a launch argument) or the only one (a
         free length, ``n_reduced``)."""
+        if self.flat and self.keep_axes[0] == 0:  # every kept extent comes in as n_rows
+            return "[" + ", ".join("*" if a in self.keep_axes else str(e)
+                                   for a, e in enumerate(self.domain)) + "]"
         free = self.keep_axes[:1] == [0] or len(self.domain) == 1  # rows, or the free length
         return outer_free(self.domain) if free else str(self.domain)
 
@@ -219,8 +235,7 @@ class _Builder:
             tail_lines, tail_params = self.accumulation_loop(1, acc_of, "c")
             params += [p for p in tail_params if p not in params]
         tid = "(threadIdx.x & 31)" if warp_rows else "threadIdx.x"
-        inner = decompose(Var("row"), [self.domain[a] for a in self.keep_axes], self.keep_names,
-                          "index_t")
+        inner = self.row_indices(Var("row"), self.keep_names)
         inner += [stmt(f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}", r.calls)
                   for k, r in enumerate(self.reducers)]
         before_loop = len(inner)
