@@ -37,19 +37,34 @@ from fusecut.runtime import compile as nvrtc
 from fusecut.runtime.lru import BoundedCache
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus"
+
+
+def corpus(name: str) -> str:
+    return (CORPUS / f"{name}.py").read_text()
+
+
 BATCHES = (1, 2, 4, 8)
 SEQUENCES = (512, 1000, 1536, 2048)
 B, F, I64 = DType.bfloat16, DType.float32, DType.int64
-
-# name -> (corpus file, the inputs at ``rows`` = batch x sequence rows)
+# name -> (definition, the inputs at batch x sequence); the 2-D cases take batch x sequence rows
 CASES = {
-    "softmax_fwd": ("softmax_fwd", lambda r: [((r, 4096), B)]),
-    "layernorm_fwd": ("layernorm_fwd", lambda r: [((r, 4096), B), ((4096,), B), ((4096,), B)]),
-    "layernorm_bwd": ("layernorm_bwd", lambda r: [((r, 4096), B), ((r, 4096), B), ((r, 1), F),
-                                                   ((r, 1), F), ((4096,), B)]),
-    "silu_mul_fwd": ("silu_mul_fwd", lambda r: [((r, 14336), B)] * 2),
-    "gelu_tanh_fwd": ("gelu_tanh_fwd", lambda r: [((r, 16384), B), ((16384,), B)]),
-    "cross_entropy_fwd": ("cross_entropy_fwd", lambda r: [((r, 32000), B), ((r,), I64)]),
+    "softmax_fwd": (corpus("softmax_fwd"), lambda b, s: [((b * s, 4096), B)]),
+    "layernorm_fwd": (corpus("layernorm_fwd"),
+                      lambda b, s: [((b * s, 4096), B), ((4096,), B), ((4096,), B)]),
+    "layernorm_bwd": (corpus("layernorm_bwd"),
+                      lambda b, s: [((b * s, 4096), B), ((b * s, 4096), B), ((b * s, 1), F),
+                                    ((b * s, 1), F), ((4096,), B)]),
+    "silu_mul_fwd": (corpus("silu_mul_fwd"), lambda b, s: [((b * s, 14336), B)] * 2),
+    "gelu_tanh_fwd": (corpus("gelu_tanh_fwd"),
+                      lambda b, s: [((b * s, 16384), B), ((16384,), B)]),
+    "cross_entropy_fwd": (corpus("cross_entropy_fwd"),
+                          lambda b, s: [((b * s, 32000), B), ((b * s,), I64)]),
+    # Llama's RMSNorm backward as Thunder hands it over: [batch, sequence, 2048]
+    "rmsnorm_bwd_thunder": (
+        corpus("rmsnorm_bwd_thunder").replace("[8, 2048, 2048]", "T0.shape()")
+        .replace("[8, 2048, 1]", "T4.shape()"),
+        lambda b, s: [((b, s, 2048), B), ((b, s, 2048), B), ((2048,), B), ((b, s, 2048), B),
+                      ((b, s, 1), F), ((b, s, 2048), B)]),
 }
 
 
@@ -68,14 +83,14 @@ def host_name() -> str:
 
 
 def run_case(name: str, shapes: list[tuple[int, int]]) -> dict:
-    file, inputs = CASES[name]
-    fusion = parse_text((CORPUS / f"{file}.py").read_text()).fusion
+    text, inputs = CASES[name]
+    fusion = parse_text(text).fusion
     fresh_caches()
     engine = Engine()
     handle = engine.fusion(fusion)
     costs = []
     for batch, seq in shapes:
-        metas = [tensor_meta(shape, dtype) for shape, dtype in inputs(batch * seq)]
+        metas = [tensor_meta(shape, dtype) for shape, dtype in inputs(batch, seq)]
         compiles = nvrtc.STATS.compiles
         start = time.perf_counter()
         plan = handle.execution_plan(metas)
