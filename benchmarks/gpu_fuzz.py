@@ -5,14 +5,17 @@ fusecut's generated kernels on the GPU and through the torch reference on the sa
 
 ``--cases`` fixed seeds (0, 1, ...) and ``--fresh`` seeds drawn from the clock (printed, so a
 failure reproduces). Each case is planned, compiled and run the way ``fd.execute`` runs it (the
-compiled program, its warm call); every output is compared with the reference. A mismatch is
+compiled program, its warm call); every output is compared with the reference. Odd seeds run
+the plan ``fd.execute`` picks (its range's plan rebound to the case's extents), even ones the
+search for exactly them. A mismatch is
 then narrowed to its segment (that segment alone on the GPU, every other on the reference), and
 a repro file is written: the whole case in nvFuser's repro format, and the failing segment as a
 definition of its own with its arguments' metadata. A case that raises (plan, codegen, NVRTC,
 launch) counts as an error with its message; one that kills its process, as a crash. The
 table goes to ``benchmarks/results/``; the exit status is 1 when any case did not match.
 
-Without a GPU, ``--cpu`` plans and generates every case (no kernel runs): the generator's check.
+Without a GPU, ``--cpu`` plans and generates every case and runs its plan segment by segment
+on the reference (no kernel runs): the planner's and the generator's check.
 """
 
 from __future__ import annotations
@@ -75,10 +78,13 @@ def mismatch(got, want) -> str:
 
 
 def run_case(seed: int, device: str) -> Outcome:
-    """One case on ``device`` ("cuda", or "cpu": plan and generate only)."""
+    """One case on ``device`` ("cuda", or "cpu": plan, generate, and run each segment on the
+    reference). Odd seeds run the plan ``fd.execute`` picks (its range's plan, rebound to these
+    extents: ``optimizer.plan.rebind``), even ones the search for exactly these inputs."""
     import torch
 
     from fusecut.codegen import generate_segment
+    from fusecut.engine import Engine
     from fusecut.optimizer.planner import PlanOptions, make_plan
     from fusecut.runtime.kernels import NOT_GENERATED
     from fusecut.runtime.reference import run_reference
@@ -88,12 +94,20 @@ def run_case(seed: int, device: str) -> Outcome:
     c = case(seed)
     out = Outcome(seed, c.family, "ok")
     try:
-        plan = make_plan(c.fusion, c.inputs, PlanOptions(time_limit_s=1.0))
+        if seed % 2:
+            plan = Engine().fusion(c.fusion).execution_plan(c.inputs, time_limit_s=1.0)
+        else:
+            plan = make_plan(c.fusion, c.inputs, PlanOptions(time_limit_s=1.0))
         out.kinds = [s.kind.value for s in plan.segments]
         if device == "cpu":
             for s in plan.segments:
                 if s.kind not in NOT_GENERATED:
                     generate_segment(plan, s)
+            args = [make_input(m, device, torch.Generator().manual_seed(seed))
+                    for m in c.inputs]
+            why = mismatch(run_plan(plan, args).outputs, run_reference(c.fusion, args))
+            if why:  # the plan's segments, each on the reference, are not the fusion
+                out.status, out.detail = "mismatch", why
             return out
         gen = torch.Generator(device=device).manual_seed(seed)
         args = [make_input(m, device, gen) for m in c.inputs]
@@ -247,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", type=int, default=0, help="more seeds drawn from the clock")
     ap.add_argument("--seed", type=int, action="append", help="run only these seeds")
     ap.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
-    ap.add_argument("--cpu", action="store_true", help="plan and generate only (no GPU)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="plan, generate and run the segments on the reference (no GPU)")
     ap.add_argument("--out", type=Path, default=None, help="folder for repro files")
     ap.add_argument("--no-results", action="store_true", help="write no results file")
     a = ap.parse_args(argv)
@@ -255,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
 
     device = "cpu" if a.cpu or not torch.cuda.is_available() else "cuda"
     if device == "cpu" and not a.cpu:
-        print("no GPU: planning and generating only (--cpu)", file=sys.stderr)
+        print("no GPU: planning, generating and running on the reference only (--cpu)",
+              file=sys.stderr)
     base = int(time.time()) % 1_000_000 * 1000 + 10_000_000
     fresh = list(range(base, base + a.fresh))
     seeds = a.seed or (list(range(a.cases)) + fresh)
