@@ -200,8 +200,11 @@ class FusionHandle:
         return made
 
     def adopt(self, inputs: list[Any], plan: Plan, **options: Any) -> None:
-        """Serve ``plan`` (made elsewhere: a service's, restored here) for these inputs."""
-        self.engine.plans.put(self.plan_key(inputs, options), plan)
+        """Serve ``plan`` (made elsewhere: a service's, restored here) for these inputs, to runs
+        as well: a plan the caller hands over is the one that runs, not its range's."""
+        key = self.plan_key(inputs, options)
+        self.engine.plans.put(key, plan)
+        self.engine.plans.put(key + ("rebound",), plan)
         self.engine.count("plans_adopted")
 
     # ---- stage 2: program ---------------------------------------------------------------------
