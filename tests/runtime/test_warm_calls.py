@@ -48,7 +48,15 @@ def test_repeated_calls_plan_once_on_the_cpu_path(monkeypatch):
         outs = fd.execute(args)
     assert planned.calls == 1
     close(outs, run_reference(fusion, args))
-    fd.execute([a[:-1] if a.dim() == 2 else a for a in args])  # another shape: a new plan
+    # another shape of the same range (rows rounded up to a power of two): its range's plan,
+    # rebound to it, no search (issue 44); a shape of another range: a search
+    stats = fusecut.engine.default_engine().stats
+    rebound = stats.plans_rebound
+    fewer = [a[:-1] if a.dim() == 2 else a for a in args]
+    close(fd.execute(fewer), run_reference(fusion, fewer))
+    assert planned.calls == 1 and stats.plans_rebound == rebound + 1
+    more = [torch.cat([a, a[:1]]) if a.dim() == 2 else a for a in args]
+    close(fd.execute(more), run_reference(fusion, more))
     assert planned.calls == 2
 
 
