@@ -40,6 +40,16 @@ def outer_free(extents: Sequence[int]) -> str:
     return "[" + ", ".join(["*", *map(str, extents[1:])] if extents else []) + "]"
 
 
+def kept_domain(domain: Sequence[int], kept: Sequence[int], flat: bool) -> str:
+    """A row kernel's domain as its comment shows it (``kept``: the axes it keeps; ``flat``:
+    they are indexed as one flat row, ``codegen.launch.flat_rows``): every kept extent as
+    ``*`` where the rows are flat and lead, else the outermost where it is kept; the values
+    otherwise."""
+    if flat and kept[:1] == [0]:  # every kept extent comes in as n_rows
+        return "[" + ", ".join("*" if a in kept else str(e) for a, e in enumerate(domain)) + "]"
+    return outer_free(domain) if kept[:1] == [0] else str(list(domain))
+
+
 def extent_param(name: str, value: int, index_type: str) -> KernelParam:
     """The launch argument ``name`` (``n_rows``, ``n_vec``): an extent of ``value`` in this
     plan, of the kernel's index type."""

@@ -100,6 +100,16 @@ def decompose(flat: IndexExpr, extents: list[int], names: list[str], itype: str,
     return lines
 
 
+def row_indices(row: IndexExpr, extents: list[int], names: list[str], flat: bool
+                ) -> list[Stmt]:
+    """Statements giving the kept axes' indices of flat row ``row``: split over their
+    ``extents``, or where the rows are indexed flat (``codegen.launch.flat_rows``) the row
+    itself as the innermost one's (the others are not needed: their index is 0)."""
+    if flat:
+        return [declare("index_t", names[-1], row)]
+    return decompose(row, extents, names, "index_t")
+
+
 def merge_axes(extents: list[int], rows: list[tuple[int, ...]]) -> list[tuple[int, int]]:
     """Runs ``(first, last)`` of adjacent domain axes that every access walks as one flat axis,
     so a kernel can index them with one index and no division: ``rows`` holds, per tensor read

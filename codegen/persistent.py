@@ -50,7 +50,7 @@ from fusecut.codegen.kernel import (
     Workspace,
     copies_per_visit,
     extent_param,
-    outer_free,
+    kept_domain,
     reducer,
     segment_kernels,
     signature,
@@ -64,7 +64,13 @@ from fusecut.codegen.launch import (
     prefetch_plan,
     slot_index,
 )
-from fusecut.codegen.layout import address, decompose, index_typedefs, tensor_strides
+from fusecut.codegen.layout import (
+    address,
+    decompose,
+    index_typedefs,
+    row_indices,
+    tensor_strides,
+)
 from fusecut.codegen.names import Names
 from fusecut.codegen.online import accumulator_bytes
 from fusecut.codegen.preamble import IO_PREAMBLE
@@ -111,6 +117,7 @@ class _Persistent:
         # one flat row index over several kept axes where every access allows (no division by
         # their extents, none of them in the code: codegen.launch.flat_rows)
         self.flat = flat_rows(bound, schedule, self.rows_axes)
+        self.rows_extents = [self.domain[a] for a in self.rows_axes]
         self.cvars = [f"c_{a}" for a in self.row_axes]
         # what the row groups prefetch into shared memory
         self.fetch = (prefetch_plan(bound, schedule, profile, launch)
@@ -152,7 +159,7 @@ class _Persistent:
         nvars = [f"n{a}" for a in self.rows_axes]
         reg = self.region(nvars, self.cvars, True)
         row_reg = self.region(nvars, None, False)
-        body = self.row_indices(Var("nrow"), nvars)
+        body = row_indices(Var("nrow"), self.rows_extents, nvars, self.flat)
         for t in self.fetch.row_scalars:
             size = fusion.tensors[t].dtype.itemsize
             addr = address(row_reg.index_of(t), tensor_strides(self.bound, t))
@@ -315,9 +322,9 @@ class _Persistent:
             on_chip += f"; prefetched {self.fetch.stages} rows deep: " + \
                 (", ".join(self.fetch.staged + self.fetch.row_scalars) or "-") + "; read once: " + \
                 (", ".join(self.fetch.fixed) or "-")
-        head = lines(f"// segment {self.index}: {self.kind.value} over domain "
-                     f"{self.shown_domain()}: n_rows rows of {self.row_len}, {how} per row, "
-                     f"{self.slots} x "
+        shown = kept_domain(self.domain, self.rows_axes, self.flat)
+        head = lines(f"// segment {self.index}: {self.kind.value} over domain {shown}: "
+                     f"n_rows rows of {self.row_len}, {how} per row, {self.slots} x "
                      f"{self.vec} elements per thread, {self.pers.n_stages} stage(s), on chip: "
                      f"{on_chip}")
         head += [index_typedefs(self.itype),
@@ -326,14 +333,6 @@ class _Persistent:
         if self.groups:
             head = lines(*IO_PREAMBLE.strip("\n").split("\n"), "") + head
         return head
-
-    def shown_domain(self) -> str:
-        """The domain in the kernel's comment: the outermost extent as ``*`` where it is a
-        kept axis (its extent then only counts the rows, ``n_rows``, a launch argument)."""
-        if self.flat and self.rows_axes[0] == 0:  # every kept extent comes in as n_rows
-            return "[" + ", ".join("*" if a in self.rows_axes else str(e)
-                                   for a, e in enumerate(self.domain)) + "]"
-        return outer_free(self.domain) if self.rows_axes[:1] == [0] else str(self.domain)
 
     def block_memory(self) -> list[Stmt]:
         """Shared memory (the stages' reduction buffers, the prefetch slots) and the column
@@ -393,16 +392,9 @@ class _Persistent:
                              *lines("#endif")]
         return worker, step, setup, loop_top
 
-    def row_indices(self, row: Var, names: list[str]) -> list[Stmt]:
-        """The kept axes' indices of flat row ``row``: split over their extents, or (flat
-        rows) the row itself as the innermost one's."""
-        if self.flat:
-            return [declare("index_t", names[-1], row)]
-        return decompose(row, [self.domain[a] for a in self.rows_axes], names, "index_t")
-
     def per_row(self, body: list[Stmt]) -> list[Stmt]:
         """A row's work: its indices, ``body``, then the pipeline's and barriers' bookkeeping."""
-        out = self.row_indices(Var("row"), self.rvars) + body
+        out = row_indices(Var("row"), self.rows_extents, self.rvars, self.flat) + body
         if self.fetch.bulk:  # this thread is done with the row's buffer
             out += [*lines("#if __CUDA_ARCH__ >= 900"),
                     stmt("fc_mbar_arrive(&fc_empty[buf][g]);", "g"), *lines("#endif")]

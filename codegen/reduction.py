@@ -23,7 +23,7 @@ from fusecut.codegen.kernel import (
     SegmentKernels,
     Workspace,
     extent_param,
-    outer_free,
+    kept_domain,
     segment_kernels,
     signature,
     tensor_params,
@@ -39,7 +39,7 @@ from fusecut.codegen.launch import (
     row_reduction_launch,
     segment_index_type,
 )
-from fusecut.codegen.layout import decompose, index_typedefs
+from fusecut.codegen.layout import decompose, index_typedefs, row_indices
 from fusecut.codegen.names import Names
 from fusecut.codegen.online import accumulator_bytes, add_batched, segment_reducers
 from fusecut.codegen.regions import Region, lane_for
@@ -106,6 +106,11 @@ class _Builder:
         # rows reduced along the innermost axes, indexed as one flat row where every access
         # allows (codegen.launch.flat_rows): no division by their extents, none in the code
         self.flat = inner and flat_rows(bound, schedule, keep_axes)
+        self.kept_extents = [self.domain[a] for a in keep_axes]
+        # the domain in the comments: a 1-D reduction's only axis is its free length
+        # (n_reduced), shown as a kept outermost one is
+        self.shown_domain = kept_domain(
+            self.domain, keep_axes or ([0] if len(self.domain) == 1 else []), self.flat)
 
     # ---- pieces ---------------------------------------------------------------------------
 
@@ -174,7 +179,8 @@ class _Builder:
         combine += lines("}")
         ids = {id(r): k for k, r in enumerate(self.reducers)}
         self.epilogue(region, lambda r: Code(f"acc{ids[id(r)]}"))
-        body_lines = self.row_indices(Var("o"), names) + combine + region.finish()
+        body_lines = row_indices(Var("o"), self.kept_extents, names, self.flat) + combine + \
+            region.finish()
         kname = f"{self.name}_finish"
         ps = self.kernel_params(self.epilogue_outputs, params, "const ") + \
             [extent_param("n_outputs", self.rows, self.itype),
@@ -188,23 +194,6 @@ class _Builder:
                         "o < n_outputs; o += (index_t)gridDim.x * blockDim.x) {")]
         code += indent(body_lines, 4) + lines("  }", "}")
         return code, Kernel(kname, ps, (blocks, 1, 1), (threads, 1, 1))
-
-    def row_indices(self, row: Var, names: list[str]) -> list[Stmt]:
-        """The kept axes' indices of flat row ``row``: split over their extents, or (flat) the
-        row itself as the innermost one's."""
-        if self.flat:
-            return [declare("index_t", names[-1], row)]
-        return decompose(row, [self.domain[a] for a in self.keep_axes], names, "index_t")
-
-    def shown_domain(self) -> str:
-        """The domain in a kernel's comment: the outermost extent as ``*`` where it is kept
-        (it then only counts the rows, ``n_rows``, a launch argument) or the only one (a
-        free length, ``n_reduced``)."""
-        if self.flat and self.keep_axes[0] == 0:  # every kept extent comes in as n_rows
-            return "[" + ", ".join("*" if a in self.keep_axes else str(e)
-                                   for a, e in enumerate(self.domain)) + "]"
-        free = self.keep_axes[:1] == [0] or len(self.domain) == 1  # rows, or the free length
-        return outer_free(self.domain) if free else str(self.domain)
 
     def kernel_params(self, outputs: list[str], params: list[str], workspaces: str | None
                       ) -> list[KernelParam]:
@@ -235,7 +224,7 @@ class _Builder:
             tail_lines, tail_params = self.accumulation_loop(1, acc_of, "c")
             params += [p for p in tail_params if p not in params]
         tid = "(threadIdx.x & 31)" if warp_rows else "threadIdx.x"
-        inner = self.row_indices(Var("row"), self.keep_names)
+        inner = row_indices(Var("row"), self.kept_extents, self.keep_names, self.flat)
         inner += [stmt(f"{r.acc_type} acc{k} = {r.identity};  // {r.describe()}", r.calls)
                   for k, r in enumerate(self.reducers)]
         before_loop = len(inner)
@@ -268,7 +257,7 @@ class _Builder:
             f", split in {split} chunks" if split > 1 else ""
         length = "n_reduced" if launch.free_length else self.row_len
         head = lines(f"// segment {self.index}: reduce {length} elements per row over "
-                     f"n_rows rows (domain {self.shown_domain()}, reduced axes "
+                     f"n_rows rows (domain {self.shown_domain}, reduced axes "
                      f"{self.red_axes}); "
                      f"{how} per row, {vec} per load{note}")
         head += [index_typedefs(self.itype),
