@@ -30,14 +30,13 @@ from typing import Any
 
 import torch
 
-from fusecut.optimizer.analysis.shapes import bind
 from fusecut.optimizer.errors import FusecutError
 from fusecut.optimizer.ir.fusion import Fusion
 from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta
-from fusecut.optimizer.ir.rng import seed_implicit_rng
 from fusecut.optimizer.ir.wire import fusion_id, meta_from_json
 from fusecut.optimizer.plan.plan import Plan
 from fusecut.optimizer.plan.rebind import (
+    bound_as_planned,
     fixed_extents,
     rebind,
     representative,
@@ -178,9 +177,10 @@ class FusionHandle:
             self.engine.count("plan_hits")
             return found
         try:
-            fixed = fixed_extents(bind(*seed_implicit_rng(self.fusion, metas)))
+            bound = bound_as_planned(self.fusion, metas)
         except FusecutError:  # planning says what is wrong with these inputs
             return self.plan(metas, **options)
+        fixed = fixed_extents(bound)
         shape = representative(metas, fixed)
         definition = representative_fusion(self.fusion, metas, fixed)
         if shape == metas and definition is self.fusion:
@@ -192,7 +192,7 @@ class FusionHandle:
             source = at.plan(shape, **options)
         except FusecutError:  # the definition fixes these extents otherwise (a slice's ends)
             source = None
-        made = rebind(source, self.fusion, metas) if source is not None else None
+        made = rebind(source, self.fusion, metas, bound) if source is not None else None
         if made is None:
             return self.plan(metas, **options)
         self.engine.plans.put(key, made)

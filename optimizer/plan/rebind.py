@@ -120,17 +120,22 @@ def representative_fusion(fusion: Fusion, metas: list[InputMeta], fixed: set[int
     return replace(fusion, ops=ops, tensors=tensors)
 
 
-def rebind(plan: Plan, fusion: Fusion, metas: list[InputMeta]) -> Plan | None:
-    """``plan``'s segmentation for ``fusion`` bound to ``metas``, or None where it does not
-    hold: the fusion does not bind to them, or a segment does not schedule there, or not as the
-    same kind."""
-    fusion, metas = seed_implicit_rng(fusion, metas)  # as make_plan planned it
+def bound_as_planned(fusion: Fusion, metas: list[InputMeta]) -> Bound:
+    """``fusion`` bound to ``metas`` as ``make_plan`` binds it (unseeded random ops seeded)."""
+    return bind(*seed_implicit_rng(fusion, metas))
+
+
+def rebind(plan: Plan, fusion: Fusion, metas: list[InputMeta], bound: Bound | None = None
+           ) -> Plan | None:
+    """``plan``'s segmentation for ``fusion`` bound to ``metas`` (``bound``: that binding,
+    where the caller made it already), or None where it does not hold: the fusion does not
+    bind to them, or a segment does not schedule there, or not as the same kind."""
     kinds = frozenset(Kind(k) for k in plan.options.get("kinds", KINDS.default))
     groups = [(frozenset(s.schedule.ops), frozenset(s.schedule.outputs)) for s in plan.segments]
     report = SolverReport(REBOUND, message=f"plan {plan.plan_id}'s segmentation, bound to "
                                            "these extents (no search)")
     try:
-        graph = SegGraph(bind(fusion, metas), plan.profile, kinds)
+        graph = SegGraph(bound or bound_as_planned(fusion, metas), plan.profile, kinds)
         made = build_plan(graph, groups, plan.segmenter, report, None, plan.options)
     except FusecutError:
         return None
