@@ -34,7 +34,6 @@ from fusecut.optimizer.ir import parse_text
 from fusecut.optimizer.ir.dtypes import DType
 from fusecut.optimizer.ir.inputs import tensor_meta
 from fusecut.runtime import compile as nvrtc
-from fusecut.runtime.lru import BoundedCache
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus"
 
@@ -70,7 +69,7 @@ CASES = {
 
 def fresh_caches() -> None:
     """Empty caches: NVRTC's in memory, and a new directory for the kernels and plans on disk."""
-    nvrtc._memory = BoundedCache(nvrtc.MAX_CUBINS)
+    nvrtc.clear_memory_cache()
     os.environ["FUSECUT_CACHE_DIR"] = tempfile.mkdtemp(prefix="fusecut-shapes-")
 
 
