@@ -42,11 +42,11 @@ def outer_free(extents: Sequence[int]) -> str:
 
 def kept_domain(domain: Sequence[int], kept: Sequence[int], flat: bool) -> str:
     """A row kernel's domain as its comment shows it (``kept``: the axes it keeps; ``flat``:
-    they are indexed as one flat row, ``codegen.launch.flat_rows``): every kept extent as
-    ``*`` where the rows are flat and lead, else the outermost where it is kept; the values
-    otherwise."""
-    if flat and kept[:1] == [0]:  # every kept extent comes in as n_rows
-        return "[" + ", ".join("*" if a in kept else str(e) for a, e in enumerate(domain)) + "]"
+    they are indexed as one flat row, ``codegen.launch.flat_rows``): the kept extents as one
+    ``*`` where the rows are flat and lead (as a [rows, hidden] kernel's), else the outermost
+    where it is kept; the values otherwise."""
+    if flat and kept[:1] == [0]:  # every kept extent comes in as n_rows, one flat axis
+        return str(["*"] + [e for a, e in enumerate(domain) if a not in kept]).replace("'", "")
     return outer_free(domain) if kept[:1] == [0] else str(list(domain))
 
 

@@ -9,6 +9,7 @@ picks 32-bit index arithmetic when every offset fits, 64-bit otherwise.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from fusecut.codegen.code import Stmt, declare
 from fusecut.codegen.index import ZERO, Add, Const, Index, IndexExpr, Mul, Paren, Var, is_atom
@@ -108,6 +109,19 @@ def row_indices(row: IndexExpr, extents: list[int], names: list[str], flat: bool
     if flat:
         return [declare("index_t", names[-1], row)]
     return decompose(row, extents, names, "index_t")
+
+
+def axis_label(axis: int, kept: Sequence[int], flat: bool) -> int:
+    """The number domain axis ``axis`` goes by in a row kernel's names (``i0``, ``c_1``): its
+    position, but where the kept axes are indexed as one flat row (``kept``, adjacent) they
+    count as one axis, numbered as the first. So a [batch, sequence, hidden] kernel names its
+    values as a [rows, hidden] one does, and batch 1 (an axis the binding drops) compiles the
+    same source as any other batch."""
+    if not flat or not kept or axis <= kept[0]:
+        return axis
+    if axis in kept:
+        return kept[0]
+    return axis - (len(kept) - 1)
 
 
 def merge_axes(extents: list[int], rows: list[tuple[int, ...]]) -> list[tuple[int, int]]:

@@ -66,6 +66,7 @@ from fusecut.codegen.launch import (
 )
 from fusecut.codegen.layout import (
     address,
+    axis_label,
     decompose,
     index_typedefs,
     row_indices,
@@ -113,17 +114,21 @@ class _Persistent:
                                                                 schedule.outer_axes))
                              for i in schedule.outer_reductions]
         self.smem_decls: list[Stmt] = []
-        self.rvars = [f"i{a}" for a in self.rows_axes]
         # one flat row index over several kept axes where every access allows (no division by
         # their extents, none of them in the code: codegen.launch.flat_rows)
         self.flat = flat_rows(bound, schedule, self.rows_axes)
+        self.rvars = self.axis_names("i", self.rows_axes)
         self.rows_extents = [self.domain[a] for a in self.rows_axes]
-        self.cvars = [f"c_{a}" for a in self.row_axes]
+        self.cvars = self.axis_names("c_", self.row_axes)
         # what the row groups prefetch into shared memory
         self.fetch = (prefetch_plan(bound, schedule, profile, launch)
                       if launch.groups and launch.rows else PrefetchPlan())
         for t in self.fetch.bulk:
             self.aligned[t] = max(self.aligned.get(t, 1), 16)
+
+    def axis_names(self, prefix: str, axes: list[int]) -> list[str]:
+        """Index names of domain ``axes`` (flat kept axes share the row's: layout.axis_label)."""
+        return [f"{prefix}{axis_label(a, self.rows_axes, self.flat)}" for a in axes]
 
     def is_row(self, t: str) -> bool:
         return is_row_input(self.schedule, self.row_axes, t)
@@ -156,7 +161,7 @@ class _Persistent:
         thread, committed as one group (an empty group past the last row keeps the count), and
         on sm_90 one bulk copy per contiguous row tensor, issued by the group's first thread."""
         fusion = self.fusion
-        nvars = [f"n{a}" for a in self.rows_axes]
+        nvars = self.axis_names("n", self.rows_axes)
         reg = self.region(nvars, self.cvars, True)
         row_reg = self.region(nvars, None, False)
         body = row_indices(Var("nrow"), self.rows_extents, nvars, self.flat)
@@ -638,7 +643,7 @@ class _Persistent:
         threads stride over the partials, shared memory combines them, then the epilogue."""
         sched = self.schedule
         params: list[str] = []
-        names = [f"f_{a}" for a in self.row_axes]
+        names = self.axis_names("f_", self.row_axes)
         region = Region(self.bound, sched, self.itype,
                         slot_index(self.launch, [ZERO] * len(self.rows_axes),
                                    [Var(n) for n in names], False), 1,

@@ -243,9 +243,12 @@ def test_one_compile_runs_every_row_count_right_on_the_gpu(name, tmp_path, monke
         close(execute_plan(plan, args, cuda_runner, "cuda").outputs, want, f"{name} {rows}")
         close(Engine().fusion(plan.fusion).execute(args), want, f"{name} {rows} program")
         compiles.append(rc.STATS.compiles - before)
-    assert compiles[0] >= 1 and compiles[1:] == [0, 0], compiles
+    assert compiles[0] >= 1 and not any(compiles[1:]), compiles
 
 
+# batch x sequence of the [batch, sequence, hidden] row reductions: the last two have an axis
+# of extent 1, which the binding drops
+BATCH_SEQUENCE = ((8, 125), (5, 2469), (3, 7), (1, 4097), (8, 1))
 ROW_SUM_3D = ("T0 = fd.define_tensor(shape=[-1, -1, -1], contiguity=[True, True, True], "
               "dtype=DataType.Half)\n"
               "T3 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], "
@@ -257,7 +260,7 @@ ROW_SUM_3D = ("T0 = fd.define_tensor(shape=[-1, -1, -1], contiguity=[True, True,
 def test_a_row_reduction_over_batch_and_sequence_is_one_kernel():
     # (rows too long for a warp split across blocks by how many rows there are: not free yet)
     sources, hidden = [], 256
-    for batch, seq in ((8, 125), (5, 2469), (3, 7)):  # (an extent 1 is a range of its own)
+    for batch, seq in BATCH_SEQUENCE:
         f = fusion(ROW_SUM_3D)
         plan = make_plan(f, [tensor_meta((batch, seq, hidden), DType.float16),
                              tensor_meta((batch, seq), F)])
@@ -266,8 +269,10 @@ def test_a_row_reduction_over_batch_and_sequence_is_one_kernel():
         assert extent_arg(kernels.kernels[0], "n_rows") == batch * seq
         sources.append(kernels.source)
     # the flat row indexes the [batch, sequence] statistics and output directly
-    assert "const index_t i1 = row;" in sources[0] and "in_T3[i1]" in sources[0]
-    assert sources[0] == sources[1] == sources[2]
+    assert "const index_t i0 = row;" in sources[0] and "in_T3[i0]" in sources[0]
+    # batch 1 or sequence 1 (an axis the binding drops): the same source, as one flat axis is
+    # named the same as two
+    assert all(s == sources[0] for s in sources[1:])
 
 
 @pytest.mark.gpu
@@ -284,7 +289,7 @@ def test_a_flat_row_reduction_runs_right_on_the_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSECUT_CACHE_DIR", str(tmp_path))
     rc.clear_memory_cache()
     compiles = []
-    for batch, seq in ((8, 125), (5, 2469), (3, 7)):
+    for batch, seq in BATCH_SEQUENCE:
         f = fusion(ROW_SUM_3D)
         plan = make_plan(f, [tensor_meta((batch, seq, 256), DType.float16),
                              tensor_meta((batch, seq), F)])
@@ -293,4 +298,4 @@ def test_a_flat_row_reduction_runs_right_on_the_gpu(tmp_path, monkeypatch):
         close(execute_plan(plan, args, cuda_runner, "cuda").outputs, run_reference(f, args),
               f"{batch}x{seq}")
         compiles.append(rc.STATS.compiles - before)
-    assert compiles[0] >= 1 and compiles[1:] == [0, 0], compiles
+    assert compiles[0] >= 1 and not any(compiles[1:]), compiles

@@ -6,6 +6,10 @@
 # gradient's pass reads the logits again. Its plan: the statistics in one pass over the logits
 # and the gradient in another (147 MiB, 1.5x the 98 MiB floor); a search that charged each small
 # solve as a large one stopped at 344 MiB, passing the shifted logits as float32.
+import torch
+from nvfuser import DataType, FusionDefinition
+
+
 def nvfuser_fusion_id7(fd : FusionDefinition) -> None :
     T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Int, is_cpu=False, stride_order=[1, 0])
     T1 = fd.define_tensor(shape=[], contiguity=[], dtype=DataType.Float, is_cpu=False, stride_order=[])

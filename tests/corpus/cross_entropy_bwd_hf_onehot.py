@@ -6,6 +6,10 @@
 # twice, it moved 1.5 GiB of GPT-2's 2.3 GiB floor again three times (6.9 GiB planned). Plans
 # cut into windows of 4 segments kept it: the write is in the second segment, the reads in the
 # fourth and fifth, never all in one window.
+import torch
+from nvfuser import DataType, FusionDefinition
+
+
 def nvfuser_fusion_id8(fd : FusionDefinition) -> None :
     T0 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.Int, is_cpu=False, stride_order=[1, 0])
     T1 = fd.define_tensor(shape=[-1, -1], contiguity=[True, True], dtype=DataType.BFloat16, is_cpu=False, stride_order=[1, 0])
