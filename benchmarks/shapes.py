@@ -10,10 +10,19 @@ and the kernels take the rows at launch). The first shape pays the search and th
 table gives it apart. What each new shape cost before kernels took their extents at launch is
 about the first shape's cost: its own search and its own NVRTC compile per kernel.
 
-Host side only, on any machine with NVRTC (no GPU is needed to compile). The step times against
-nvFuser and torch.compile with ``mark_dynamic`` need the GPU: not in this script yet.
+Host side only by default, on any machine with NVRTC (no GPU is needed to compile). With
+``--gpu`` (on the device) it also runs every shape, in the same order, through four systems in
+one process, and per shape measures the first call (what a new shape costs the user, host and
+GPU, synchronized) and the warm call's GPU time (CUDA events, rotating rounds):
 
-    python -m benchmarks.shapes [--seed 0] [--cases softmax,layernorm_fwd,...]
+- ``fusecut``: ``FusionHandle.execute`` as ``fd.execute`` runs it: the range's plan, rebound;
+- ``own plan``: the plan searched for exactly this shape, compiled for it (what fusecut ran
+  before plans held for a range): the range plan's cost is the ratio of the two;
+- ``nvFuser``: the real nvFuser (``source .nvf/setup.sh``), one definition for every shape;
+- ``torch.compile``: the case's eager function compiled with ``dynamic=True`` (as
+  ``mark_dynamic`` on every axis).
+
+    python -m benchmarks.shapes [--seed 0] [--cases softmax,layernorm_fwd,...] [--gpu]
 """
 
 from __future__ import annotations
@@ -116,13 +125,153 @@ def run_case(name: str, shapes: list[tuple[int, int]]) -> dict:
             "lookup_ms": statistics.median(c["compile"] for c in later) * 1e3}
 
 
+# ---- on the GPU: each shape's warm call against its own plan, nvFuser and torch.compile -------
+
+def gpu_case(name: str, shapes: list[tuple[int, int]], nvfuser, iters: int) -> list[dict]:
+    """One row per shape: the first call's seconds and the warm call's GPU seconds per system
+    (or why a system did not run)."""
+    import torch
+
+    import fusecut
+    from benchmarks.kernels import eager_function, medians_in_rounds
+    from benchmarks.nvfuser_peer import describe
+    from fusecut.engine import default_engine
+    from fusecut.runtime.program import baked_positions, signature
+    from fusecut.runtime.run import compile_plan
+    from fusecut.runtime.tensors import make_input
+
+    text, inputs = CASES[name]
+    fusion = parse_text(text).fusion
+    fresh_caches()
+    default_engine().clear()
+    fd = fusecut.FusionDefinition.from_fusion(fusion)  # the user's door, on the default engine
+    handle = default_engine().fusion(fusion)
+    nvf, why_not = None, {}
+    if nvfuser is not None:
+        try:
+            with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+                f.write(text)
+            nvf, _ = nvfuser.define(Path(f.name))
+        except Exception as exc:
+            why_not["nvFuser"] = describe(exc)
+    compiled = None
+    rows = []
+    for batch, seq in shapes:
+        metas = [tensor_meta(shape, dtype) for shape, dtype in inputs(batch, seq)]
+        torch.manual_seed(batch * 10007 + seq)
+        args = [make_input(m, "cuda") for m in metas]
+        if compiled is None:
+            eager = eager_function(name, fusion, args)
+            compiled = torch.compile(eager, dynamic=True)
+        # first calls: what a new shape costs each system
+        systems = {"fusecut": lambda a=args: fd.execute(a)}
+        if nvf is not None:
+            systems["nvFuser"] = lambda a=args: nvf.execute(a)
+        systems["torch.compile"] = lambda a=args, f=compiled: f(*a)
+        row = {"shape": f"{batch}x{seq}", "first": {}, "warm": {}, "error": dict(why_not)}
+        for system, call in list(systems.items()):
+            start = time.perf_counter()
+            try:
+                call()
+                torch.cuda.synchronize()
+                row["first"][system] = time.perf_counter() - start
+            except Exception as exc:
+                row["error"][system] = describe(exc)
+                del systems[system]
+        if "fusecut" in systems:  # the programs themselves: the range's plan and this shape's
+            program = handle.program(args)
+            own = compile_plan(handle.plan(metas), args, signature(args, baked_positions(fusion)))
+            systems["range plan"] = lambda a=args, p=program: p.run(a)
+            systems["own plan"] = lambda a=args, p=own: p.run(a)
+        for system, seconds in zip(systems, medians_in_rounds(list(systems.values()), iters)):
+            row["warm"][system] = seconds
+        print(name, row["shape"], " ".join(f"{k} {v * 1e6:.1f}us" for k, v in row["warm"].items()),
+              row["error"] or "", flush=True)
+        rows.append(row)
+    return rows
+
+
+def gpu_tables(results: dict[str, list[dict]]) -> tuple[str, str]:
+    """The summary per case and the detail per shape, as markdown."""
+    def ratio(row, a, b):
+        w = row["warm"]
+        return w[a] / w[b] if a in w and b in w else None
+
+    def geomean(values):
+        values = [v for v in values if v is not None]
+        return statistics.geometric_mean(values) if values else None
+
+    def cell(value, fmt="{:.3f}"):
+        return "n/a" if value is None else fmt.format(value)
+
+    summary, detail = [], []
+    for name, rows in results.items():
+        own = [ratio(r, "range plan", "own plan") for r in rows]
+        firsts = {s: statistics.median(r["first"][s] for r in rows[1:] if s in r["first"])
+                  if any(s in r["first"] for r in rows[1:]) else None
+                  for s in ("fusecut", "nvFuser", "torch.compile")}
+        summary.append([name, len(rows), cell(geomean(own)),
+                        cell(max((v for v in own if v is not None), default=None)),
+                        cell(geomean([ratio(r, "nvFuser", "fusecut") for r in rows])),
+                        cell(geomean([ratio(r, "torch.compile", "fusecut") for r in rows])),
+                        " / ".join(cell(firsts[s] and firsts[s] * 1e3, "{:.2f}")
+                                   for s in firsts)])
+        for r in rows:
+            w = r["warm"]
+            detail.append([name, r["shape"]] + [cell(w.get(s) and w[s] * 1e6, "{:.1f}") for s in
+                          ("fusecut", "range plan", "own plan", "nvFuser", "torch.compile")]
+                          + [cell(r["first"].get(s) and r["first"][s] * 1e3, "{:.1f}")
+                             for s in ("fusecut", "nvFuser", "torch.compile")]
+                          + ["; ".join(f"{k}: {v}" for k, v in r["error"].items())])
+    return (markdown_table(["case", "shapes", "range plan / own plan (geomean)",
+                            "range plan / own plan (worst)", "nvFuser / fusecut (geomean)",
+                            "torch.compile / fusecut (geomean)",
+                            "new shape's first call ms, median: fusecut / nvFuser / "
+                            "torch.compile"], summary),
+            markdown_table(["case", "shape", "fusecut us", "range plan us", "own plan us",
+                            "nvFuser us", "torch.compile us", "fusecut first ms",
+                            "nvFuser first ms", "torch.compile first ms", "notes"], detail))
+
+
+def run_gpu(names: list[str], shapes: list[tuple[int, int]], iters: int, seed: int) -> None:
+    import torch
+
+    from benchmarks.nvfuser_peer import load_nvfuser
+
+    peer, why = load_nvfuser()
+    results = {name: gpu_case(name, shapes, peer, iters) for name in names}
+    summary, detail = gpu_tables(results)
+    order = ", ".join(f"{b}x{s}" for b, s in shapes)
+    notes = (f"Shapes in this order (seed {seed}): {order}; each case starts from empty caches "
+             "and meets them one after another in one process. Warm call: median CUDA-event "
+             f"time over {iters} calls in rotating rounds. fusecut: `FusionHandle.execute` (the "
+             "range's plan, rebound to the shape); own plan: the plan searched for exactly "
+             "this shape. First call: a new shape's synchronized first call (fusecut: rebind, "
+             "codegen, kernel cache; nvFuser: its own per-shape work; torch.compile "
+             "dynamic=True: a recompile where a guard fails). The first shape is left out of "
+             "the first-call medians. "
+             + (f"nvFuser {peer.version}." if peer else f"nvFuser absent: {why}.")
+             + "\n\n## Per shape\n\n" + detail)
+    print(summary)
+    print(detail)
+    path = write_result("shapes", torch.cuda.get_device_name(), "Every shape: fusecut's range "
+                        "plan against its own plan, nvFuser and torch.compile", summary, notes)
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=0, help="the shapes' order")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated")
+    parser.add_argument("--gpu", action="store_true",
+                        help="run every shape on the GPU against nvFuser and torch.compile")
+    parser.add_argument("--iters", type=int, default=30, help="warm calls per system and shape")
     args = parser.parse_args()
     shapes = [(b, s) for b in BATCHES for s in SEQUENCES]
     random.Random(args.seed).shuffle(shapes)
+    if args.gpu:
+        run_gpu(args.cases.split(","), shapes, args.iters, args.seed)
+        return
     rows = []
     for name in args.cases.split(","):
         r = run_case(name, shapes)
