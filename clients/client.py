@@ -97,7 +97,9 @@ def plan_body(definition: Definition, inputs: list[Any] | None,
     wire, _ = _wire_definition(definition)
     body: dict[str, Any] = {"definition": wire, "options": options}
     if inputs is not None:
-        body["inputs"] = [meta_to_json(m) for m in as_metadata(inputs)]
+        # metadata with a -1 extent (any size of it: service.symbolic) goes as given
+        body["inputs"] = [dict(m) if isinstance(m, dict) and -1 in (m.get("shape") or ())
+                          else meta_to_json(as_metadata([m])[0]) for m in inputs]
     return body
 
 

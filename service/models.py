@@ -91,7 +91,13 @@ class PlanRequest(_FiniteStrict):
     definition: Definition = Field(description="nvFuser Python text or wire JSON v1")
     inputs: list[InputMetaJSON] | None = Field(
         None, description="metadata of each fusion input; taken from the text's `inputs = "
-                          "[...]` list when absent")
+                          "[...]` list when absent; -1 for an extent of any size (a batch, a "
+                          "sequence length): the plan then holds for every size of it and "
+                          "lists where in `valid_for`")
+    size_hint: int = Field(None, ge=2, le=2**31 - 1,  # type: ignore
+                           json_schema_extra=_no_default,
+                           description="the size the plan is searched at for every -1 extent "
+                                       "(default 1024)")
     options: PlanOptionsModel = Field(default_factory=PlanOptionsModel)
 
 

@@ -14,7 +14,7 @@ import hashlib
 import json
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -35,7 +35,7 @@ from fusecut.optimizer.ir.wire import (
     meta_to_json,
 )
 from fusecut.optimizer.options import TIME_LIMIT_S
-from fusecut.optimizer.plan.plan import Plan, plan_key
+from fusecut.optimizer.plan.plan import Plan, inputs_json, plan_key
 from fusecut.optimizer.plan.plan import request_key as plan_request_key
 from fusecut.optimizer.planner import PlanOptions, make_plan
 from fusecut.optimizer.profiles import get_profile
@@ -44,6 +44,7 @@ from fusecut.service.models import PlanOptionsModel, PlanRequest
 from fusecut.service.problems import TITLES, Problem, validation_problem
 from fusecut.service.processes.planners import announce_time_limit
 from fusecut.service.settings import Settings
+from fusecut.service.symbolic import has_symbolic, symbolic_inputs
 
 INT64_MAX = 2**63 - 1
 
@@ -104,19 +105,27 @@ def _plan_body(raw: bytes, settings: Settings, use_cache: bool) -> Planned:
     options = plan_options(body.options, settings)
     announce_time_limit(options.time_limit_s)
     fusion, text_inputs, name = parse_definition(body.definition, settings.max_ops)
+    symbolic: tuple[tuple[int, int], ...] = ()  # the -1 extents (service.symbolic)
     if body.inputs is not None:
         if len(body.inputs) != len(fusion.inputs):
             raise Problem(422, "inputs do not match",
                           f"the definition has {counted(len(fusion.inputs), 'input')} "
                           f"({', '.join(fusion.inputs[:8])}); `inputs` has {len(body.inputs)}")
-        metas = [meta_from_json(m) for m in body.inputs]
+        if has_symbolic(body.inputs):
+            metas, symbolic = symbolic_inputs(fusion, body.inputs, body.size_hint)
+        else:
+            metas = [meta_from_json(m) for m in body.inputs]
     elif text_inputs is not None:
         metas = text_inputs
     else:
         raise Problem(422, "no input metadata",
                       "pass `inputs` (shape, dtype, strides per fusion input) or a "
                       "definition text with an `inputs = [...]` list")
-    return _plan_parsed(fusion, metas, options, name, request_key, settings, use_cache)
+    if body.size_hint is not None and not symbolic:
+        raise Problem(422, "invalid request", "`size_hint` is the size planned for -1 extents, "
+                      "and `inputs` has none")
+    return _plan_parsed(fusion, metas, options, name, request_key, settings, use_cache,
+                        symbolic)
 
 
 def plan_for_tensors(definition: str, given: dict[str, dict[str, Any]], options_json: str,
@@ -167,19 +176,23 @@ def metas_for(fusion: Fusion, given: dict[str, dict[str, Any]]) -> list[InputMet
 
 
 def _plan_parsed(fusion: Fusion, metas: list[InputMeta], options: PlanOptions, name: str | None,
-                 request_key: str | None, settings: Settings, use_cache: bool = True) -> Planned:
+                 request_key: str | None, settings: Settings, use_cache: bool = True,
+                 symbolic: tuple[tuple[int, int], ...] = ()) -> Planned:
     """The stored plan for a parsed fusion (a "hit", naming it, unless not ``use_cache``) or a
-    new one (a "miss")."""
+    new one (a "miss"); ``symbolic``: the (input, axis) extents asked for as -1, ``metas``
+    holding their stand-in size (service.symbolic)."""
     check_sizes(fusion, metas, settings.max_plan_tensor_bytes)
     metas_json = [meta_to_json(m) for m in metas]
     definition = fusion_to_json(fusion)  # converted once: the id, and the stored request
     fid = hashlib.sha256(canonical_json(definition).encode()).hexdigest()  # as wire.fusion_id
     profile = get_profile(options.device, options.device_overrides)
-    pid = plan_key(fid, metas_json, options.to_json(), profile.to_json())
+    pid = plan_key(fid, inputs_json(metas, symbolic), options.to_json(), profile.to_json())
     known = lookup(settings.cache_location, plan_id=pid) if use_cache else None
     if known is not None:
         return Planned(pid, fid, known[2], b"", "", request_key or "", "hit", {})
     plan = make_plan(fusion, metas, options)
+    if symbolic:  # holds for any size of them: its id and JSON say so
+        plan = replace(plan, symbolic=symbolic)
     plan.fusion_id = fid  # known: not converted again
     data, body_bytes, request = serialize(plan, metas_json, name, definition)
     return Planned(data["plan_id"], data["fusion_id"], data["segmenter"], body_bytes, request,

@@ -121,6 +121,10 @@ class Plan:
     # the plan whose segmentation this one is, bound to these inputs without a search
     # (``optimizer.plan.rebind``); None for a plan searched for them
     rebound_from: str | None = None
+    # the extents a caller asked for as symbolic (-1), as (input position, axis): planned at a
+    # stand-in size, the plan holds for any size of them (``optimizer.plan.rebind.
+    # bind_symbolic``), and its id says so: () for a plan of concrete inputs
+    symbolic: tuple[tuple[int, int], ...] = ()
     # what the runtime derives from the plan once and reuses on every run (its step list, the
     # scalar positions its kernels bake in), by name
     runtime_memo: dict[str, Any] = field(default_factory=dict, init=False, repr=False,
@@ -153,7 +157,8 @@ class Plan:
 
     @functools.cached_property
     def plan_id(self) -> str:
-        searched = plan_id_of(self.bound, self.options, self.profile, self.fusion_id)
+        searched = plan_id_of(self.bound, self.options, self.profile, self.fusion_id,
+                              self.symbolic)
         if self.rebound_from is None:
             return searched
         # another segmentation than the search's may hold for the same inputs: its id says
@@ -187,11 +192,44 @@ def request_key(body: bytes) -> str:
 
 
 def plan_id_of(bound: Bound, options: dict[str, Any], profile: DeviceProfile,
-               fid: str | None = None) -> str:
-    """The id of the plan of ``bound``'s fusion and inputs with these options and device."""
+               fid: str | None = None, symbolic: tuple[tuple[int, int], ...] = ()) -> str:
+    """The id of the plan of ``bound``'s fusion and inputs with these options and device (its
+    ``symbolic`` extents as -1, whatever size stood in for them)."""
     return plan_key(fid or fusion_id(as_written(bound.fusion)),  # the caller's: see ir.rng
-                    [meta_to_json(bound.inputs[n]) for n in bound.fusion.caller_inputs()],
+                    inputs_json([bound.inputs[n] for n in bound.fusion.caller_inputs()],
+                                symbolic),
                     options, profile.to_json())
+
+
+def inputs_json(metas: list, symbolic: tuple[tuple[int, int], ...] = ()) -> list[dict]:
+    """Input metadata as a plan's key holds it: each ``symbolic`` (input, axis) extent as -1
+    with the size searched at (``stand_in``: another stand-in, another search), and no strides
+    on a tensor with one (such a tensor is dense: its strides follow)."""
+    out = [meta_to_json(m) for m in metas]
+    for i, axis in symbolic:
+        out[i]["stand_in"] = out[i]["shape"][axis]
+        out[i]["shape"][axis] = -1
+        out[i].pop("strides", None)
+    return out
+
+
+def valid_for(plan: Plan) -> list[dict[str, Any]]:
+    """Where a plan asked for with symbolic extents holds, per tensor input: each axis's
+    extent, or ``{"min": 2, "max": null}`` for a symbolic one (an extent of 1 broadcasts, a
+    plan of its own). Each run checks again that its segments schedule there as planned."""
+    fusion = plan.fusion
+    names = fusion.caller_inputs()
+    out = []
+    for i, name in enumerate(names):
+        meta = plan.bound.inputs[name]
+        if name not in fusion.tensors:
+            continue
+        shape: list[Any] = list(meta.shape)
+        for j, axis in plan.symbolic:
+            if j == i:
+                shape[axis] = {"min": 2, "max": None}
+        out.append({"input": name, "shape": shape})
+    return out
 
 
 def assemble(graph: SegGraph, groups: list[Group]) -> tuple[list[Segment], list[Boundary]]:
@@ -300,7 +338,9 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             "segmenter": base.segmenter, "io_bytes": base.io_bytes, "segments": base.segments,
             "est_time_s": base.est_time_s, "saved_bytes": base.io_bytes - io},
         "host_program": plan.host_program,
-    } | ({"rebound_from": plan.rebound_from} if plan.rebound_from else {})
+    } | ({"rebound_from": plan.rebound_from} if plan.rebound_from else {}) | (
+        {"symbolic": [list(s) for s in plan.symbolic], "valid_for": valid_for(plan)}
+        if plan.symbolic else {})
 
 
 def _crossing_reasons(plan: Plan):

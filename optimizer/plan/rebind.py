@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fusecut.optimizer.analysis.shapes import Bound, bind
-from fusecut.optimizer.errors import FusecutError
+from fusecut.optimizer.errors import FusecutError, InputError
 from fusecut.optimizer.ir.fusion import Fusion
 from fusecut.optimizer.ir.inputs import InputMeta, ScalarMeta, TensorMeta, contiguous_strides
 from fusecut.optimizer.ir.ops_misc import reduction_axes
@@ -142,3 +142,39 @@ def rebind(plan: Plan, fusion: Fusion, metas: list[InputMeta], bound: Bound | No
     if [s.kind for s in made.segments] != [s.kind for s in plan.segments]:
         return None
     return replace(made, rebound_from=plan.plan_id)
+
+
+def bind_symbolic(plan: Plan, metas: list[InputMeta]) -> Plan | None:
+    """``plan``, asked for with symbolic extents (``Plan.symbolic``), at the inputs ``metas``:
+    itself where they are the ones it was planned at, else rebound to them (None where its
+    segments do not schedule there as planned). An InputError names what breaks the pattern:
+    an input of another dtype or rank, an extent other than the one given, a symbolic extent
+    below 2, or a tensor that is not dense."""
+    fusion = plan.fusion
+    names = fusion.caller_inputs()
+    if len(metas) != len(names):
+        raise InputError(f"plan {plan.plan_id} takes {len(names)} inputs, got {len(metas)}")
+    symbolic = set(plan.symbolic)
+    for i, (name, meta) in enumerate(zip(names, metas)):
+        want = plan.bound.inputs[name]
+        if isinstance(want, ScalarMeta) or not isinstance(meta, TensorMeta):
+            if type(meta) is not type(want) or meta.dtype != want.dtype:
+                raise InputError(f"input {name}: plan {plan.plan_id} takes {want}, got {meta}")
+            continue
+        if meta.dtype != want.dtype or meta.rank != want.rank:
+            raise InputError(f"input {name}: plan {plan.plan_id} takes a {want.rank}-D "
+                             f"{want.dtype.value} tensor, got a {meta.rank}-D "
+                             f"{meta.dtype.value} one")
+        for axis, (got, planned) in enumerate(zip(meta.shape, want.shape)):
+            if (i, axis) in symbolic and got < 2:
+                raise InputError(f"input {name} axis {axis}: a symbolic extent of plan "
+                                 f"{plan.plan_id} must be at least 2, got {got}")
+            if (i, axis) not in symbolic and got != planned:
+                raise InputError(f"input {name} axis {axis}: plan {plan.plan_id} was made for "
+                                 f"extent {planned}, got {got}")
+        if any(i == j for j, _ in symbolic) and not _dense(meta):
+            raise InputError(f"input {name}: a tensor with symbolic extents must be dense, got "
+                             f"strides {list(meta.strides)} for shape {list(meta.shape)}")
+    if [plan.bound.inputs[n] for n in names] == list(metas):
+        return plan
+    return rebind(plan, fusion, list(metas))

@@ -46,6 +46,8 @@ def restore_plan(fusion: Fusion, metas: list[InputMeta], data: dict[str, Any]) -
     plan = build_plan(graph, groups, data["segmenter"], solver, baseline, options)
     if data.get("rebound_from"):  # another plan's segmentation (optimizer.plan.rebind)
         plan = replace(plan, rebound_from=data["rebound_from"])
+    if data.get("symbolic"):  # asked for with -1 extents (optimizer.plan.rebind.bind_symbolic)
+        plan = replace(plan, symbolic=tuple((int(i), int(a)) for i, a in data["symbolic"]))
     if plan.plan_id != data["plan_id"]:
         raise PlanError(f"plan {data['plan_id']!r} does not match these inputs or options")
     return plan

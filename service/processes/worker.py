@@ -110,6 +110,25 @@ class Held:
         return self.handle.cached_plan(list(self.inputs), **self.options)
 
 
+def at_sizes_of(plan, args: list[Any]):
+    """A plan asked for with symbolic extents (-1), bound to the sizes of ``args`` (its tensors
+    rebound without a search: ``optimizer.plan.rebind.bind_symbolic``); an InputError where
+    they break its pattern or its segments do not schedule there as planned."""
+    import torch
+
+    from fusecut.optimizer.errors import InputError
+    from fusecut.optimizer.plan.rebind import bind_symbolic
+    from fusecut.runtime.tensors import meta_of
+
+    metas = [meta_of(a) if isinstance(a, torch.Tensor) else plan.bound.inputs[name]
+             for name, a in zip(plan.fusion.caller_inputs(), args)]
+    bound = bind_symbolic(plan, metas)
+    if bound is None:
+        raise InputError(f"plan {plan.plan_id} does not hold for these sizes: a segment "
+                         f"schedules as another kind there; plan the definition for them")
+    return bound
+
+
 class _Runner:
     """Executes jobs; lives in the worker process (or in the service, inline)."""
 
@@ -138,6 +157,8 @@ class _Runner:
                     self.held.popitem(last=False)
             self.held.move_to_end(job.plan_id)
             args = arguments(plan.fusion, job.tensors)
+            if plan.symbolic:  # asked for with -1 extents: bound to these tensors' sizes
+                plan = at_sizes_of(plan, args)
             check_encodable(plan.fusion, job.wire)
             check_result_sizes(plan, job.max_output_bytes, job.max_tensor_bytes)
             args = [to_device(v, self.device) if isinstance(v, self.torch.Tensor) else v

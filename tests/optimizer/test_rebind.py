@@ -195,3 +195,30 @@ def test_definitions_written_per_shape_share_their_ranges_search(monkeypatch):
             (batch, seq, 2048)
         assert [s.kind for s in plan.segments] == [s.kind for s in first.segments]
     assert (engine.stats.plans_made, engine.stats.plans_rebound) == (1, 3)
+
+
+def test_a_symbolic_plan_keeps_its_pattern_through_json_and_binds_any_rows():
+    from dataclasses import replace
+
+    from fusecut.optimizer.errors import InputError
+    from fusecut.optimizer.plan.rebind import bind_symbolic
+
+    text, _ = CASES["softmax"]
+    f = parse_text(text).fusion
+    stand_in = [tensor_meta((1024, 4096), DType.bfloat16)]
+    searched = make_plan(f, stand_in)
+    plan = replace(searched, symbolic=((0, 0),))
+    assert plan.plan_id != searched.plan_id  # holds for more: another id
+    data = plan.to_json()
+    assert data["valid_for"] == [{"input": f.inputs[0], "shape": [{"min": 2, "max": None},
+                                                                  4096]}]
+    restored = restore_plan(f, stand_in, data)
+    assert restored.symbolic == ((0, 0),) and restored.plan_id == plan.plan_id
+    assert bind_symbolic(plan, stand_in) is plan
+    other = bind_symbolic(plan, [tensor_meta((3000, 4096), DType.bfloat16)])
+    assert other.rebound_from == plan.plan_id and other.bound.inputs[f.inputs[0]].shape == (
+        3000, 4096)
+    with pytest.raises(InputError, match="axis 1: plan .* was made for extent 4096, got 2048"):
+        bind_symbolic(plan, [tensor_meta((3000, 2048), DType.bfloat16)])
+    with pytest.raises(InputError, match="float16"):
+        bind_symbolic(plan, [tensor_meta((3000, 4096), DType.float16)])
