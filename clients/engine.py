@@ -44,6 +44,7 @@ from fusecut.optimizer.plan.rebind import (
 )
 from fusecut.optimizer.planner import PlanOptions, make_plan
 from fusecut.runtime import plan_files
+from fusecut.runtime.device_profile import with_device
 from fusecut.runtime.executor import Execution, SegmentTiming, time_call
 from fusecut.runtime.lru import BoundedCache
 from fusecut.runtime.program import Program, baked_positions, signature
@@ -138,7 +139,7 @@ class FusionHandle:
     # ---- stage 1: plan ------------------------------------------------------------------------
 
     def plan_key(self, inputs: list[Any], options: dict[str, Any]) -> tuple:
-        return (self.id, tuple(as_metadata(inputs)), options_key(options))
+        return (self.id, tuple(as_metadata(inputs)), options_key(with_device(options)))
 
     def cached_plan(self, inputs: list[Any], **options: Any) -> Plan | None:
         return self.engine.plans.get(self.plan_key(inputs, options))
@@ -157,7 +158,7 @@ class FusionHandle:
             self.engine.plans.put(key, found)
             self.engine.count("plans_loaded")
             return found
-        made = make_plan(self.fusion, list(key[1]), PlanOptions(**options))
+        made = make_plan(self.fusion, list(key[1]), PlanOptions(**with_device(options)))
         self.engine.plans.put(key, made)
         self.engine.count("plans_made")
         if where is not None:

@@ -196,11 +196,11 @@ def finish_blocks(outputs: int, profile: DeviceProfile) -> int:
 
 # ---- persistent kernels (normalization, inner-outer) -------------------------------------------
 
-# Normalization blocks: vectors per thread per row, rows per block (see persistent_launch).
-# Measured on H100 (32768 x 4096 bf16): 2 vectors of 8 per thread (256-thread rows) beat 4 by
-# 1% on layernorm_fwd and match it elsewhere; 2-4 rows per block, resident grids, loading a
-# norm's weights with the row, and one-barrier reductions for single-row blocks were no faster.
-NORM_VECTORS = 2
+# Normalization blocks: vectors per thread per row (the device profile's norm_vectors), rows per
+# block (see persistent_launch). Measured on H100 (32768 x 4096 bf16): 2 vectors of 8 per thread
+# (256-thread rows) beat 4 by 1% on layernorm_fwd and match it elsewhere; 2-4 rows per block,
+# resident grids, loading a norm's weights with the row, and one-barrier reductions for
+# single-row blocks were no faster.
 NORM_ROWS_PER_BLOCK = 1
 NORM_MAX_THREADS = 1024  # threads of one row: longer rows hold more vectors per thread
 # Input bytes per row from which rows stream (streams_rows): rows of 32 KiB were slower
@@ -364,7 +364,8 @@ def persistent_launch(bound: Bound, schedule: Schedule, profile: DeviceProfile,
     elif warp_rows:
         per_row, threads = 32, 256
     else:
-        per_row = max(64, min(NORM_MAX_THREADS, -(-row_vecs // NORM_VECTORS // 32) * 32))
+        vectors = profile.norm_vectors  # per thread per row: see DeviceProfile
+        per_row = max(64, min(NORM_MAX_THREADS, -(-row_vecs // vectors // 32) * 32))
         threads = per_row * max(1, min(NORM_ROWS_PER_BLOCK, 15, 1024 // per_row))  # barriers
     slots = -(-row_vecs // per_row)  # E: vectors per thread per row
     rows_per_block = threads // per_row

@@ -24,10 +24,18 @@ class DeviceProfile:
     persistent_budget: int  # bytes of one row a persistent (normalization) kernel keeps on chip
     compute_rate: float  # simple fp32 ops per second, for the recomputation term
     arch: str = "sm_90"
+    # vectors a thread of a normalization holds per row (a block per row): the loads it keeps
+    # in flight. Measured (benchmarks.tiles --cases launches): 2 on the H100; on the H200, 4
+    # takes layernorm_fwd from 0.85 to 0.92 of copy bandwidth and softmax_fwd from 0.90 to 0.96
+    norm_vectors: int = 2
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+
+# Fields that tune the generated kernels to a device, measured there, rather than describe it
+# to the cost model: a profile's, not a request's to override (optimizer.options.DEVICE_FIELDS).
+TUNING_FIELDS = frozenset({"norm_vectors"})
 
 PROFILES: dict[str, DeviceProfile] = {
     "H100": DeviceProfile("H100", bandwidth=2.94e12, sm_count=132, smem_per_block=227 * 1024,
@@ -35,12 +43,19 @@ PROFILES: dict[str, DeviceProfile] = {
                           compute_rate=4.0e13, arch="sm_90"),
     "H200": DeviceProfile("H200", bandwidth=4.3e12, sm_count=132, smem_per_block=227 * 1024,
                           launch_overhead_s=4e-6, persistent_budget=96 * 1024,
-                          compute_rate=4.0e13, arch="sm_90"),
+                          compute_rate=4.0e13, arch="sm_90", norm_vectors=4),
     "A100": DeviceProfile("A100", bandwidth=1.7e12, sm_count=108, smem_per_block=163 * 1024,
                           launch_overhead_s=5e-6, persistent_budget=64 * 1024,
                           compute_rate=1.9e13, arch="sm_80"),
 }
 DEFAULT_PROFILE = "H100"
+
+
+def profile_of_device(device_name: str) -> str | None:
+    """The built-in profile of a GPU by its name (``torch.cuda.get_device_name``): "NVIDIA
+    H200" -> "H200"; None for a GPU without one."""
+    upper = device_name.upper()
+    return next((name for name in PROFILES if name in upper), None)
 
 
 def get_profile(name: str | None = None, overrides: dict[str, Any] | None = None) -> DeviceProfile:

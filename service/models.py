@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SerializerFunctionWrapHandler,
+    Tag,
+    create_model,
+    model_serializer,
+)
 
 from fusecut.optimizer.ir.wire import FusionJSON, InputMetaJSON
 from fusecut.optimizer.options import DEVICE_OVERRIDES, PLAN_OPTIONS, Option
@@ -99,6 +108,15 @@ class PlanRequest(_FiniteStrict):
                            description="the size the plan is searched at for every -1 extent "
                                        "(default 1024)")
     options: PlanOptionsModel = Field(default_factory=PlanOptionsModel)
+
+    @model_serializer(mode="wrap")
+    def _absent_hint(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # a body's request key hashes this dump: one without -1 extents keeps the key it had
+        # before size_hint existed
+        data = handler(self)
+        if data.get("size_hint") is None:
+            data.pop("size_hint", None)
+        return data
 
 
 class JSONTensor(_FiniteStrict):

@@ -31,7 +31,7 @@ from fusecut.optimizer.options import (
     Range,
 )
 from fusecut.optimizer.planner import SEGMENTERS, PlanOptions
-from fusecut.optimizer.profiles import PROFILES, DeviceProfile, get_profile
+from fusecut.optimizer.profiles import PROFILES, TUNING_FIELDS, DeviceProfile, get_profile
 from fusecut.optimizer.segmenters.result import SolverOptions
 from fusecut.service.models import DeviceOverrides, PlanOptionsModel, PlanRequest
 from fusecut.service.planning import plan_options
@@ -103,8 +103,10 @@ def test_choices_come_from_what_they_name():
         assert name in SEGMENTER.description
     assert DEVICE.choices == tuple(PROFILES) and DEVICE.default in PROFILES
     assert KINDS.choices == tuple(k.value for k in Kind) == KINDS.default
-    # every field of a device profile but its name may be overridden, and nothing else
-    assert {f.name for f in DEVICE_FIELDS} == {f.name for f in fields(DeviceProfile)} - {"name"}
+    # every field of a device profile but its name and its kernel tunings may be overridden,
+    # and nothing else
+    assert {f.name for f in DEVICE_FIELDS} == \
+        {f.name for f in fields(DeviceProfile)} - {"name"} - TUNING_FIELDS
     for f in DEVICE_FIELDS:  # the built-in profiles are within the bounds a request must keep
         for profile in PROFILES.values():
             PlanOptions(device_overrides={f.name: getattr(profile, f.name)})
