@@ -4,11 +4,13 @@ ops as the comments beside their statements describe them."""
 
 from __future__ import annotations
 
+from fusecut.codegen.memo import last_call
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.ir.fusion import Op
 
 
-def dynamic_scalars(bound: Bound) -> set[str]:
+@last_call  # asked again by every region of a kernel
+def dynamic_scalars(bound: Bound) -> frozenset[str]:
     """Scalars whose value comes from a scalar input at run time (kernel parameters); the
     others (constants, sizes, and arithmetic on them) are compiled in as literals."""
     fusion = bound.fusion
@@ -16,7 +18,7 @@ def dynamic_scalars(bound: Bound) -> set[str]:
     for op in fusion.ops:
         if any(o in fusion.scalars for o in op.outputs) and any(n in dyn for n in op.refs()):
             dyn.update(o for o in op.outputs if o in fusion.scalars)
-    return dyn
+    return frozenset(dyn)
 
 
 def value_name(tensor: str) -> str:

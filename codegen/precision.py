@@ -11,6 +11,7 @@ function.
 
 from __future__ import annotations
 
+from fusecut.codegen.memo import last_call
 from fusecut.optimizer.analysis.shapes import Bound
 from fusecut.optimizer.ir.dtypes import DType
 from fusecut.optimizer.kinds.rules import Schedule
@@ -22,6 +23,7 @@ DISCRETE = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "lo
             "take_along_axis", "gather", "index_select"}
 
 
+@last_call  # asked again by every region of the segment's kernel
 def fast_math_tensors(bound: Bound, schedule: Schedule) -> frozenset[str]:
     """Tensors of the segment whose producing op may use fast math."""
     fusion = bound.fusion
