@@ -138,6 +138,21 @@ class _Runner:
         self.torch = torch
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.held: OrderedDict[str, Held] = OrderedDict()  # plan id -> where it is
+        # (symbolic plan id, the tensors' sizes) -> that plan rebound to them: a shape run
+        # again is not rebound again
+        self.rebound: OrderedDict[tuple, Any] = OrderedDict()
+
+    def at_sizes(self, plan_id: str, plan, args: list[Any]):
+        """``at_sizes_of``, remembered for the PLANS_HELD shapes run last."""
+        key = (plan_id, tuple((tuple(a.shape), tuple(a.stride()), a.dtype)
+                              for a in args if isinstance(a, self.torch.Tensor)))
+        found = self.rebound.get(key)
+        if found is None:
+            found = self.rebound[key] = at_sizes_of(plan, args)
+            while len(self.rebound) > PLANS_HELD:
+                self.rebound.popitem(last=False)
+        self.rebound.move_to_end(key)
+        return found
 
     def execute(self, job: Job, source: PlanSource | None) -> Outcome | PlanNeeded:
         import fusecut.runtime.compile as rc
@@ -158,7 +173,7 @@ class _Runner:
             self.held.move_to_end(job.plan_id)
             args = arguments(plan.fusion, job.tensors)
             if plan.symbolic:  # asked for with -1 extents: bound to these tensors' sizes
-                plan = at_sizes_of(plan, args)
+                plan = self.at_sizes(job.plan_id, plan, args)
             check_encodable(plan.fusion, job.wire)
             check_result_sizes(plan, job.max_output_bytes, job.max_tensor_bytes)
             args = [to_device(v, self.device) if isinstance(v, self.torch.Tensor) else v

@@ -90,3 +90,27 @@ def test_a_symbolic_request_that_cannot_hold_is_a_422_naming_why(server, body, s
                           timeout=120)
     assert response.status_code == 422, response.text
     assert says in response.json()["detail"], response.json()
+
+
+def test_a_worker_rebinds_a_symbolic_plan_once_a_shape(monkeypatch):
+    import json
+
+    import fusecut.optimizer.plan.rebind as rebind
+    from fusecut.service.planning import plan_body
+    from fusecut.service.processes.results import ExecutionResult
+    from fusecut.service.processes.worker import Job, _Runner
+    from fusecut.service.settings import Settings
+
+    body = {"definition": ROW_SUMS, "inputs": [{"dtype": "float32", "shape": [-1, 64]}]}
+    planned = plan_body(json.dumps(body).encode(), Settings(db_path=":memory:"), False)
+    source = (planned.request, planned.body.decode())
+    binds = []
+    real = rebind.bind_symbolic
+    monkeypatch.setattr(rebind, "bind_symbolic", lambda *a: binds.append(1) or real(*a))
+    runner = _Runner()
+    for rows in (7, 7, 300, 7):
+        x = torch.randn(rows, 64)
+        answer = runner.execute(Job(planned.plan_id, {"T0": x}), source)
+        assert isinstance(answer, ExecutionResult), answer
+        torch.testing.assert_close(dict(answer.outputs)["T2"], torch.exp(x).sum(1))
+    assert len(binds) == 2  # 7 rows, then 300: each once
