@@ -22,7 +22,10 @@ def detected_device() -> str | None:
     """The built-in profile of the current GPU ("H200"), or None (no GPU, or none matches)."""
     if not torch.cuda.is_available():
         return None
-    return _profile_of(torch.cuda.current_device())
+    try:
+        return _profile_of(torch.cuda.current_device())
+    except Exception:  # a GPU whose name cannot be read (torch raises RuntimeError or, built
+        return None  # without CUDA, AssertionError) plans for the default profile
 
 
 def with_device(options: dict[str, Any]) -> dict[str, Any]:

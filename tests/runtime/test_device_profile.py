@@ -48,3 +48,16 @@ def test_normalization_threads_hold_the_profiles_vectors():
         threads[device] = generate_segment(plan, segment).kernels[0].block[0]
     # 4096 bf16 = 512 vectors of 8 a row: 2 a thread on the H100, 4 on the H200
     assert threads == {"H100": 256, "H200": 128}
+
+
+def test_a_gpu_whose_name_cannot_be_read_plans_for_the_default_profile(monkeypatch):
+    import torch
+
+    def no_name(index):
+        raise RuntimeError("no CUDA driver")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 7)
+    monkeypatch.setattr(torch.cuda, "get_device_name", no_name)
+    assert dp.detected_device() is None and dp.with_device({}) == {}
+
