@@ -124,6 +124,12 @@ def axis_label(axis: int, kept: Sequence[int], flat: bool) -> int:
     return axis - (len(kept) - 1)
 
 
+def axis_names(prefix: str, axes: Sequence[int], kept: Sequence[int], flat: bool) -> list[str]:
+    """Index names of domain ``axes`` in a row kernel keeping ``kept`` (``i0``, ``c_1``): flat
+    kept axes share the row's (``axis_label``)."""
+    return [f"{prefix}{axis_label(a, kept, flat)}" for a in axes]
+
+
 def merge_axes(extents: list[int], rows: list[tuple[int, ...]]) -> list[tuple[int, int]]:
     """Runs ``(first, last)`` of adjacent domain axes that every access walks as one flat axis,
     so a kernel can index them with one index and no division: ``rows`` holds, per tensor read

@@ -66,7 +66,7 @@ from fusecut.codegen.launch import (
 )
 from fusecut.codegen.layout import (
     address,
-    axis_label,
+    axis_names,
     decompose,
     index_typedefs,
     row_indices,
@@ -117,18 +117,14 @@ class _Persistent:
         # one flat row index over several kept axes where every access allows (no division by
         # their extents, none of them in the code: codegen.launch.flat_rows)
         self.flat = flat_rows(bound, schedule, self.rows_axes)
-        self.rvars = self.axis_names("i", self.rows_axes)
+        self.rvars = axis_names("i", self.rows_axes, self.rows_axes, self.flat)
         self.rows_extents = [self.domain[a] for a in self.rows_axes]
-        self.cvars = self.axis_names("c_", self.row_axes)
+        self.cvars = axis_names("c_", self.row_axes, self.rows_axes, self.flat)
         # what the row groups prefetch into shared memory
         self.fetch = (prefetch_plan(bound, schedule, profile, launch)
                       if launch.groups and launch.rows else PrefetchPlan())
         for t in self.fetch.bulk:
             self.aligned[t] = max(self.aligned.get(t, 1), 16)
-
-    def axis_names(self, prefix: str, axes: list[int]) -> list[str]:
-        """Index names of domain ``axes`` (flat kept axes share the row's: layout.axis_label)."""
-        return [f"{prefix}{axis_label(a, self.rows_axes, self.flat)}" for a in axes]
 
     def is_row(self, t: str) -> bool:
         return is_row_input(self.schedule, self.row_axes, t)
@@ -161,7 +157,7 @@ class _Persistent:
         thread, committed as one group (an empty group past the last row keeps the count), and
         on sm_90 one bulk copy per contiguous row tensor, issued by the group's first thread."""
         fusion = self.fusion
-        nvars = self.axis_names("n", self.rows_axes)
+        nvars = axis_names("n", self.rows_axes, self.rows_axes, self.flat)
         reg = self.region(nvars, self.cvars, True)
         row_reg = self.region(nvars, None, False)
         body = row_indices(Var("nrow"), self.rows_extents, nvars, self.flat)
@@ -643,7 +639,7 @@ class _Persistent:
         threads stride over the partials, shared memory combines them, then the epilogue."""
         sched = self.schedule
         params: list[str] = []
-        names = self.axis_names("f_", self.row_axes)
+        names = axis_names("f_", self.row_axes, self.rows_axes, self.flat)
         region = Region(self.bound, sched, self.itype,
                         slot_index(self.launch, [ZERO] * len(self.rows_axes),
                                    [Var(n) for n in names], False), 1,

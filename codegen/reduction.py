@@ -39,7 +39,7 @@ from fusecut.codegen.launch import (
     row_reduction_launch,
     segment_index_type,
 )
-from fusecut.codegen.layout import axis_label, decompose, index_typedefs, row_indices
+from fusecut.codegen.layout import axis_label, axis_names, decompose, index_typedefs, row_indices
 from fusecut.codegen.names import Names
 from fusecut.codegen.online import accumulator_bytes, add_batched, segment_reducers
 from fusecut.codegen.regions import Region, lane_for
@@ -105,7 +105,7 @@ class _Builder:
         # rows reduced along the innermost axes, indexed as one flat row where every access
         # allows (codegen.launch.flat_rows): no division by their extents, none in the code
         self.flat = inner and flat_rows(bound, schedule, keep_axes)
-        self.keep_names = self.axis_names("i", keep_axes)
+        self.keep_names = axis_names("i", keep_axes, keep_axes, self.flat)
         self.kept_extents = [self.domain[a] for a in keep_axes]
         # the domain in the comments: a 1-D reduction's only axis is its free length
         # (n_reduced), shown as a kept outermost one is
@@ -113,10 +113,6 @@ class _Builder:
             self.domain, keep_axes or ([0] if len(self.domain) == 1 else []), self.flat)
 
     # ---- pieces ---------------------------------------------------------------------------
-
-    def axis_names(self, prefix: str, axes: list[int]) -> list[str]:
-        """Index names of domain ``axes`` (flat kept axes share the row's: layout.axis_label)."""
-        return [f"{prefix}{axis_label(a, self.keep_axes, self.flat)}" for a in axes]
 
     def p_idx(self, keep_names: list[str], red_names: list[str] | None, lane_axis: int | None
               ) -> Index:
@@ -138,7 +134,7 @@ class _Builder:
     def accumulation_loop(self, vec: int, acc_of, flat: str) -> tuple[list[Stmt], list[str]]:
         """The body of the loop over the reduced axes (their index decomposed from ``flat``):
         accumulate, store loop outputs. Also the scalar parameters it reads."""
-        red_names = self.axis_names("r", self.red_axes)
+        red_names = axis_names("r", self.red_axes, self.keep_axes, self.flat)
         params: list[str] = []
         lane_axis = len(self.domain) - 1 if vec > 1 else None
         loop = Region(self.bound, self.schedule, self.itype,
@@ -170,7 +166,7 @@ class _Builder:
     def finish_kernel(self, parts: int, ws_of) -> tuple[list[Stmt], Kernel]:
         """Combine ``parts`` partial accumulators per reduced-domain element, then the
         epilogue."""
-        names = self.axis_names("o", self.keep_axes)
+        names = axis_names("o", self.keep_axes, self.keep_axes, self.flat)
         params: list[str] = []
         region = Region(self.bound, self.schedule, self.itype,
                         self.p_idx(names, None, None), 1,

@@ -26,7 +26,7 @@ class DeviceProfile:
     arch: str = "sm_90"
     # vectors a thread of a normalization holds per row (a block per row): the loads it keeps
     # in flight. Measured (benchmarks.tiles --cases launches): 2 on the H100; on the H200, 4
-    # takes layernorm_fwd from 0.85 to 0.92 of copy bandwidth and softmax_fwd from 0.90 to 0.96
+    # takes layernorm_fwd from 0.85 to 0.92 of copy bandwidth and softmax_fwd from 0.90 to 0.94
     norm_vectors: int = 2
 
     def to_json(self) -> dict[str, Any]:

@@ -221,10 +221,9 @@ def valid_for(plan: Plan) -> list[dict[str, Any]]:
     names = fusion.caller_inputs()
     out = []
     for i, name in enumerate(names):
-        meta = plan.bound.inputs[name]
         if name not in fusion.tensors:
             continue
-        shape: list[Any] = list(meta.shape)
+        shape: list[Any] = list(plan.bound.inputs[name].shape)
         for j, axis in plan.symbolic:
             if j == i:
                 shape[axis] = {"min": 2, "max": None}
