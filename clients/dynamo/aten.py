@@ -273,6 +273,12 @@ EMITTERS: dict[Any, Emitter] = {
     operator.getitem: _getitem,
 }
 
+# ops whose 16-bit float result stays 16-bit where a region computes in float32
+# (regions.translate): the graph's own casts, whose rounding is their point, and factories,
+# whose constant ATen gives at that precision
+ROUNDING = {prims.convert_element_type.default, aten._to_copy.default, aten.full.default,
+            aten.full_like.default, aten.scalar_tensor.default}
+
 # ops that only view their input: a region of views alone is not worth a kernel
 VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
          aten.permute.default, aten.transpose.int, aten.t.default, aten.expand.default,

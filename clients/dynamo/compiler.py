@@ -49,18 +49,23 @@ class Options:
     anchor), or "default" (save everything the backward uses).
     cuda_graphs: each compiled graph recorded as a CUDA graph and replayed
     (``dynamo.cuda_graphs``), as torch.compile's ``mode="reduce-overhead"``.
+    emulate_precision_casts: round every 16-bit float op's result inside a region, as eager
+    does, instead of computing a region in float32 and rounding its outputs (Inductor's option
+    of the same name and default; ``regions.translate``).
     """
 
     partitioner: str = "fusecut"
     cuda_graphs: bool = False
+    emulate_precision_casts: bool = False
 
     def __post_init__(self):
         if self.partitioner not in ("fusecut", "min_cut", "default"):
             raise ValueError(f"fusecut backend: partitioner must be 'fusecut', 'min_cut' or "
                              f"'default', got {self.partitioner!r}")
-        if not isinstance(self.cuda_graphs, bool):
-            raise ValueError(f"fusecut backend: cuda_graphs must be True or False, got "
-                             f"{self.cuda_graphs!r}")
+        for name in ("cuda_graphs", "emulate_precision_casts"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"fusecut backend: {name} must be True or False, got "
+                                 f"{getattr(self, name)!r}")
 
 
 # torch.compile's modes, as this backend's options
@@ -69,14 +74,15 @@ MODES = {"default": {}, "reduce-overhead": {"cuda_graphs": True},
 
 
 def compile_graph(direction: str, gm: GraphModule, example_inputs: Sequence[Any],
-                  tree: GraphTree | None = None) -> Callable:
+                  tree: GraphTree | None = None, emulate_precision_casts: bool = False
+                  ) -> Callable:
     """One AOTAutograd graph with its fusible regions on fusecut; recorded as a CUDA graph when
     ``tree`` (the Dynamo graph's, shared by its forward and backward) is given."""
     if direction == "inference":  # a training graph's joint graph was merged by the partitioner
         merge_common_subexpressions(gm)
     sink_gathers(gm)
     hoist_views(gm)
-    for region in fuse_regions(gm, direction):
+    for region in fuse_regions(gm, direction, emulate_precision_casts):
         compile_region_ahead(region)
     run = boxed(gm)
     if tree is None:
@@ -133,10 +139,11 @@ def backend(**options: Any) -> Callable:
     def compile_dynamo_graph(gm: GraphModule, example_inputs: Sequence[Any]) -> Callable:
         # one tree per Dynamo graph: its forward and backward are recorded together
         tree = GraphTree(len(example_inputs)) if opts.cuda_graphs else None
+        graph_options = {"tree": tree, "emulate_precision_casts": opts.emulate_precision_casts}
         return aot_autograd(
-            fw_compiler=functools.partial(compile_graph, "forward", tree=tree),
-            bw_compiler=functools.partial(compile_graph, "backward", tree=tree),
-            inference_compiler=functools.partial(compile_graph, "inference", tree=tree),
+            fw_compiler=functools.partial(compile_graph, "forward", **graph_options),
+            bw_compiler=functools.partial(compile_graph, "backward", **graph_options),
+            inference_compiler=functools.partial(compile_graph, "inference", **graph_options),
             partition_fn=partition_fn,
             decompositions=DECOMPOSITIONS,
             keep_inference_input_mutations=True,

@@ -148,6 +148,8 @@ def test_options_are_checked():
         fusecut.dynamo.backend(partitioner="greedy")
     with pytest.raises(ValueError, match="cuda_graphs must be True or False"):
         fusecut.dynamo.backend(cuda_graphs="yes")
+    with pytest.raises(ValueError, match="emulate_precision_casts must be True or False"):
+        fusecut.dynamo.backend(emulate_precision_casts=1)
     with pytest.raises(ValueError, match="unknown option 'cudagraphs'.*cuda_graphs"):
         fusecut.dynamo.backend(cudagraphs=True)
     x, target = torch.randn(8, 32), torch.arange(8) % 10
@@ -318,3 +320,42 @@ def test_a_layernorms_backward_and_its_weight_gradients_are_one_kernel():
     assert len(norms) == 3, [r.report().summary() for r in backward]
     for report in norms:
         assert report.segments == ["inner_outer"], report.summary()
+
+
+def _tanh_gelu(x):
+    """GPT-2's GELU (Hugging Face's NewGELUActivation): six ops, each rounded to bf16 in eager."""
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _tanh_gelu_rounding_each_op(x):
+    """``_tanh_gelu`` with each op computed in float32 and rounded to bf16, as eager on a GPU."""
+    r = lambda t: t.bfloat16().float()  # noqa: E731
+    x = x.float()
+    inner = r(r(x + r(r(x * x * x) * 0.044715)) * 0.7978845608028654)
+    return r(r(x * 0.5) * r(r(torch.tanh(inner)) + 1.0)).bfloat16()
+
+
+@pytest.mark.parametrize("emulate", [False, True])
+def test_a_bf16_region_rounds_its_outputs_only_unless_asked_to_round_every_op(emulate):
+    """By default a region computes 16-bit values in float32 and rounds what it hands back, as
+    Inductor's kernels do; ``emulate_precision_casts`` rounds every op's result, as eager."""
+    from fusecut.optimizer.ir import parse_text
+    from fusecut.optimizer.ir.dtypes import DType
+
+    x = torch.randn(64, 96, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    first = last_serial()
+    torch._dynamo.reset()
+    compiled = torch.compile(_tanh_gelu,
+                             backend=fusecut.dynamo.backend(emulate_precision_casts=emulate))
+    got = compiled(x)
+    (region,) = regions_since(first)
+    fusion = parse_text(region.report().definition).fusion
+    rounded = [t for op in fusion.ops for t in op.outputs
+               if t in fusion.tensors and fusion.tensors[t].dtype is DType.bfloat16]
+    if emulate:  # every op's result: mul, pow, mul, add, mul, tanh, add, mul
+        assert len(rounded) == 8
+        assert torch.equal(got, _tanh_gelu_rounding_each_op(x))
+    else:  # the output's one cast
+        assert rounded == [fusion.outputs[0]]
+        assert torch.equal(got, _tanh_gelu(x.float()).bfloat16())
+        assert not torch.equal(got, _tanh_gelu(x))  # eager's roundings do show here
