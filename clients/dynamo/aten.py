@@ -224,6 +224,35 @@ def _constant_pad(o, v, n):
     return [o.pad(v(n.args[0]), widths, v(value))]
 
 
+def _slice_bounds(n: Node) -> tuple[int, int, int]:
+    """``slice_scatter``'s (dim, start, end) in range, as ATen clamps them."""
+    shape = _shape(n.args[0])
+    args = list(n.args[2:]) + [None] * 3
+    dim = (args[0] if args[0] is not None else n.kwargs.get("dim", 0)) % len(shape)
+    start = args[1] if args[1] is not None else n.kwargs.get("start")
+    end = args[2] if args[2] is not None else n.kwargs.get("end")
+    size = shape[dim]
+    start = 0 if start is None else (start + size if start < 0 else start)
+    end = size if end is None else (end + size if end < 0 else end)
+    return dim, min(max(start, 0), size), min(max(end, 0), size)
+
+
+def _slice_scatter(o, v, n):
+    """``slice_scatter(x, src, dim, start, end)`` (a slice's gradient: RoPE's halves in a
+    backward) as ``where(start <= position < end, pad(src), x)``: pointwise, where ATen clones
+    ``x`` and copies ``src`` into it (two kernels and a full write each)."""
+    x, src = n.args[0], n.args[1]
+    dim, start, end = _slice_bounds(n)
+    shape, rank = list(_shape(x)), len(_shape(x))
+    widths = [w for axis in reversed(range(dim, rank))
+              for w in ((start, shape[dim] - end) if axis == dim else (0, 0))]
+    padded = o.pad(v(src), widths, v(0 if not n.meta["val"].dtype.is_floating_point else 0.0))
+    positions = o.broadcast_in_dim(o.iota(v(shape[dim]), v(0), v(1), from_torch_dtype(
+        torch.int64)), shape, [dim])
+    inside = o.logical_and(o.ge(positions, v(start)), o.lt(positions, v(end)))
+    return [o.where(inside, padded, v(x))]
+
+
 def _getitem(o, v, n):
     return [v(n.args[0])[n.args[1]]]
 
@@ -268,6 +297,7 @@ EMITTERS: dict[Any, Emitter] = {
     aten.slice.Tensor: _slice, aten.cat.default: _cat,
     aten.clone.default: _copy, aten.alias.default: _copy,
     aten.gather.default: _gather, aten.scatter.value: _scatter_value,
+    aten.slice_scatter.default: _slice_scatter,
     aten.full.default: _full, aten.full_like.default: _full,
     aten.scalar_tensor.default: _full, aten.constant_pad_nd.default: _constant_pad,
     operator.getitem: _getitem,
@@ -357,6 +387,11 @@ def _special_ok(node: Node) -> bool:
         return _one_position_per_row(node)
     if target in (aten.full.default, aten.full_like.default, aten.scalar_tensor.default):
         return node.kwargs.get("layout") in (None, torch.strided)
+    if target is aten.slice_scatter.default:  # a step of 1, into a non-empty slice
+        step = node.args[5] if len(node.args) > 5 else node.kwargs.get("step", 1)
+        dim, start, end = _slice_bounds(node)
+        return step == 1 and start < end and _shape(node.args[1]) == tuple(
+            (end - start) if i == dim else e for i, e in enumerate(_shape(node.args[0])))
     if target is aten.constant_pad_nd.default:  # growing pads (a negative one is a slice)
         return all(isinstance(w, int) and w >= 0 for w in node.args[1])
     return True

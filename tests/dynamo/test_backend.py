@@ -359,3 +359,25 @@ def test_a_bf16_region_rounds_its_outputs_only_unless_asked_to_round_every_op(em
         assert rounded == [fusion.outputs[0]]
         assert torch.equal(got, _tanh_gelu(x.float()).bfloat16())
         assert not torch.equal(got, _tanh_gelu(x))  # eager's roundings do show here
+
+
+def _rotate_half_loss(x, w):
+    """RoPE's rotate-half and a slice's sum: their backward scatters each slice's gradient
+    into a full-size tensor (slice_scatter), one at the end of the row, one in the middle."""
+    h = x.shape[-1] // 2
+    return (torch.cat([-x[..., h:], x[..., :h]], -1) * w
+            + x[..., 1:5].sum(-1, keepdim=True)).sum()
+
+
+def test_a_slices_gradient_is_scattered_inside_the_backwards_region():
+    x = torch.randn(2, 3, 8, 16, requires_grad=True)
+    w = torch.randn(16)
+    _rotate_half_loss(x, w).backward()
+    want, x.grad = x.grad, None
+    first = last_serial()
+    torch._dynamo.reset()
+    torch.compile(_rotate_half_loss, backend="fusecut")(x, w).backward()
+    backward = [r for r in regions_since(first) if r.direction == "backward"]
+    assert sum(r.ops.count("slice_scatter.default") for r in backward) == 3
+    assert all(r.report().fallback is None for r in backward)
+    torch.testing.assert_close(x.grad, want, rtol=0, atol=0)
