@@ -1,7 +1,8 @@
 """A compiled ATen graph's fusible regions as fusecut definitions.
 
 ``fuse_regions`` finds the largest connected groups of nodes the translation table takes
-(``aten.translatable``; torch's capability-based partitioner keeps every group free of cycles),
+(``aten.translatable``; torch's capability-based proposal, ``dynamo.proposal``, keeps every
+group free of cycles),
 moves each into a submodule, and replaces that submodule with a ``Region``: fusecut's plan and
 kernels through the engine, on the definition ``translate`` wrote from the group's nodes. A group
 of views alone stays on ATen (it moves no bytes a kernel could save). Matmuls, attention,
@@ -23,11 +24,11 @@ from typing import Any
 
 import torch
 from torch.fx import GraphModule, Node
-from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
-from torch.fx.passes.operator_support import OperatorSupportBase
+from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from fusecut.definition import FusionDefinition
 from fusecut.dynamo.aten import EMITTERS, ROUNDING, VIEWS, translatable
+from fusecut.dynamo.proposal import propose_partitions
 from fusecut.fronts import RegionFailure, RegionReport, stage
 from fusecut.optimizer.ir.dtypes import DType
 from fusecut.plan import PlanView
@@ -43,24 +44,17 @@ _regions_lock = threading.Lock()
 _serials = itertools.count()
 
 
-class _Translatable(OperatorSupportBase):
-    def is_node_supported(self, submodules, node: Node) -> bool:
-        return translatable(node)
-
-
 def fuse_regions(gm: GraphModule, direction: str,
                  emulate_precision_casts: bool = False) -> list[Region]:
     """Replace ``gm``'s fusible groups with Regions (in place); the Regions made (computing as
     ``translate`` says for ``emulate_precision_casts``)."""
-    partitioner = CapabilityBasedPartitioner(gm, _Translatable(),
-                                             allows_single_node_partition=True)
-    partitions = _merged([p for proposed in partitioner.propose_partitions()
+    partitions = _merged([p for proposed in propose_partitions(gm, translatable)
                           for p in _components(_without_outer_views(proposed))])
     partitions = [p for p in partitions
                   if any(n.target not in VIEWS for n in p.nodes) and _reads_a_tensor(p)]
     if not partitions:
         return []
-    fused = partitioner.fuse_partitions(partitions)
+    fused = fuse_by_partitions(gm, [p.nodes for p in partitions], prefix="fused_")
     regions = []
     for node in list(fused.graph.nodes):
         if node.op != "call_module" or not node.target.startswith("fused_"):
