@@ -309,6 +309,14 @@ EMITTERS: dict[Any, Emitter] = {
 ROUNDING = {prims.convert_element_type.default, aten._to_copy.default, aten.full.default,
             aten.full_like.default, aten.scalar_tensor.default}
 
+# ops that see a value's last bit (an equality does, through later roundings too): a 16-bit
+# result they read, directly or through other ops, keeps its rounding in a region computing in
+# float32 (regions.translate), as in the Thunder executor (thunder.layout._COMPARING)
+COMPARING = {*(getattr(aten, name).Tensor for name in ("eq", "ne", "lt", "le", "gt", "ge")),
+             *(getattr(aten, name).Scalar for name in ("eq", "ne", "lt", "le", "gt", "ge")),
+             aten.amax.default, aten.amin.default, aten.maximum.default, aten.minimum.default,
+             aten.clamp.default}
+
 # ops that only view their input: a region of views alone is not worth a kernel
 VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default,
          aten.permute.default, aten.transpose.int, aten.t.default, aten.expand.default,

@@ -27,7 +27,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from fusecut.definition import FusionDefinition
-from fusecut.dynamo.aten import EMITTERS, ROUNDING, VIEWS, translatable
+from fusecut.dynamo.aten import COMPARING, EMITTERS, ROUNDING, VIEWS, translatable
 from fusecut.dynamo.proposal import propose_partitions
 from fusecut.fronts import RegionFailure, RegionReport, stage
 from fusecut.optimizer.ir.dtypes import DType
@@ -202,10 +202,12 @@ def translate(sub: GraphModule, args: list[Any],
     ``dynamic=True``) are taken at their values.
 
     A 16-bit float value computed inside the region stays a float32 one, as in Inductor's
-    kernels (its ``emulate_precision_casts`` off, the default): only the region's outputs, and
-    the graph's own casts to 16 bits, round. Rounding each op's result as eager does costs a
-    conversion an op (GPT-2's tanh-GELU: 58 us a call against 27 on the H200) and is less
-    accurate. ``emulate_precision_casts`` rounds every op's result to its ATen dtype, as eager."""
+    kernels (its ``emulate_precision_casts`` off, the default): only the region's outputs, the
+    graph's own casts to 16 bits and the values whose rounding can be seen (``_rounding_seen``)
+    round. Rounding each op's result as eager does costs a conversion an op (GPT-2's tanh-GELU:
+    58 us a call against 27 on the H200) and is less accurate. ``emulate_precision_casts``
+    rounds every op's result to its ATen dtype, as eager."""
+    seen = set() if emulate_precision_casts else _rounding_seen(sub)
     fd = FusionDefinition()
     widened: dict[Node, Any] = {}  # a 16-bit float value, read as float32 (computed once)
     env: dict[Node, Any] = {}
@@ -236,7 +238,7 @@ def translate(sub: GraphModule, args: list[Any],
             results = EMITTERS[node.target](fd.ops, value, _Concrete(node, env))
             vals = node.meta["val"]
             vals = list(vals) if isinstance(vals, (tuple, list)) else [vals]
-            keep = emulate_precision_casts or node.target in ROUNDING
+            keep = emulate_precision_casts or node.target in ROUNDING or node in seen
             env[node] = _typed(fd, results, vals, keep)
             ops.append(getattr(node.target, "__name__", str(node.target)))
         outs = _outputs(sub)
@@ -255,6 +257,27 @@ def translate(sub: GraphModule, args: list[Any],
             views.append(None if order is None else inverse(order))
     strides = [tuple(o.meta["val"].stride()) if _dense(o.meta["val"]) else None for o in outs]
     return Translated(fd, ops, taken, spec, strides, views)
+
+
+def _rounding_seen(sub: GraphModule) -> set[Node]:
+    """The nodes whose 16-bit rounding can be seen, kept where the region computes in float32
+    (as the Thunder executor keeps a round trip's, ``fusecut.thunder.layout``): one a value
+    computed from it is compared by (``aten.COMPARING``; a max's backward finds the maximum by
+    ``eq`` against the forward's saved, rounded result: unrounded, it matches nothing), one that
+    reaches an output wider than 16 bits, and an output itself."""
+    outputs = set(_outputs(sub))
+    below: dict[Node, bool] = {}  # a value computed from the node is compared or leaves wide
+    for node in reversed(sub.graph.nodes):
+        below[node] = any(
+            user.target in COMPARING or below.get(user, False)
+            or (user in outputs and _wide_float(user.meta.get("val")))
+            for user in node.users)
+    return {n for n in sub.graph.nodes if n in outputs or below[n]}
+
+
+def _wide_float(val: Any) -> bool:
+    return isinstance(val, torch.Tensor) and val.dtype.is_floating_point and \
+        val.dtype.itemsize > 2
 
 
 def _outputs(sub: GraphModule) -> list[Any]:

@@ -381,3 +381,33 @@ def test_a_slices_gradient_is_scattered_inside_the_backwards_region():
     assert sum(r.ops.count("slice_scatter.default") for r in backward) == 3
     assert all(r.report().fallback is None for r in backward)
     torch.testing.assert_close(x.grad, want, rtol=0, atol=0)
+
+
+def _compared_wide_and_plain(x, w):
+    y = x * w  # compared below (a max's backward does this against the saved maximum)
+    top = y == y.amax(-1, keepdim=True)
+    return top, (x + 1).float() * 3, torch.tanh(x) * 2  # x + 1 leaves as float32
+
+
+def test_a_bf16_value_whose_rounding_can_be_seen_keeps_it():
+    """In float32 regions, a 16-bit result stays rounded where a comparison reads a value
+    computed from it, or where it reaches a float32 output: there eager's rounding shows."""
+    from fusecut.optimizer.ir import parse_text
+    from fusecut.optimizer.ir.dtypes import DType
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 32, generator=g).bfloat16()
+    w = torch.randn(32, generator=g).bfloat16()
+    first = last_serial()
+    torch._dynamo.reset()
+    top, wide, plain = torch.compile(_compared_wide_and_plain, backend="fusecut")(x, w)
+    (region,) = regions_since(first)
+    fusion = parse_text(region.report().definition).fusion
+    producer = {t: op for op in fusion.ops for t in op.outputs}
+    rounded = {producer[producer[t].inputs[0]].name for t in fusion.tensors
+               if fusion.tensors[t].dtype is DType.bfloat16 and t in producer
+               and t not in fusion.outputs}  # each a cast of the op's float32 result
+    assert rounded == {"mul", "max", "add"}  # y, its maximum, x + 1; not tanh(x) nor its product
+    want_top, want_wide, _ = _compared_wide_and_plain(x, w)
+    assert torch.equal(top, want_top) and torch.equal(wide, want_wide)
+    assert torch.equal(plain, (torch.tanh(x.float()) * 2).bfloat16())
