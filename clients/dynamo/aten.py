@@ -246,7 +246,7 @@ def _slice_scatter(o, v, n):
     shape, rank = list(_shape(x)), len(_shape(x))
     widths = [w for axis in reversed(range(dim, rank))
               for w in ((start, shape[dim] - end) if axis == dim else (0, 0))]
-    padded = o.pad(v(src), widths, v(0 if not n.meta["val"].dtype.is_floating_point else 0.0))
+    padded = o.pad(v(src), widths, v(0.0 if n.meta["val"].dtype.is_floating_point else 0))
     positions = o.broadcast_in_dim(o.iota(v(shape[dim]), v(0), v(1), from_torch_dtype(
         torch.int64)), shape, [dim])
     inside = o.logical_and(o.ge(positions, v(start)), o.lt(positions, v(end)))

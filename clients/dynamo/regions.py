@@ -35,8 +35,6 @@ from fusecut.plan import PlanView
 from fusecut.runtime.memory_order import inverse, memory_order
 from fusecut.runtime.tensors import from_torch_dtype
 
-HALF = (DType.bfloat16, DType.float16)
-
 log = logging.getLogger("fusecut.dynamo")
 
 _regions: list[weakref.ref] = []  # every Region made in this process, for region_reports()
@@ -224,7 +222,8 @@ def translate(sub: GraphModule, args: list[Any],
         def value(x: Any) -> Any:
             if isinstance(x, Node):
                 node, x = x, env[x]
-                if not emulate_precision_casts and getattr(x, "dtype", None) in HALF:
+                dtype = getattr(x, "dtype", None)
+                if not emulate_precision_casts and dtype is not None and dtype.is_half:
                     if node not in widened:
                         widened[node] = fd.ops.cast(x, DType.float32)
                     x = widened[node]
@@ -345,7 +344,7 @@ def _typed(fd: FusionDefinition, results: list[Any], vals: list[Any], keep_16_bi
     typed = []
     for handle, val in zip(results, vals):
         want = from_torch_dtype(val.dtype)
-        if want in HALF and not keep_16_bit:
+        if want.is_half and not keep_16_bit:
             want = DType.float32
         typed.append(_as_dtype(fd, handle, want))
     return typed[0] if len(vals) == 1 else tuple(typed)
